@@ -1,0 +1,126 @@
+"""LiRA: the Likelihood Ratio Attack (Carlini, Chien, Nasr, Song, Terzis, Tramèr 2022,
+"Membership Inference Attacks From First Principles", §IV–VI).
+
+For a target model f and a record (x, y), observe φ = logit-scaled confidence of f on y
+(:mod:`attacks.signals`). Reference runs that trained on the record ("in") and did not ("out")
+give two samples of φ, modelled as Gaussians N(μ_in, σ_in²) and N(μ_out, σ_out²):
+
+* **online** (Alg. 1): Λ = log N(φ; μ_in, σ_in²) − log N(φ; μ_out, σ_out²);
+* **offline** (§VI-C): a one-sided test against the out distribution only,
+  Λ = (φ − μ_out)/σ_out, monotone in the paper's 1 − Pr[Z > φ], Z ~ N(μ_out, σ_out²).
+
+With several query views (mirror/shift augmentations, §VI-B) each view has its own Gaussians
+and the per-view scores are averaged. Variance is either estimated per example or shared
+across records ("global", the paper's fixed-variance variant, recommended below 64 reference
+runs): the pooled within-record variance of all records.
+
+Leave-one-out evaluation: every run is the target once and the other N−1 runs are its
+references, so each record gets N scores (one per target run).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy import stats
+
+from attacks.base import ATTACKS, AttackResult, MembershipAttack, MembershipExperiment, membership_metrics
+from attacks.signals import AUGMENTATIONS, confidence_signals
+
+VARIANTS = ("online", "offline")
+_VARIANCE_FLOOR = 1e-8
+
+
+@dataclass(frozen=True)
+class LiRAParams:
+    variants: list[str] = field(default_factory=lambda: ["online", "offline"],
+                                metadata={"choices": VARIANTS, "help": "online (in and out Gaussians) and/or offline (out only)"})
+    variance: str = field(default="global", metadata={"choices": ("global", "per-example"),
+                                                      "help": "σ per record or pooled over records (fixed variance)"})
+    augment: str = field(default="none", metadata={"choices": AUGMENTATIONS, "help": "query views for image data"})
+
+
+def _moments(signals: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per (record, view): count, sum and sum of squares over runs with weight 1."""
+    w = weights[:, :, None].astype(np.float64)
+    return weights.sum(0).astype(np.float64), (w * signals).sum(0), (w * signals ** 2).sum(0)
+
+
+def _gaussians(count: np.ndarray, total: np.ndarray, squares: np.ndarray, per_example: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Means, variances and a usable-mask per (record, view) from moments (count broadcast over views)."""
+    n = count[:, None]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = total / n
+        scatter = np.maximum(squares - n * mean ** 2, 0.0)  # Σ (φ − μ)² per record
+    usable = count > 0
+    pooled_dof = np.maximum(n - 1, 0).sum(0)
+    pooled = np.where(pooled_dof > 0, np.nansum(np.where(n > 1, scatter, 0.0), 0) / np.maximum(pooled_dof, 1), 1.0)
+    pooled = np.maximum(pooled, _VARIANCE_FLOOR)
+    if per_example:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            variance = np.where(n > 1, scatter / np.maximum(n - 1, 1), pooled[None, :])
+        variance = np.maximum(variance, _VARIANCE_FLOOR)
+    else:
+        variance = np.broadcast_to(pooled, mean.shape).copy()
+    return mean, variance, usable
+
+
+@ATTACKS.register("lira")
+class LiRA(MembershipAttack):
+    name = "lira"
+    summary = "Likelihood Ratio Attack, online and offline, leave-one-out over the membership runs"
+    reference = "Carlini et al. 2022, Membership Inference Attacks From First Principles"
+    Params = LiRAParams
+
+    def signals(self, experiment: MembershipExperiment, progress: Callable[[int, int], None] | None = None) -> np.ndarray:
+        """φ for every (run, record, view): float64 [runs, records, views]."""
+        x = experiment.features.to(experiment.device)
+        y = experiment.labels.to(experiment.device)
+        out = []
+        for r in range(experiment.runs):
+            out.append(confidence_signals(experiment.model, experiment.load_params(r), x, y, experiment.kind, self.params.augment))
+            if progress is not None:
+                progress(r + 1, experiment.runs)
+        return np.stack(out)
+
+    def scores(self, signals: np.ndarray, keep: np.ndarray) -> dict[str, np.ndarray]:
+        """Leave-one-out LiRA scores [targets, records] for each variant, from signals [runs, records, views]."""
+        keep = keep.astype(bool)
+        runs = keep.shape[0]
+        per_example = self.params.variance == "per-example"
+        totals_in = _moments(signals, keep)
+        totals_out = _moments(signals, ~keep)
+        result = {variant: np.empty(keep.shape, dtype=np.float64) for variant in self.params.variants}
+        for target in range(runs):
+            own = signals[target]
+            own_in, own_out = keep[target], ~keep[target]
+            # moments of the references = totals minus the target's own contribution
+            moments_in = tuple(t - c for t, c in zip(totals_in, (own_in.astype(np.float64), own_in[:, None] * own, own_in[:, None] * own ** 2)))
+            moments_out = tuple(t - c for t, c in zip(totals_out, (own_out.astype(np.float64), own_out[:, None] * own, own_out[:, None] * own ** 2)))
+            mean_out, var_out, usable_out = _gaussians(*moments_out, per_example)
+            mean_in, var_in, usable_in = _gaussians(*moments_in, per_example)
+            # A record no reference excluded (or included) borrows the average in/out shift.
+            both = usable_in & usable_out
+            shift = np.nanmean(mean_in[both] - mean_out[both], axis=0) if both.any() else np.zeros(own.shape[1])
+            mean_out = np.where(usable_out[:, None], mean_out, mean_in - shift)
+            mean_in = np.where(usable_in[:, None], mean_in, mean_out + shift)
+            if "online" in result:
+                log_ratio = (stats.norm.logpdf(own, mean_in, np.sqrt(var_in))
+                             - stats.norm.logpdf(own, mean_out, np.sqrt(var_out)))
+                result["online"][target] = log_ratio.mean(1)
+            if "offline" in result:
+                result["offline"][target] = ((own - mean_out) / np.sqrt(var_out)).mean(1)
+        return result
+
+    def run(self, experiment: MembershipExperiment, progress: Callable[[int, int], None] | None = None) -> list[AttackResult]:
+        signals = self.signals(experiment, progress)
+        truth = experiment.keep.astype(bool)
+        results = []
+        for variant, scores in self.scores(signals, truth).items():
+            metrics, roc = membership_metrics(scores, truth)
+            results.append(AttackResult("lira", variant, experiment.unit, scores, truth, metrics, roc,
+                                        notes=f"{experiment.runs - 1} reference runs per target, {self.params.variance} variance, "
+                                              f"queries: {self.params.augment}"))
+        return results

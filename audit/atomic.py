@@ -1,0 +1,61 @@
+"""Atomic file writes (temp file + rename) and strict JSON.
+
+A killed process leaves either the old file or the new one, never half of one. JSON is
+written with ``allow_nan=False`` after mapping NaN and ±inf to ``null``, so every file we
+write is valid JSON for any parser.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def json_safe(value: Any) -> Any:
+    """Recursively convert numpy scalars/arrays and non-finite floats to JSON-compatible values."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return json_safe(value.tolist())
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        value = float(value)
+        return value if math.isfinite(value) else None
+    return value
+
+
+def dumps(value: Any, indent: int | None = 2) -> str:
+    return json.dumps(json_safe(value), indent=indent, sort_keys=False, allow_nan=False, ensure_ascii=False)
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    write_bytes(path, text.encode("utf-8"))
+
+
+def write_json(path: str | os.PathLike, value: Any) -> None:
+    write_text(path, dumps(value) + "\n")

@@ -1,0 +1,216 @@
+"""The ``dpfl-audit`` command line.
+
+    dpfl-audit run [CONFIG] [--out DIR] [--preset NAME] [--seed N] [--device D]
+    dpfl-audit train CONFIG [--out DIR] ...        train and store the runs only
+    dpfl-audit list [--json]                       datasets, models, defenses, attacks, presets
+    dpfl-audit epsilon --noise σ | --target-epsilon ε  --rate q --steps T --delta δ [--json]
+    dpfl-audit config [CONFIG] [--preset NAME]     print the resolved configuration
+
+Bad input — an unknown field, a bad value, a missing dataset — prints one line
+``dpfl-audit: error: ...`` on stderr and exits with code 2, before anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from audit import __version__
+from audit.errors import UserInputError
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors (exit code 2)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _add_run_options(parser: argparse.ArgumentParser, config_required: bool) -> None:
+    if config_required:
+        parser.add_argument("config", help="YAML configuration file")
+    else:
+        parser.add_argument("config", nargs="?", help="YAML configuration file (default: the embedded default audit)")
+    parser.add_argument("--out", default="dpfl-audit-out", help="output directory (default: %(default)s)")
+    parser.add_argument("--preset", help="start from a built-in preset (see `dpfl-audit list`)")
+    parser.add_argument("--seed", type=int, help="override the config's seed")
+    parser.add_argument("--device", help="torch device, e.g. cpu or cuda (default: the config's, cpu)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="dpfl-audit", description="Train DPFL defenses, attack them, and report claimed vs measured privacy.")
+    parser.add_argument("--version", action="version", version=f"dpfl-audit {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    run = commands.add_parser("run", help="train, attack and write results.csv, results.json, report.html")
+    _add_run_options(run, config_required=False)
+
+    train = commands.add_parser("train", help="train and store the runs of a config (no attacks, no report)")
+    _add_run_options(train, config_required=True)
+
+    listing = commands.add_parser("list", help="registered datasets, models, defenses, attacks and presets")
+    listing.add_argument("--json", action="store_true", help="machine-readable output")
+
+    epsilon = commands.add_parser("epsilon", help="ε of a (subsampled) Gaussian mechanism, or σ for a target ε")
+    noise = epsilon.add_mutually_exclusive_group(required=True)
+    noise.add_argument("--noise", type=float, help="noise multiplier σ (noise std / clip)")
+    noise.add_argument("--target-epsilon", type=float, help="calibrate σ to this ε instead")
+    epsilon.add_argument("--rate", type=float, required=True, help="sampling rate q (Poisson) or m/N (fixed)")
+    epsilon.add_argument("--steps", type=int, required=True, help="number of rounds/steps T")
+    epsilon.add_argument("--delta", type=float, required=True, help="δ")
+    epsilon.add_argument("--accountant", choices=["rdp", "pld"], default="rdp")
+    epsilon.add_argument("--conversion", choices=["improved", "classic"], default="improved",
+                         help="RDP→(ε,δ): improved (Balle et al. 2020, default) or classic (Mironov 2017)")
+    epsilon.add_argument("--sampling", choices=["poisson", "fixed"], default="poisson")
+    epsilon.add_argument("--population", type=int, help="N, for fixed-size sampling")
+    epsilon.add_argument("--json", action="store_true", help="machine-readable output")
+
+    config = commands.add_parser("config", help="print the resolved configuration as YAML")
+    config.add_argument("config", nargs="?", help="YAML configuration file")
+    config.add_argument("--preset", help="built-in preset")
+    return parser
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def _load(args: argparse.Namespace):
+    from audit.config import load_config
+
+    overrides: dict[str, Any] = {}
+    if args.seed is not None:
+        overrides["seed"] = args.seed
+    if args.device is not None:
+        overrides["device"] = args.device
+    return load_config(args.config, args.preset, overrides)
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    print(f"{'configuration':<28} {'accuracy':>9} {'claimed ε':>10} {'unit':>7}  leakage")
+    for experiment in summary["experiments"]:
+        accuracy = experiment["utility"]["test_accuracy"]["value"]
+        epsilon = experiment["claim"]["epsilon"]
+        leak = ", ".join(
+            f"{a['attack']} AUC {a['metrics']['auc']['value']:.3f} TPR@1% {100 * a['metrics']['tpr_at_fpr_1%']['value']:.1f}%"
+            for a in experiment["attacks"])
+        print(f"{experiment['label'][:28]:<28} {100 * accuracy:>8.1f}% {('∞' if epsilon is None else f'{epsilon:.3g}'):>10} "
+              f"{experiment['claim']['unit']:>7}  {leak}")
+
+
+def command_run(args: argparse.Namespace, attack: bool) -> int:
+    from audit.pipeline import plan_audit, run_audit
+
+    config = _load(args)
+    plan = plan_audit(config)  # every check happens here, before the output directory exists
+    result = run_audit(config, Path(args.out), attack=attack, quiet=args.quiet, plan=plan)
+    paths = result["paths"]
+    if attack:
+        _print_summary(result["summary"])
+        print(f"report:  {paths['report']}")
+        print(f"results: {paths['results_csv']}, {paths['results_json']}")
+    else:
+        print(f"runs stored in {paths['runs']}")
+    return EXIT_OK
+
+
+def command_list(args: argparse.Namespace) -> int:
+    import attacks  # noqa: F401
+    import defenses  # noqa: F401
+    from attacks.base import ATTACKS
+    from audit.config import preset_names
+    from audit.datasets import DATASETS
+    from audit.models import MODELS
+    from audit.schema import field_help
+    from defenses.base import DEFENSES
+
+    def doc(entry) -> str:
+        return (entry.__doc__ or "").strip().split("\n")[0]
+
+    details = {
+        "datasets": {n: {"summary": doc(DATASETS.get(n))} for n in DATASETS.names()},
+        "models": {n: {"summary": doc(MODELS.get(n))} for n in MODELS.names()},
+        "defenses": {n: {"summary": DEFENSES.get(n).summary, "reference": DEFENSES.get(n).reference,
+                         "private": DEFENSES.get(n).private,
+                         "params": {f: {"type": t, "default": d, "help": h} for f, t, d, h in field_help(DEFENSES.get(n).Params)}}
+                     for n in DEFENSES.names()},
+        "attacks": {n: {"summary": ATTACKS.get(n).summary, "reference": ATTACKS.get(n).reference,
+                        "params": {f: {"type": t, "default": d, "help": h} for f, t, d, h in field_help(ATTACKS.get(n).Params)}}
+                    for n in ATTACKS.names()},
+    }
+    listing = {kind: sorted(entries) for kind, entries in details.items()}
+    listing["presets"] = preset_names()
+    if args.json:
+        print(json.dumps({**listing, "details": details}, indent=2, ensure_ascii=False))
+        return EXIT_OK
+    for kind in ("datasets", "models", "defenses", "attacks"):
+        print(f"{kind}:")
+        for name in listing[kind]:
+            print(f"  {name:<16} {details[kind][name]['summary']}")
+            for field_name, spec in details[kind][name].get("params", {}).items():
+                print(f"      {field_name} = {spec['default']!r}  ({spec['type']}) {spec['help']}")
+    print("presets: " + ", ".join(listing["presets"]))
+    return EXIT_OK
+
+
+def command_epsilon(args: argparse.Namespace) -> int:
+    from defenses.accounting import GaussianSchedule, calibrate_noise, compute_epsilon
+
+    schedule = GaussianSchedule(args.noise if args.noise is not None else 1.0, args.rate, args.steps,
+                                args.sampling, args.population)
+    calibrated = args.target_epsilon is not None
+    if calibrated:
+        sigma = calibrate_noise(args.target_epsilon, schedule, args.delta, args.accountant, args.conversion)
+        schedule = schedule.with_noise(sigma)
+    report = compute_epsilon(schedule, args.delta, args.accountant, args.conversion)
+    out = {**report.as_dict(), "noise": schedule.noise_multiplier, "rate": schedule.sampling_rate,
+           "steps": schedule.steps, "sampling": schedule.sampling, "mechanism": schedule.describe()}
+    if calibrated:
+        out["target_epsilon"] = args.target_epsilon
+    if args.json:
+        print(json.dumps(out, indent=2, ensure_ascii=False))
+        return EXIT_OK
+    if calibrated:
+        print(f"noise multiplier σ = {schedule.noise_multiplier:.6g} for target ε = {args.target_epsilon:g}")
+    order = f", optimal order {report.optimal_order:g}" if report.optimal_order is not None else ""
+    print(f"ε = {report.epsilon:.6g} at δ = {args.delta:g}  [{report.label}{order}]")
+    print(f"mechanism: {schedule.describe()}")
+    return EXIT_OK
+
+
+def command_config(args: argparse.Namespace) -> int:
+    from audit.config import config_to_yaml, load_config
+
+    print(config_to_yaml(load_config(args.config, args.preset)), end="")
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            return command_run(args, attack=True)
+        if args.command == "train":
+            return command_run(args, attack=False)
+        if args.command == "list":
+            return command_list(args)
+        if args.command == "epsilon":
+            return command_epsilon(args)
+        if args.command == "config":
+            return command_config(args)
+    except UserInputError as exc:
+        print(f"dpfl-audit: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("dpfl-audit: interrupted; rerun the same command to resume (finished runs are kept)", file=sys.stderr)
+        return 130
+    return EXIT_FAILURE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

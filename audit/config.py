@@ -1,0 +1,179 @@
+"""The audit configuration: its schema (dataclasses), presets and YAML loading.
+
+The dataclass defaults *are* the default audit (``dpfl-audit run`` with no config): digits,
+20 iid clients, ``fedavg`` and ``dp-fedavg`` at ε ∈ {1, 8}, LiRA over 16 runs. A preset is a
+YAML file of overrides in ``audit/presets``; a user's config file is merged over its preset
+(``preset: NAME`` in the file or ``--preset`` on the command line; mappings merge key by key,
+lists are replaced). ``dpfl-audit config`` prints the resolved configuration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from audit.errors import UserInputError
+from audit.schema import from_mapping, to_mapping
+from defenses.engine import TrainingConfig
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    name: str = field(default="digits", metadata={"help": "registry name (see `dpfl-audit list`) or module:callable"})
+    root: str | None = field(default=None, metadata={"help": "directory (or file) holding the data; default $DPFL_AUDIT_DATA/<name> or ~/.cache/dpfl-audit/data/<name>"})
+    options: dict = field(default_factory=dict, metadata={"help": "loader options, e.g. {split: letters} for emnist, {download: false}"})
+    test_fraction: float = field(default=0.2, metadata={"min": 0.0, "max": 1.0, "min_exclusive": True, "max_exclusive": True,
+                                                        "help": "held-out share when the dataset has no official test split"})
+    max_pool: int | None = field(default=None, metadata={"min": 2, "help": "cap the candidate pool at this many records (stratified sample)"})
+    max_test: int | None = field(default=None, metadata={"min": 1, "help": "cap the test split at this many records"})
+
+
+@dataclass(frozen=True)
+class PartitionConfig:
+    name: Literal["iid", "dirichlet", "shards"] = field(default="iid", metadata={"help": "how a run's records are split into clients"})
+    clients: int = field(default=20, metadata={"min": 1, "help": "number of clients N"})
+    alpha: float = field(default=0.5, metadata={"min": 0.0, "min_exclusive": True, "help": "Dirichlet concentration (dirichlet)"})
+    classes_per_client: int = field(default=2, metadata={"min": 1, "help": "shards per client (shards)"})
+    min_client_size: int = field(default=1, metadata={"min": 1, "help": "smallest client allowed"})
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = field(default="mlp", metadata={"help": "registry name or module:callable(input_shape, num_classes, **options)"})
+    options: dict = field(default_factory=lambda: {"hidden": [128]}, metadata={"help": "factory options, e.g. {hidden: [128]} for mlp"})
+
+
+@dataclass(frozen=True)
+class DefenseEntry:
+    name: str = field(metadata={"help": "registry name or module:callable returning a Defense class"})
+    label: str | None = field(default=None, metadata={"help": "display name in the report"})
+    params: dict = field(default_factory=dict, metadata={"help": "the defense's hyper-parameters (see `dpfl-audit list`)"})
+    epsilons: list[float] | None = field(default=None, metadata={"min": 0.0, "min_exclusive": True,
+                                                                 "help": "calibrate the noise to each target ε (one experiment per ε)"})
+    delta: float = field(default=1e-5, metadata={"min": 0.0, "max": 1.0, "min_exclusive": True, "max_exclusive": True})
+    training: dict = field(default_factory=dict, metadata={"help": "overrides of the training section for this defense"})
+
+
+@dataclass(frozen=True)
+class MembershipConfig:
+    runs: int = field(default=16, metadata={"min": 2, "help": "runs N; each includes every pool record with probability `inclusion`"})
+    inclusion: float = field(default=0.5, metadata={"min": 0.0, "max": 1.0, "min_exclusive": True, "max_exclusive": True})
+
+
+@dataclass(frozen=True)
+class AttackEntry:
+    name: str = field(metadata={"help": "registry name (see `dpfl-audit list`)"})
+    params: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RecordConfig:
+    global_rounds: Literal["none", "final", "all"] | list[int] = field(
+        default="final", metadata={"min": 1, "help": "rounds whose global model each run stores"})
+    upload_rounds: Literal["none", "final", "all"] | list[int] = field(
+        default="none", metadata={"min": 1, "help": "rounds whose uploads (server view) each run stores"})
+    upload_clients: Literal["all"] | list[int] = field(default="all", metadata={"min": 0, "help": "clients whose uploads are stored"})
+
+
+@dataclass(frozen=True)
+class AccountingConfig:
+    accountant: Literal["rdp", "pld"] = field(default="rdp", metadata={"help": "dp-accounting's RDP or PLD accountant"})
+    conversion: Literal["improved", "classic"] = field(
+        default="improved", metadata={"help": "RDP→(ε,δ): improved (Balle et al. 2020) or classic (Mironov 2017)"})
+
+
+def _default_training() -> TrainingConfig:
+    return TrainingConfig(rounds=60, local_unit="epochs", local_steps=3, batch_size=10, lr=0.05, momentum=0.9)
+
+
+def _default_defenses() -> list[DefenseEntry]:
+    return [DefenseEntry("fedavg"), DefenseEntry("dp-fedavg", epsilons=[1.0, 8.0])]
+
+
+def _default_attacks() -> list[AttackEntry]:
+    return [AttackEntry("lira")]
+
+
+@dataclass(frozen=True)
+class AuditConfig:
+    name: str = field(default="dpfl-audit", metadata={"help": "shown in the report"})
+    seed: int = field(default=0, metadata={"min": 0, "help": "root of every random choice"})
+    device: str = field(default="cpu", metadata={"help": "torch device: cpu, cuda, cuda:1, ..."})
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    training: TrainingConfig = field(default_factory=_default_training)
+    defenses: list[DefenseEntry] = field(default_factory=_default_defenses)
+    membership: MembershipConfig = field(default_factory=MembershipConfig)
+    attacks: list[AttackEntry] = field(default_factory=_default_attacks)
+    record: RecordConfig = field(default_factory=RecordConfig)
+    accounting: AccountingConfig = field(default_factory=AccountingConfig)
+
+
+# --------------------------------------------------------------------------- presets and loading
+
+
+def preset_names() -> list[str]:
+    folder = resources.files("audit") / "presets"
+    return sorted(["default"] + [p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml")])
+
+
+def _read_yaml(text: str, source: str) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise UserInputError(f"{source}:{where} {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserInputError(f"{source}: the configuration must be a mapping of fields, got {type(data).__name__}")
+    return data
+
+
+def preset(name: str) -> dict[str, Any]:
+    """The overrides of preset ``name`` (``default`` has none)."""
+    if name == "default":
+        return {}
+    if name not in preset_names():
+        raise UserInputError(f"preset: unknown preset '{name}'; allowed: {', '.join(preset_names())}")
+    text = (resources.files("audit") / "presets" / f"{name}.yaml").read_text(encoding="utf-8")
+    return _read_yaml(text, f"preset {name}")
+
+
+def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Mappings merge key by key; everything else (lists included) is replaced."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_config(path: str | Path | None = None, preset_name: str | None = None,
+                overrides: dict[str, Any] | None = None) -> AuditConfig:
+    """Resolve preset + config file + command-line overrides into a validated :class:`AuditConfig`."""
+    user: dict[str, Any] = {}
+    if path is not None:
+        file = Path(path)
+        if not file.is_file():
+            raise UserInputError(f"config: file '{path}' does not exist")
+        user = _read_yaml(file.read_text(encoding="utf-8"), str(path))
+    named = user.pop("preset", None)
+    if named is not None and not isinstance(named, str):
+        raise UserInputError(f"preset: must be a string, got {named!r}")
+    chosen = preset_name or named or "default"
+    data = merge(merge(preset(chosen), user), overrides or {})
+    return from_mapping(AuditConfig, data)
+
+
+def config_to_yaml(config: AuditConfig) -> str:
+    return yaml.safe_dump(to_mapping(config), sort_keys=False, allow_unicode=True)

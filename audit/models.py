@@ -1,0 +1,146 @@
+"""Model zoo. Every factory takes ``(input_shape, num_classes, **options)`` and returns an ``nn.Module``.
+
+All models are buffer-free (no BatchNorm running statistics), so a client's whole state is its
+parameters and the engine can train many clients at once with ``torch.func``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from audit.errors import UserInputError
+from audit.registry import Registry
+
+ModelFactory = Callable[..., nn.Module]
+MODELS: Registry[ModelFactory] = Registry("model")
+
+
+def _flat_size(module: nn.Module, input_shape: Sequence[int]) -> int:
+    with torch.no_grad():
+        return int(math.prod(module(torch.zeros(1, *input_shape)).shape[1:]))
+
+
+def _image_shape(input_shape: Sequence[int], model: str) -> tuple[int, int, int]:
+    if len(input_shape) != 3:
+        raise UserInputError(f"model.name: '{model}' needs image input (C×H×W), the dataset gives shape {tuple(input_shape)}")
+    return int(input_shape[0]), int(input_shape[1]), int(input_shape[2])
+
+
+@MODELS.register("mlp")
+def mlp(input_shape: Sequence[int], num_classes: int, hidden: Sequence[int] = (128,)) -> nn.Module:
+    """Fully connected network: flatten → [Linear → ReLU]* → Linear."""
+    layers: list[nn.Module] = [nn.Flatten()]
+    width = int(math.prod(input_shape))
+    for size in hidden:
+        if int(size) < 1:
+            raise UserInputError(f"model.options.hidden: layer sizes must be >= 1, got {list(hidden)}")
+        layers += [nn.Linear(width, int(size)), nn.ReLU()]
+        width = int(size)
+    layers.append(nn.Linear(width, num_classes))
+    return nn.Sequential(*layers)
+
+
+@MODELS.register("cnn2")
+def cnn2(input_shape: Sequence[int], num_classes: int, dropout: bool = True) -> nn.Module:
+    """The two-convolution CNN of Reddi et al. 2021 (spec 000 §4; paper 000's "CNN-2-Layers").
+
+    Conv(C→32, 3×3) → ReLU → Conv(32→64, 3×3) → ReLU → MaxPool 2 → Dropout 0.25 → Flatten →
+    FC 128 → ReLU → Dropout 0.5 → FC classes; 1,206,590 parameters on 28×28×1 with 62 classes.
+    """
+    channels, _, _ = _image_shape(input_shape, "cnn2")
+    features = nn.Sequential(
+        nn.Conv2d(channels, 32, 3), nn.ReLU(), nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Dropout(0.25 if dropout else 0.0), nn.Flatten(),
+    )
+    width = _flat_size(features, input_shape)
+    return nn.Sequential(
+        *features, nn.Linear(width, 128), nn.ReLU(), nn.Dropout(0.5 if dropout else 0.0), nn.Linear(128, num_classes)
+    )
+
+
+@MODELS.register("cnn-mcmahan")
+def cnn_mcmahan(input_shape: Sequence[int], num_classes: int) -> nn.Module:
+    """The CNN of McMahan et al. 2017 (FedAvg), as paper 003 uses it (spec 003 §4).
+
+    Conv(C→32, 5×5, pad 2) → ReLU → MaxPool 2 → Conv(32→64, 5×5, pad 2) → ReLU → MaxPool 2 →
+    FC 512 → ReLU → FC classes: exactly 1,663,370 parameters on 28×28×1 with 10 classes.
+    """
+    channels, _, _ = _image_shape(input_shape, "cnn-mcmahan")
+    features = nn.Sequential(
+        nn.Conv2d(channels, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+    )
+    width = _flat_size(features, input_shape)
+    return nn.Sequential(*features, nn.Linear(width, 512), nn.ReLU(), nn.Linear(512, num_classes))
+
+
+@MODELS.register("lenet")
+def lenet(input_shape: Sequence[int], num_classes: int) -> nn.Module:
+    """The small sigmoid LeNet of DLG (Zhu et al. 2019) and Inverting Gradients (Geiping et al. 2020).
+
+    Three 5×5 convolutions with 12 channels (strides 2, 2, 1, padding 2) and sigmoid activations,
+    then one linear layer. Smooth activations make gradient inversion well posed.
+    """
+    channels, _, _ = _image_shape(input_shape, "lenet")
+    body = nn.Sequential(
+        nn.Conv2d(channels, 12, 5, padding=2, stride=2), nn.Sigmoid(),
+        nn.Conv2d(12, 12, 5, padding=2, stride=2), nn.Sigmoid(),
+        nn.Conv2d(12, 12, 5, padding=2, stride=1), nn.Sigmoid(), nn.Flatten(),
+    )
+    width = _flat_size(body, input_shape)
+    return nn.Sequential(*body, nn.Linear(width, num_classes))
+
+
+@MODELS.register("resnet18-gn")
+def resnet18_gn(input_shape: Sequence[int], num_classes: int, groups: int = 2) -> nn.Module:
+    """ResNet-18 (He et al. 2016) with GroupNorm instead of BatchNorm and the CIFAR stem.
+
+    CIFAR stem: a 3×3 stride-1 first convolution and no max-pool. GroupNorm (``groups`` groups,
+    2 as in Hsieh et al. 2020) keeps the model buffer-free, which client-level DP needs (no
+    running statistics escape clipping and noise). 11,173,962 parameters with 10 classes.
+    """
+    from torchvision.models import resnet18
+
+    channels, _, _ = _image_shape(input_shape, "resnet18-gn")
+    model = resnet18(num_classes=num_classes, norm_layer=lambda width: nn.GroupNorm(groups, width))
+    model.conv1 = nn.Conv2d(channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
+    model.maxpool = nn.Identity()
+    for module in model.modules():  # in-place ReLU does not compose with torch.func transforms
+        if isinstance(module, nn.ReLU):
+            module.inplace = False
+    return model
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def build_model(name: str, input_shape: Sequence[int], num_classes: int, options: dict | None = None) -> nn.Module:
+    """Build a registered model (or a user's ``module:callable``) and check it fits the engine."""
+    factory = MODELS.get(name, "model.name")
+    options = dict(options or {})
+    parameters = inspect.signature(factory).parameters
+    accepts_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    allowed = [p for p in parameters if p not in ("input_shape", "num_classes")]
+    for key in options:
+        if key not in parameters and not accepts_kwargs:
+            raise UserInputError(f"model.options.{key}: unknown option for model '{name}'; allowed: {', '.join(allowed) or 'none'}")
+    try:
+        model = factory(tuple(input_shape), int(num_classes), **options)
+    except UserInputError:
+        raise
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise UserInputError(f"model.options: model '{name}' rejected its options: {exc}") from exc
+    if not isinstance(model, nn.Module):
+        raise UserInputError(f"model.name: '{name}' returned {type(model).__name__}, not a torch.nn.Module")
+    if any(True for _ in model.buffers()):
+        raise UserInputError(
+            f"model.name: '{name}' has buffers (e.g. BatchNorm running statistics); use GroupNorm/LayerNorm, "
+            f"since buffers would bypass clipping and noise"
+        )
+    return model

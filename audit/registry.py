@@ -1,0 +1,51 @@
+"""A name → factory registry, shared by datasets, models, defenses and attacks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
+
+from audit.errors import UserInputError
+from audit.extensions import is_reference, resolve
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """Maps registry names to entries; ``get`` also accepts ``module:callable`` references."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._entries: dict[str, T] = {}
+
+    def register(self, name: str) -> Callable[[T], T]:
+        def decorator(entry: T) -> T:
+            if name in self._entries:
+                raise ValueError(f"{self.kind} '{name}' registered twice")
+            self._entries[name] = entry
+            return entry
+
+        return decorator
+
+    def add(self, name: str, entry: T) -> None:
+        self.register(name)(entry)
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._entries or is_reference(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def get(self, name: str, field: str | None = None) -> T:
+        field = field or self.kind
+        if name in self._entries:
+            return self._entries[name]
+        if is_reference(name):
+            return resolve(name, field)  # type: ignore[return-value]
+        raise UserInputError(
+            f"{field}: unknown {self.kind} '{name}'; allowed: {', '.join(self.names())} "
+            f"(or 'module:callable')"
+        )

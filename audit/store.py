@@ -1,0 +1,104 @@
+"""The run store: one directory per trained run, written atomically, read without unpickling.
+
+Layout of ``<out>/runs/<run_id>/``:
+
+* ``manifest.json`` — config, seeds, privacy claim, utility, package versions, timings; written
+  last, so its presence marks a finished run;
+* ``model.safetensors`` — the final global model (parameter name → tensor);
+* ``membership.npy`` — the pool indices this run trained on (``np.load(allow_pickle=False)``);
+* ``metrics.jsonl`` — one JSON object per round;
+* ``server_view.safetensors`` / ``global_models.safetensors`` — recorded uploads and global
+  models (flat vectors; the parameter layout is in the manifest), when any were recorded.
+
+A run is built in a temporary sibling directory and renamed into place in one step, so a
+killed run leaves nothing that looks finished and a rerun of the same config resumes by
+skipping every run whose directory exists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from audit.atomic import dumps
+
+
+class RunStore:
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+        self.runs = self.root / "runs"
+
+    def path(self, run_id: str) -> Path:
+        return self.runs / run_id
+
+    def is_complete(self, run_id: str) -> bool:
+        return (self.path(run_id) / "manifest.json").is_file()
+
+    def save_run(
+        self,
+        run_id: str,
+        manifest: dict[str, Any],
+        final_params: dict[str, torch.Tensor],
+        membership: np.ndarray,
+        metrics: list[dict[str, Any]],
+        server_view: dict[str, torch.Tensor] | None = None,
+        global_models: dict[str, torch.Tensor] | None = None,
+    ) -> Path:
+        self.runs.mkdir(parents=True, exist_ok=True)
+        staging = self.runs / f".staging-{run_id}-{uuid.uuid4().hex[:8]}"
+        staging.mkdir()
+        try:
+            save_file({k: v.detach().cpu().contiguous() for k, v in final_params.items()}, str(staging / "model.safetensors"))
+            np.save(staging / "membership.npy", np.asarray(membership, dtype=np.int64), allow_pickle=False)
+            with open(staging / "metrics.jsonl", "w", encoding="utf-8") as out:
+                for row in metrics:
+                    out.write(dumps(row, indent=None) + "\n")
+            for name, tensors in (("server_view", server_view), ("global_models", global_models)):
+                if tensors:
+                    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
+                              str(staging / f"{name}.safetensors"))
+            with open(staging / "manifest.json", "w", encoding="utf-8") as out:
+                out.write(dumps(manifest) + "\n")
+            target = self.path(run_id)
+            try:
+                os.replace(staging, target)  # atomic on one file system; fails if target exists
+            except OSError:
+                if not self.is_complete(run_id):
+                    raise
+                shutil.rmtree(staging, ignore_errors=True)  # another process finished it first
+            return target
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+
+    def load_manifest(self, run_id: str) -> dict[str, Any]:
+        with open(self.path(run_id) / "manifest.json", encoding="utf-8") as handle:
+            return json.load(handle)
+
+    def load_params(self, run_id: str, device: str = "cpu") -> dict[str, torch.Tensor]:
+        return load_file(str(self.path(run_id) / "model.safetensors"), device=device)
+
+    def load_membership(self, run_id: str) -> np.ndarray:
+        return np.load(self.path(run_id) / "membership.npy", allow_pickle=False)
+
+    def load_metrics(self, run_id: str) -> list[dict[str, Any]]:
+        with open(self.path(run_id) / "metrics.jsonl", encoding="utf-8") as handle:
+            return [json.loads(line) for line in handle if line.strip()]
+
+    def load_tensors(self, run_id: str, name: str) -> dict[str, torch.Tensor]:
+        path = self.path(run_id) / f"{name}.safetensors"
+        return load_file(str(path)) if path.is_file() else {}
+
+    def clean_staging(self) -> None:
+        """Remove directories left by killed runs."""
+        if self.runs.is_dir():
+            for leftover in self.runs.glob(".staging-*"):
+                shutil.rmtree(leftover, ignore_errors=True)

@@ -1,0 +1,19 @@
+"""ℓ2 clipping of client updates (McMahan et al. 2018, Alg. 1: Δ̃ = Δ / max(1, ‖Δ‖₂/S))."""
+
+from __future__ import annotations
+
+import torch
+
+
+def clip_rows(updates: torch.Tensor, clip: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Clip each row of a C×d matrix to ℓ2 norm ≤ ``clip`` (flat clipping over all parameters).
+
+    Returns (clipped rows, pre-clip norms, whether each row was clipped). The scale factor
+    min(1, S/‖Δ‖) is computed in float64 so a clipped row's norm exceeds S by at most float32
+    rounding (≈1e-7 relative); rows already inside the ball are returned bit for bit.
+    """
+    norms = torch.linalg.vector_norm(updates.to(torch.float64), dim=1)
+    clipped = norms > clip
+    scale = torch.where(clipped, clip / norms.clamp_min(torch.finfo(torch.float64).tiny), torch.ones_like(norms))
+    out = torch.where(clipped[:, None], updates * scale.to(updates.dtype)[:, None], updates)
+    return out, norms, clipped

@@ -1,0 +1,262 @@
+"""The federated round loop shared by every round-based defense.
+
+One round (McMahan et al. 2017, FedAvg; 2018, DP-FedAvg Alg. 1):
+
+1. sample participants P_t — Poisson (each client independently with probability q) or a
+   fixed-size sample without replacement;
+2. every participant trains locally from the global model w (SGD, by epochs or iterations),
+   giving an update Δ_i = w_i − w; clients run batched (:func:`train_batched`) or one by one;
+3. the defense privatises the updates (:meth:`Defense.privatize`: clip, noise, ...), which is
+   what the clients upload;
+4. the defense aggregates the uploads (:meth:`Defense.aggregate`, a mean by default) and the
+   server steps w ← w + η_g · aggregate;
+5. metrics: pre-clip update norms, clip fraction, test loss/accuracy, ε so far; and the
+   server view (uploads and global models of the rounds and clients chosen for recording).
+
+Randomness: the participants of round t come from stream ``(seed, "round", t, "sampling")``,
+client i's batches from ``(seed, "round", t, "client", i, "batches")``; defenses draw noise
+from :meth:`RoundContext.client_generator` / :meth:`RoundContext.server_generator`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import torch
+from torch import nn
+
+from audit.seeding import derive_seed, numpy_rng, torch_generator
+from defenses.base import AccountingSettings, PrivacyClaim
+from defenses.evaluation import evaluate
+from defenses.flat import ParamLayout, parameters_of
+from defenses.local_training import TRAINERS, LocalSchedule, SGDSettings, client_batches
+
+if TYPE_CHECKING:
+    from defenses.base import Defense
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """Federated training settings shared by all defenses (a defense may override some per entry)."""
+
+    rounds: int = field(default=30, metadata={"min": 1, "help": "federated rounds T"})
+    sampling: Literal["poisson", "fixed"] = field(
+        default="poisson", metadata={"help": "client sampling: Poisson(q) or a fixed-size sample without replacement"})
+    client_rate: float = field(default=1.0, metadata={"min": 0.0, "min_exclusive": True, "max": 1.0,
+                                                      "help": "q: Poisson rate, or m/N for fixed-size sampling"})
+    clients_per_round: int | None = field(default=None, metadata={"min": 1, "help": "m for fixed-size sampling (overrides client_rate)"})
+    local_unit: Literal["epochs", "iterations"] = field(default="epochs", metadata={"help": "what local_steps counts"})
+    local_steps: int = field(default=1, metadata={"min": 1, "help": "local epochs or SGD iterations per round"})
+    batch_size: int = field(default=10, metadata={"min": 1})
+    lr: float = field(default=0.1, metadata={"min": 0.0, "min_exclusive": True, "help": "client learning rate η_l"})
+    lr_decay: float = field(default=1.0, metadata={"min": 0.0, "min_exclusive": True, "max": 1.0,
+                                                   "help": "η_l(t) = lr · lr_decay^t"})
+    momentum: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0, "max_exclusive": True})
+    weight_decay: float = field(default=0.0, metadata={"min": 0.0})
+    server_lr: float = field(default=1.0, metadata={"min": 0.0, "min_exclusive": True, "help": "η_g"})
+    aggregation: Literal["uniform", "weighted"] = field(
+        default="uniform", metadata={"help": "mean of uploads: uniform 1/|P_t| or weighted by client size"})
+    engine: Literal["batched", "loop"] = field(
+        default="batched", metadata={"help": "batched torch.func clients, or the per-client reference loop"})
+    client_chunk: int = field(default=0, metadata={"min": 0, "help": "clients per batched computation (0: automatic)"})
+    eval_every: int = field(default=1, metadata={"min": 1, "help": "evaluate the global model every k rounds (and at the end)"})
+
+    def round_size(self, num_clients: int) -> int:
+        """m for fixed-size sampling."""
+        if self.clients_per_round is not None:
+            return min(self.clients_per_round, num_clients)
+        return max(1, int(round(self.client_rate * num_clients)))
+
+    def sampling_rate(self, num_clients: int) -> float:
+        """q of Poisson sampling, or m/N of fixed-size sampling."""
+        if self.sampling == "fixed":
+            return self.round_size(num_clients) / num_clients
+        return self.client_rate
+
+
+@dataclass(frozen=True)
+class RecordSpec:
+    """Which parts of the server view a run stores: rounds are 1-based; "all", "final" or "none"."""
+
+    global_rounds: str | tuple[int, ...] = "final"
+    upload_rounds: str | tuple[int, ...] = "none"
+    upload_clients: str | tuple[int, ...] = "all"
+
+    @staticmethod
+    def _wants(selection: str | tuple[int, ...], round_number: int, total: int) -> bool:
+        if selection == "all":
+            return True
+        if selection == "none":
+            return False
+        if selection == "final":
+            return round_number == total
+        return round_number in selection
+
+    def wants_global(self, round_number: int, total: int) -> bool:
+        return self._wants(self.global_rounds, round_number, total)
+
+    def wants_uploads(self, round_number: int, total: int) -> bool:
+        return self._wants(self.upload_rounds, round_number, total)
+
+    def wants_client(self, client: int) -> bool:
+        return self.upload_clients == "all" or (isinstance(self.upload_clients, tuple) and client in self.upload_clients)
+
+
+@dataclass
+class TrainingJob:
+    """Everything one federated training run needs."""
+
+    model_factory: Callable[[], nn.Module]
+    pool_x: torch.Tensor
+    pool_y: torch.Tensor
+    clients: list[np.ndarray]  # pool indices held by each client
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    training: TrainingConfig
+    seed: int
+    delta: float = 1e-5
+    accounting: AccountingSettings = field(default_factory=AccountingSettings)
+    record: RecordSpec = field(default_factory=RecordSpec)
+    device: str = "cpu"
+
+
+@dataclass
+class RoundContext:
+    """What a defense's hooks know about the current round."""
+
+    round: int  # 0-based
+    participants: np.ndarray  # client ids, ascending
+    sizes: np.ndarray  # records held by each participant
+    num_clients: int
+    training: TrainingConfig
+    seed: int
+    device: str
+
+    def client_generator(self, client: int, purpose: str) -> torch.Generator:
+        return torch_generator(self.seed, "round", self.round, "client", int(client), purpose)
+
+    def server_generator(self, purpose: str) -> torch.Generator:
+        return torch_generator(self.seed, "round", self.round, "server", purpose)
+
+
+@dataclass
+class TrainingOutcome:
+    final_params: dict[str, torch.Tensor]
+    layout: ParamLayout
+    metrics: list[dict[str, Any]]
+    claim: PrivacyClaim
+    server_view: dict[str, torch.Tensor] = field(default_factory=dict)  # flat vectors by key
+    global_models: dict[str, torch.Tensor] = field(default_factory=dict)  # flat vectors by round key
+
+
+def mean_update(uploads: torch.Tensor, ctx: RoundContext, denominator: float | None = None) -> torch.Tensor:
+    """Uniform mean (1/|P_t| or 1/denominator) or client-size-weighted mean of the uploads."""
+    if ctx.training.aggregation == "weighted":
+        weights = torch.as_tensor(ctx.sizes / ctx.sizes.sum(), dtype=uploads.dtype, device=uploads.device)
+        return weights @ uploads
+    return uploads.sum(0) / (denominator if denominator is not None else uploads.shape[0])
+
+
+def sample_participants(num_clients: int, training: TrainingConfig, seed: int, round_index: int) -> np.ndarray:
+    rng = numpy_rng(seed, "round", round_index, "sampling")
+    if training.sampling == "poisson":
+        return np.flatnonzero(rng.random(num_clients) < training.client_rate)
+    return np.sort(rng.choice(num_clients, size=training.round_size(num_clients), replace=False))
+
+
+def _norm_summary(norms: torch.Tensor) -> dict[str, float]:
+    values = norms.detach().to(torch.float64).cpu().numpy()
+    q = np.quantile(values, [0.0, 0.25, 0.5, 0.75, 1.0])
+    return {"update_norm_min": float(q[0]), "update_norm_q25": float(q[1]), "update_norm_median": float(q[2]),
+            "update_norm_q75": float(q[3]), "update_norm_max": float(q[4]), "update_norm_mean": float(values.mean())}
+
+
+class FederatedEngine:
+    """Runs a round-based defense on a :class:`TrainingJob`."""
+
+    def __init__(self, defense: Defense, job: TrainingJob):
+        self.defense = defense
+        self.job = job
+
+    def _chunks(self, order: list[int], dim: int) -> list[list[int]]:
+        size = self.job.training.client_chunk or max(1, (1 << 25) // max(1, dim))
+        return [order[i:i + size] for i in range(0, len(order), size)]
+
+    def local_updates(self, model: nn.Module, layout: ParamLayout, global_params: dict[str, torch.Tensor],
+                      participants: np.ndarray, round_index: int, lr: float) -> torch.Tensor:
+        """Train the participants locally; returns their raw updates Δ_i = w_i − w as a C×d matrix."""
+        job, training = self.job, self.job.training
+        batches = [
+            client_batches(len(job.clients[c]), training.local_unit, training.local_steps, training.batch_size,
+                           numpy_rng(job.seed, "round", round_index, "client", int(c), "batches"))
+            for c in participants
+        ]
+        schedule = LocalSchedule.build(batches, [job.clients[c] for c in participants])
+        trainer = TRAINERS[training.engine]
+        sgd = SGDSettings(lr, training.momentum, training.weight_decay)
+        objective = self.defense.local_objective()
+        # Clients with similar step counts share a chunk, so little padding is computed.
+        order = sorted(range(len(participants)), key=lambda i: -schedule.steps[i])
+        start = layout.flatten(global_params)
+        updates = torch.empty(len(participants), layout.dim, dtype=start.dtype, device=start.device)
+        for chunk in self._chunks(order, layout.dim):
+            local = trainer(model, objective, global_params, schedule.select(chunk), job.pool_x, job.pool_y, sgd)
+            updates[torch.as_tensor(chunk, device=start.device)] = layout.flatten_stacked(local) - start
+        return updates
+
+    def run(self, on_round: Callable[[int, int, dict[str, Any]], None] | None = None) -> TrainingOutcome:
+        job, training, defense = self.job, self.job.training, self.defense
+        torch.manual_seed(derive_seed(job.seed, "torch"))  # model init and dropout
+        model = job.model_factory().to(job.device)
+        model.train()
+        layout = ParamLayout.of(model)
+        global_vector = layout.flatten(parameters_of(model))
+        num_clients = len(job.clients)
+        sizes_all = np.array([len(c) for c in job.clients])
+        defense.validate(training, num_clients)
+        trajectory = defense.epsilon_trajectory(training, num_clients, job.delta, job.accounting)
+        metrics: list[dict[str, Any]] = []
+        server_view: dict[str, torch.Tensor] = {}
+        global_models: dict[str, torch.Tensor] = {}
+        total = training.rounds
+        for t in range(total):
+            round_number = t + 1
+            participants = sample_participants(num_clients, training, job.seed, t)
+            lr = training.lr * training.lr_decay ** t
+            row: dict[str, Any] = {"round": round_number, "participants": int(len(participants)), "lr": lr}
+            if len(participants):
+                ctx = RoundContext(t, participants, sizes_all[participants], num_clients, training, job.seed, job.device)
+                global_params = {n: v.clone() for n, v in layout.unflatten(global_vector).items()}
+                updates = self.local_updates(model, layout, global_params, participants, t, lr)
+                uploads, diagnostics = defense.privatize(updates, ctx)
+                step = defense.aggregate(uploads, ctx)
+                global_vector = global_vector + training.server_lr * step
+                row.update(_norm_summary(torch.linalg.vector_norm(updates.to(torch.float64), dim=1)))
+                row.update(diagnostics)
+                if job.record.wants_uploads(round_number, total):
+                    if defense.observes == "uploads":
+                        for i, client in enumerate(participants):
+                            if job.record.wants_client(int(client)):
+                                server_view[f"round_{round_number:04d}/client_{int(client):05d}"] = uploads[i].clone()
+                    server_view[f"round_{round_number:04d}/aggregate"] = step.clone()
+            else:
+                row["skipped"] = True  # an empty Poisson round still counts in the accounting
+            if trajectory is not None:
+                row["epsilon"] = trajectory[t]
+            if round_number % training.eval_every == 0 or round_number == total:
+                loss, accuracy = evaluate(model, layout.unflatten(global_vector), job.test_x, job.test_y)
+                row["test_loss"], row["test_accuracy"] = loss, accuracy
+            if job.record.wants_global(round_number, total):
+                global_models[f"round_{round_number:04d}"] = global_vector.clone()
+            metrics.append(row)
+            if on_round is not None:
+                on_round(round_number, total, row)
+        claim = defense.privacy_claim(training, num_clients, total, job.delta, job.accounting)
+        final = {n: v.clone() for n, v in layout.unflatten(global_vector).items()}
+        if not math.isfinite(float(global_vector.abs().max())):
+            metrics[-1]["diverged"] = True
+        return TrainingOutcome(final, layout, metrics, claim, server_view, global_models)

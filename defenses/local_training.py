@@ -1,0 +1,204 @@
+"""Local client training: local SGD from the global model, batched over clients or one client at a time.
+
+A round's local work is described by a :class:`LocalSchedule`: for every client the sequence
+of mini-batches (pool indices) it trains on, padded to a common shape with a mask. Padding is
+what lets clients of different sizes share one batched computation: a padded example has
+weight 0 in the batch mean, and a padded *step* (a client that has finished its epochs) leaves
+that client's parameters and momentum unchanged.
+
+Two interchangeable paths train a schedule:
+
+* :func:`train_batched` — all clients at once: ``torch.func.functional_call`` on stacked
+  parameters, ``vmap`` over clients for the forward pass, one backward pass for all, SGD
+  applied to the stacked tensors;
+* :func:`train_loop` — the reference path: a plain ``nn.Module`` and ``torch.optim.SGD`` per client.
+
+Both consume the same schedule (drawn from per-client seed streams), so for the same seed they
+give the same models up to float rounding; ``tests/defenses/test_engine.py`` checks it.
+Dropout is the exception: ``vmap`` draws dropout masks differently from the loop, so models
+with dropout agree in distribution, not bit for bit.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, vmap
+
+from defenses.flat import parameters_of
+
+Params = dict[str, torch.Tensor]
+
+
+# --------------------------------------------------------------------------- schedules
+
+
+def client_batches(num_records: int, unit: str, count: int, batch_size: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """A client's mini-batches as local indices 0..n-1.
+
+    ``unit="epochs"``: ``count`` passes over a fresh permutation, cut into batches of
+    ``batch_size`` (the last one smaller). ``unit="iterations"``: ``count`` batches of
+    min(batch_size, n) records drawn from successive permutations (reshuffle and cycle,
+    spec 000 §2.1).
+    """
+    if num_records < 1:
+        return []
+    if unit == "epochs":
+        batches = []
+        for _ in range(count):
+            order = rng.permutation(num_records)
+            batches.extend(order[i:i + batch_size] for i in range(0, num_records, batch_size))
+        return batches
+    size = min(batch_size, num_records)
+    needed = count * size
+    stream = np.concatenate([rng.permutation(num_records) for _ in range(-(-needed // num_records))])
+    return [stream[i * size:(i + 1) * size] for i in range(count)]
+
+
+@dataclass
+class LocalSchedule:
+    """Padded mini-batch schedule of C clients: S steps of up to B examples each."""
+
+    indices: torch.Tensor  # int64 [C, S, B], pool indices (0 where padded)
+    mask: torch.Tensor  # float32 [C, S, B], 1 for real examples
+    active: torch.Tensor  # bool [C, S], False for padded steps
+    steps: list[int]  # real steps per client
+
+    @classmethod
+    def build(cls, batches_per_client: list[list[np.ndarray]], member_indices: list[np.ndarray]) -> LocalSchedule:
+        """From each client's local-index batches and its pool indices."""
+        clients = len(batches_per_client)
+        steps = [len(b) for b in batches_per_client]
+        max_steps = max(steps, default=0)
+        width = max((len(batch) for batches in batches_per_client for batch in batches), default=1)
+        indices = np.zeros((clients, max_steps, width), dtype=np.int64)
+        mask = np.zeros((clients, max_steps, width), dtype=np.float32)
+        for c, (batches, members) in enumerate(zip(batches_per_client, member_indices)):
+            for s, batch in enumerate(batches):
+                indices[c, s, :len(batch)] = members[batch]
+                mask[c, s, :len(batch)] = 1.0
+        active = torch.as_tensor(mask.sum(axis=2) > 0)
+        return cls(torch.as_tensor(indices), torch.as_tensor(mask), active, steps)
+
+    def select(self, rows: list[int]) -> LocalSchedule:
+        """The sub-schedule of some clients, trimmed to their longest run of steps."""
+        index = torch.as_tensor(rows, dtype=torch.int64)
+        steps = [self.steps[r] for r in rows]
+        keep = max(steps, default=0)
+        return LocalSchedule(self.indices[index, :keep], self.mask[index, :keep], self.active[index, :keep], steps)
+
+
+# --------------------------------------------------------------------------- objectives
+
+
+def stacked_forward(model: nn.Module, params: Params, x: torch.Tensor) -> torch.Tensor:
+    """Outputs of C models (stacked parameters [C, *shape]) on their own inputs x [C, B, ...]."""
+    return vmap(partial(functional_call, model), in_dims=(0, 0), randomness="different")(params, (x,))
+
+
+def masked_mean_cross_entropy(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-client mean cross-entropy over the real (mask = 1) examples: logits [C, B, K] → [C]."""
+    losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view_as(mask)
+    return (losses * mask).sum(1) / mask.sum(1).clamp_min(1.0)
+
+
+class LocalObjective:
+    """The loss a client minimises; the default is the mean cross-entropy of the batch.
+
+    Defenses that change the local step (a penalty, a sharpness-aware step, per-example
+    clipping) subclass it and override both methods consistently.
+    """
+
+    def batched_gradient(self, model: nn.Module, params: Params, anchor: Params,
+                         x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> Params:
+        """Every client's gradient at once: parameters stacked [C, *shape], data [C, B, ...].
+
+        Clients are independent, so the gradient of the *sum* of their losses with respect to
+        client c's parameters is client c's own gradient: one vmapped forward and one backward
+        pass serve all clients. ``anchor`` is the global model the clients started from;
+        ``mask`` [C, B] marks real examples.
+        """
+        names = list(params)
+        with torch.enable_grad():
+            leaves = {n: params[n].detach().requires_grad_(True) for n in names}
+            losses = masked_mean_cross_entropy(stacked_forward(model, leaves, x), y, mask)
+            gradients = torch.autograd.grad(losses.sum(), [leaves[n] for n in names])
+        return dict(zip(names, gradients))
+
+    def module_backward(self, model: nn.Module, anchor: Params, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Loop path: accumulate the same gradient into ``model``'s ``.grad`` fields."""
+        F.cross_entropy(model(x), y).backward()
+
+
+@dataclass(frozen=True)
+class SGDSettings:
+    """torch.optim.SGD semantics: d = g + wd·w; b = μ·b + d; w = w − lr·(b if μ else d)."""
+
+    lr: float
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+
+# --------------------------------------------------------------------------- the two paths
+
+
+def _stack(params: Params, clients: int) -> Params:
+    return {n: p.unsqueeze(0).repeat(clients, *([1] * p.dim())).contiguous() for n, p in params.items()}
+
+
+def train_batched(model: nn.Module, objective: LocalObjective, global_params: Params, schedule: LocalSchedule,
+                  pool_x: torch.Tensor, pool_y: torch.Tensor, sgd: SGDSettings) -> Params:
+    """Train C clients as one vmapped computation; returns stacked parameters [C, *shape]."""
+    clients, max_steps = schedule.active.shape
+    params = _stack(global_params, clients)
+    buffers = {n: torch.zeros_like(p) for n, p in params.items()} if sgd.momentum else {}
+    device = pool_x.device
+    for s in range(max_steps):
+        index = schedule.indices[:, s].to(device)
+        gradients = objective.batched_gradient(model, params, global_params, pool_x[index], pool_y[index],
+                                               schedule.mask[:, s].to(device))
+        active = schedule.active[:, s].to(device)
+        all_active = bool(active.all())
+        for name, p in params.items():
+            d_p = gradients[name]
+            if sgd.weight_decay:
+                d_p = d_p + sgd.weight_decay * p
+            shape = (clients,) + (1,) * (p.dim() - 1)
+            if sgd.momentum:
+                new_buffer = sgd.momentum * buffers[name] + d_p
+                buffers[name] = new_buffer if all_active else torch.where(active.view(shape), new_buffer, buffers[name])
+                d_p = buffers[name]
+            new_p = p - sgd.lr * d_p
+            params[name] = new_p if all_active else torch.where(active.view(shape), new_p, p)
+    return params
+
+
+def train_loop(model: nn.Module, objective: LocalObjective, global_params: Params, schedule: LocalSchedule,
+               pool_x: torch.Tensor, pool_y: torch.Tensor, sgd: SGDSettings) -> Params:
+    """Reference path: one ``nn.Module`` + ``torch.optim.SGD`` per client, unpadded batches."""
+    results = []
+    for c, steps in enumerate(schedule.steps):
+        local = copy.deepcopy(model)
+        with torch.no_grad():
+            for name, p in local.named_parameters():
+                p.copy_(global_params[name])
+        local.train()
+        optimizer = torch.optim.SGD(local.parameters(), lr=sgd.lr, momentum=sgd.momentum,
+                                    weight_decay=sgd.weight_decay)
+        for s in range(steps):
+            real = schedule.indices[c, s][schedule.mask[c, s] > 0].to(pool_x.device)
+            optimizer.zero_grad(set_to_none=True)
+            objective.module_backward(local, global_params, pool_x[real], pool_y[real])
+            optimizer.step()
+        results.append(parameters_of(local))
+    return {n: torch.stack([r[n] for r in results]) for n in global_params}
+
+
+TRAINERS: dict[str, Callable[..., Params]] = {"batched": train_batched, "loop": train_loop}

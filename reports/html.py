@@ -1,0 +1,95 @@
+"""The self-contained HTML report: inline CSS, plots embedded as base64 PNG, no network access.
+
+Rendered by jinja2 with autoescaping on, so any text that comes from a config (names, labels,
+notes) is shown, never interpreted.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import yaml
+
+from audit.atomic import write_text
+from reports import plots
+
+TEMPLATES = Path(__file__).with_name("templates")
+MAIN_ATTACK_ORDER = ("lira-online", "lira-offline")
+
+
+def _environment() -> jinja2.Environment:
+    environment = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
+                                     undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    environment.filters["num"] = plots.format_number
+    environment.filters["pct"] = lambda v: "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.1f} %"
+    return environment
+
+
+def _leak_metric(experiment: dict[str, Any]) -> tuple[str, float] | None:
+    for name in MAIN_ATTACK_ORDER:
+        for attack in experiment["attacks"]:
+            if attack["attack"] == name and attack["metrics"]["auc"]["value"] is not None:
+                return name, attack["metrics"]["auc"]["value"]
+    return None
+
+
+def summary_lines(document: dict[str, Any]) -> list[str]:
+    """The verdicts in words, most important first."""
+    lines = []
+    experiments = document["experiments"]
+    leaks = [(e, _leak_metric(e)) for e in experiments]
+    leaks = [(e, m) for e, m in leaks if m is not None]
+    if leaks:
+        worst, (attack, value) = max(leaks, key=lambda item: item[1][1])
+        lines.append(f"Most leaky configuration: {worst['label']} ({attack} AUC {value:.3f}; 0.5 is chance).")
+    for experiment in experiments:
+        claim, accuracy = experiment["claim"], experiment["utility"]["test_accuracy"]
+        claim_text = ("no DP claim" if claim["epsilon"] is None else
+                      f"claims ({claim['epsilon']:.3g}, {claim['delta']:.1e})-DP per {claim['unit']} [{claim['accountant']}]")
+        acc_text = "accuracy n/a" if accuracy["value"] is None else f"test accuracy {100 * accuracy['value']:.1f} %"
+        leak = _leak_metric(experiment)
+        leak_text = "" if leak is None else f"; {leak[0]} AUC {leak[1]:.3f}"
+        lines.append(f"{experiment['label']}: {acc_text}, {claim_text}{leak_text}.")
+        if claim["epsilon"] is not None and claim["unit"] == "client":
+            lines.append(f"{experiment['label']}: the claim protects whole clients; a single record is covered through "
+                         f"group privacy (one record changes one client's data: at most 2ε = {2 * claim['epsilon']:.3g}).")
+    return lines
+
+
+def render_report(document: dict[str, Any], manifest_extra: dict[str, Any] | None = None) -> str:
+    experiments = document["experiments"]
+    attack_names = []
+    for experiment in experiments:
+        for attack in experiment["attacks"]:
+            if attack["attack"] not in attack_names:
+                attack_names.append(attack["attack"])
+    figures = []
+    accuracy_plot = plots.accuracy_vs_epsilon(experiments)
+    if accuracy_plot:
+        figures.append({"title": "Accuracy vs claimed ε", "png": accuracy_plot,
+                        "caption": "Mean test accuracy over the membership runs with 95 % intervals; dashed lines: non-private defenses."})
+    for name in attack_names:
+        png = plots.roc_plot(experiments, name)
+        if png:
+            figures.append({"title": f"ROC of {name}", "png": png,
+                            "caption": "All (target run, record) pairs pooled, leave-one-out; log–log axes show the low-FPR regime."})
+    extra = manifest_extra or {}
+    return _environment().get_template("report.html.j2").render(
+        doc=document,
+        audit=document["audit"],
+        experiments=experiments,
+        summary=summary_lines(document),
+        figures=figures,
+        config_yaml=yaml.safe_dump(document["config"], sort_keys=False, allow_unicode=True),
+        versions=extra.get("versions", document.get("versions", {})),
+        machine=extra.get("machine", {}),
+    )
+
+
+def write_report(document: dict[str, Any], path: str | Path, manifest_extra: dict[str, Any] | None = None) -> Path:
+    path = Path(path)
+    write_text(path, render_report(document, manifest_extra))
+    return path

@@ -1,0 +1,97 @@
+"""Plots for the report, rendered with matplotlib (Agg) into base64 PNG strings.
+
+PNG metadata is stripped of the software version so the same results give the same bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+
+
+def _png(figure) -> str:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
+    plt.close(figure)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def roc_plot(experiments: list[dict[str, Any]], attack: str) -> str | None:
+    """Log–log ROC curves of one attack, one line per experiment, with the chance diagonal."""
+    figure, axis = plt.subplots(figsize=(5.2, 4.4))
+    drawn = False
+    for i, experiment in enumerate(experiments):
+        for result in experiment["attacks"]:
+            if result["attack"] != attack:
+                continue
+            fpr, tpr = result["roc"]["fpr"], result["roc"]["tpr"]
+            points = [(f, t) for f, t in zip(fpr, tpr) if f > 0 and t > 0]
+            if not points:
+                continue
+            auc = result["metrics"]["auc"]["value"]
+            axis.plot([p[0] for p in points], [p[1] for p in points], color=COLORS[i % len(COLORS)],
+                      label=f"{experiment['label']} (AUC {auc:.3f})")
+            drawn = True
+    if not drawn:
+        plt.close(figure)
+        return None
+    axis.plot([1e-5, 1], [1e-5, 1], color="grey", linestyle="--", linewidth=1, label="chance")
+    axis.set(xscale="log", yscale="log", xlim=(1e-4, 1), ylim=(1e-4, 1.02), xlabel="false positive rate",
+             ylabel="true positive rate", title=f"{attack}: ROC (log–log)")
+    axis.legend(fontsize=7, loc="lower right")
+    axis.grid(True, which="major", alpha=0.3)
+    return _png(figure)
+
+
+def accuracy_vs_epsilon(experiments: list[dict[str, Any]]) -> str | None:
+    """Test accuracy (mean and 95 % interval over runs) against the claimed ε; non-private
+    defenses are drawn as horizontal reference lines."""
+    figure, axis = plt.subplots(figsize=(5.2, 4.0))
+    by_defense: dict[str, list[tuple[float, dict]]] = {}
+    baselines = []
+    for experiment in experiments:
+        accuracy = experiment["utility"]["test_accuracy"]
+        if accuracy["value"] is None:
+            continue
+        epsilon = experiment["claim"]["epsilon"]
+        if epsilon is None:
+            baselines.append((experiment["label"], accuracy["value"]))
+        else:
+            by_defense.setdefault(experiment["defense"], []).append((epsilon, accuracy))
+    if not by_defense and not baselines:
+        plt.close(figure)
+        return None
+    for i, (defense, points) in enumerate(sorted(by_defense.items())):
+        points.sort(key=lambda p: p[0])
+        xs = [p[0] for p in points]
+        ys = [p[1]["value"] for p in points]
+        lows = [p[1]["value"] - (p[1]["ci_low"] if p[1]["ci_low"] is not None else p[1]["value"]) for p in points]
+        highs = [(p[1]["ci_high"] if p[1]["ci_high"] is not None else p[1]["value"]) - p[1]["value"] for p in points]
+        axis.errorbar(xs, ys, yerr=[lows, highs], marker="o", capsize=3, color=COLORS[i % len(COLORS)], label=defense)
+    for j, (label, value) in enumerate(baselines):
+        axis.axhline(value, linestyle="--", color=COLORS[(len(by_defense) + j) % len(COLORS)], label=f"{label} (no DP)")
+    if by_defense:
+        axis.set_xscale("log")
+    axis.set(xlabel="claimed ε", ylabel="test accuracy", title="privacy–utility", ylim=(0, 1.02))
+    axis.legend(fontsize=7, loc="lower right")
+    axis.grid(True, alpha=0.3)
+    return _png(figure)
+
+
+def format_number(value: Any, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if isinstance(value, float) and math.isinf(value):
+        return "∞"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)

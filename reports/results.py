@@ -1,0 +1,55 @@
+"""The tidy results table and the files it is written to.
+
+One row per (experiment, attack, metric) — long format, DESIGN.md's columns:
+
+    run, dataset, defense, label, epsilon, delta, unit, accountant, seed, attack, metric, value, ci_low, ci_high
+
+``run`` is the experiment key (a defense at one ε; its N membership runs are summarised);
+``epsilon`` is the claimed ε (empty for non-private defenses); utility rows have attack
+``none``. Missing intervals are empty cells.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from audit.atomic import dumps, write_text
+
+SCHEMA_VERSION = "1.0"
+COLUMNS = ["run", "dataset", "defense", "label", "epsilon", "delta", "unit", "accountant", "seed",
+           "attack", "metric", "value", "ci_low", "ci_high"]
+
+
+def rows_from_results(document: dict[str, Any]) -> list[dict[str, Any]]:
+    audit = document["audit"]
+    rows = []
+    for experiment in document["experiments"]:
+        claim = experiment["claim"]
+        common = {
+            "run": experiment["key"], "dataset": audit["dataset"], "defense": experiment["defense"],
+            "label": experiment["label"], "epsilon": claim["epsilon"], "delta": claim["delta"],
+            "unit": claim["unit"], "accountant": claim["accountant"], "seed": audit["seed"],
+        }
+        for metric, estimate in experiment["utility"].items():
+            rows.append({**common, "attack": "none", "metric": metric, "value": estimate["value"],
+                         "ci_low": estimate["ci_low"], "ci_high": estimate["ci_high"]})
+        for attack in experiment["attacks"]:
+            for metric, estimate in attack["metrics"].items():
+                rows.append({**common, "attack": attack["attack"], "metric": metric, "value": estimate["value"],
+                             "ci_low": estimate["ci_low"], "ci_high": estimate["ci_high"]})
+    return rows
+
+
+def results_frame(document: dict[str, Any]) -> pd.DataFrame:
+    return pd.DataFrame(document["rows"], columns=COLUMNS)
+
+
+def write_results(document: dict[str, Any], out: Path) -> dict[str, str]:
+    """Write ``results.csv`` and ``results.json`` atomically; returns their paths."""
+    csv_path, json_path = Path(out) / "results.csv", Path(out) / "results.json"
+    write_text(csv_path, results_frame(document).to_csv(index=False, lineterminator="\n"))
+    write_text(json_path, dumps(document) + "\n")
+    return {"results_csv": str(csv_path), "results_json": str(json_path)}
