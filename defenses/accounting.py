@@ -262,14 +262,31 @@ def calibrate_noise(
     always the upper end, so the calibrated mechanism never overshoots the target ε. ε is
     non-increasing in σ for every accountant here, which is what bisection needs.
     ``schedule.noise_multiplier`` is ignored.
+
+    Speed: with RDP, each step evaluates only a window of orders around the previous optimum
+    and falls back to all orders when the optimum lands on the window's edge. The minimum over
+    a subset of orders is never below the minimum over all of them, so a σ accepted on the
+    window also meets the target with every order.
     """
     if not (target_epsilon > 0 and math.isfinite(target_epsilon)):
         raise UserInputError(f"target-epsilon: must be a finite number > 0, got {target_epsilon}")
     if schedule.steps == 0:
         raise UserInputError("steps: calibration needs at least one round")
+    all_orders = np.asarray(orders, dtype=np.float64)
+    window: list[int] = []
 
     def eps_at(sigma: float) -> float:
-        return compute_epsilon(schedule.with_noise(sigma), delta, accountant, conversion, orders).epsilon
+        if accountant != "rdp":
+            return compute_epsilon(schedule.with_noise(sigma), delta, accountant, conversion).epsilon
+        if window:
+            subset = all_orders[window]
+            report = compute_epsilon(schedule.with_noise(sigma), delta, "rdp", conversion, subset)
+            if report.optimal_order not in (subset[0], subset[-1]) or len(subset) == len(all_orders):
+                return report.epsilon
+        report = compute_epsilon(schedule.with_noise(sigma), delta, "rdp", conversion, all_orders)
+        best = int(np.argmin(np.abs(all_orders - report.optimal_order))) if report.optimal_order else 0
+        window[:] = list(range(max(0, best - 8), min(len(all_orders), best + 9)))
+        return report.epsilon
 
     hi = 1.0
     while eps_at(hi) > target_epsilon:

@@ -1,0 +1,77 @@
+"""LiRA: leave-one-out scores equal a naive reimplementation; null case shows no leakage; a leaky case does."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from attacks.base import membership_metrics
+from attacks.lira import LiRA, LiRAParams
+from reports.metrics import auc
+
+
+def _naive_scores(signals, keep, per_example):
+    runs, records, views = signals.shape
+    online = np.zeros((runs, records))
+    offline = np.zeros((runs, records))
+    for target in range(runs):
+        refs = [r for r in range(runs) if r != target]
+        means, variances = {}, {}
+        for side in (True, False):
+            groups = [[signals[r, p] for r in refs if keep[r, p] == side] for p in range(records)]
+            mu = np.array([np.mean(g, axis=0) for g in groups])
+            scatter = sum(((np.array(g) - m) ** 2).sum(0) for g, m in zip(groups, mu))
+            pooled = scatter / sum(len(g) - 1 for g in groups)
+            if per_example:
+                var = np.array([np.var(g, axis=0, ddof=1) for g in groups])
+            else:
+                var = np.broadcast_to(pooled, mu.shape)
+            means[side], variances[side] = mu, var
+        own = signals[target]
+        online[target] = (stats.norm.logpdf(own, means[True], np.sqrt(variances[True]))
+                          - stats.norm.logpdf(own, means[False], np.sqrt(variances[False]))).mean(1)
+        offline[target] = ((own - means[False]) / np.sqrt(variances[False])).mean(1)
+    return online, offline
+
+
+@pytest.mark.parametrize("variance", ["global", "per-example"])
+def test_leave_one_out_matches_naive(variance):
+    rng = np.random.default_rng(0)
+    runs, records = 6, 25
+    # every record in exactly 3 runs, so each target keeps ≥ 2 references on each side
+    keep = np.array([rng.permutation([True] * 3 + [False] * 3) for _ in range(records)]).T
+    signals = rng.normal(size=(runs, records, 2)) + 0.7 * keep[:, :, None]
+    scores = LiRA(LiRAParams(variance=variance)).scores(signals, keep)
+    online, offline = _naive_scores(signals, keep, variance == "per-example")
+    np.testing.assert_allclose(scores["online"], online, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(scores["offline"], offline, rtol=1e-9, atol=1e-9)
+
+
+def _experiment(effect: float, seed: int = 1, runs: int = 16, records: int = 3000):
+    rng = np.random.default_rng(seed)
+    keep = rng.random((runs, records)) < 0.5
+    difficulty = rng.normal(0, 3, records)  # records differ a lot in how confident models are on them
+    signals = difficulty[None, :, None] + effect * keep[:, :, None] + rng.normal(size=(runs, records, 1))
+    return signals, keep
+
+
+def test_null_case_shows_no_leakage():
+    signals, keep = _experiment(effect=0.0)
+    for variant, scores in LiRA().scores(signals, keep).items():
+        metrics, _ = membership_metrics(scores, keep)
+        assert 0.48 < metrics["auc"].value < 0.52, variant
+        assert metrics["tpr_at_fpr_1%"].value <= 0.02, variant
+        assert metrics["epsilon_lower_bound"].value < 0.15, variant
+
+
+def test_leaky_case_shows_leakage_and_per_record_calibration_matters():
+    signals, keep = _experiment(effect=1.5)
+    scores = LiRA().scores(signals, keep)
+    online, _ = membership_metrics(scores["online"], keep)
+    offline, _ = membership_metrics(scores["offline"], keep)
+    raw = auc(signals[:, :, 0].ravel(), keep.ravel()).value  # a global threshold on φ itself
+    assert online["auc"].value > 0.8 and offline["auc"].value > 0.8
+    assert raw < 0.65, "the records' spread hides membership from a global threshold"
+    assert online["tpr_at_fpr_1%"].value > 0.1
+    assert online["epsilon_lower_bound"].value > 0.5

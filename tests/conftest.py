@@ -1,0 +1,37 @@
+"""Shared fixtures: small real tasks."""
+
+from __future__ import annotations
+
+import os
+import numpy as np
+import pytest
+import torch
+
+from audit.datasets import load_dataset
+from audit.models import build_model
+from audit.partitions import partition
+
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+@pytest.fixture(scope="session")
+def digits():
+    return load_dataset("digits")
+
+
+@pytest.fixture
+def digits_job(digits):
+    """A small DP-FedAvg-sized job on digits: 8 clients of uneven size, MLP."""
+    from defenses.engine import TrainingConfig, TrainingJob
+
+    def make(**training) -> TrainingJob:
+        rng = np.random.default_rng(0)
+        order = rng.permutation(len(digits.train))
+        test, pool = order[:200], order[200:600]
+        pool_x, pool_y = digits.train.features[pool], digits.train.labels[pool]
+        clients = partition(pool_y.numpy(), "dirichlet", 8, seed=3, alpha=2.0, min_client_size=5)
+        defaults = dict(rounds=3, local_steps=2, batch_size=8, lr=0.1)
+        defaults.update(training)
+        return TrainingJob(lambda: build_model("mlp", (1, 8, 8), 10, {"hidden": [32]}), pool_x, pool_y, clients,
+                           digits.train.features[test], digits.train.labels[test], TrainingConfig(**defaults), seed=11)
+
+    return make

@@ -1,0 +1,107 @@
+"""Attack metrics against reference values (peers.md §2) and their definitions."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from reports.metrics import (
+    auc,
+    auc_convex_hull,
+    balanced_accuracy,
+    best_threshold_for_epsilon,
+    clopper_pearson,
+    confusion_at,
+    epsilon_lower_bound,
+    held_out_epsilon_lower_bound,
+    tpr_at_fpr,
+)
+
+
+def test_clopper_pearson_epsilon_reference():
+    # tf-privacy epsilon_lower_bound_test: TP 500/500, FP 0/500 at α = 0.01 → 4.54 (recomputed 4.5419).
+    assert epsilon_lower_bound(500, 0, 0, 500, confidence=0.99) == pytest.approx(4.5419, abs=0.005)
+
+
+def test_epsilon_lower_bound_properties():
+    assert epsilon_lower_bound(250, 250, 250, 250) == 0.0  # chance
+    tighter = epsilon_lower_bound(900, 100, 50, 950, confidence=0.9)
+    looser = epsilon_lower_bound(900, 100, 50, 950, confidence=0.99)
+    assert tighter > looser > 0
+    assert epsilon_lower_bound(900, 100, 50, 950, delta=0.1) < epsilon_lower_bound(900, 100, 50, 950)
+    # the TNR/FNR direction counts too: a test that is sure about non-members
+    assert epsilon_lower_bound(100, 900, 0, 1000) > 0
+    assert epsilon_lower_bound(100, 900, 0, 1000) == pytest.approx(epsilon_lower_bound(1000, 0, 900, 100))
+
+
+def test_auc_reference_values():
+    # jax_privacy: in=[0,4,6,7], out=[1,2,3,5]: AUROC on the ROC convex hull 13/16; the plain AUC is 11/16.
+    scores, labels = [0, 4, 6, 7, 1, 2, 3, 5], [1, 1, 1, 1, 0, 0, 0, 0]
+    assert auc_convex_hull(scores, labels) == pytest.approx(13 / 16)
+    assert auc(scores, labels).value == pytest.approx(11 / 16)
+    # tf-privacy MIA test: losses of members vs non-members → AUC 0.83 (score = −loss)
+    members = np.array([0.1, 0.2, 1.3, 0.4, 0.5, 0.6])
+    non_members = np.array([1.1, 1.2, 1.3, 0.4, 1.5, 1.6])
+    assert auc(-np.r_[members, non_members], np.r_[np.ones(6), np.zeros(6)]).value == pytest.approx(0.8333, abs=1e-4)
+
+
+def test_auc_interval_covers_truth_at_nominal_rate():
+    """DeLong 95 % intervals for N(1,1) vs N(0,1) (true AUC Φ(1/√2) = 0.7602) cover the truth in
+    about 95 % of 200 seeded repetitions; the binomial 99.9 % range for 200 trials is [0.895, 0.99]."""
+    truth = 0.7602499389
+    rng = np.random.default_rng(7)
+    covered = 0
+    for _ in range(200):
+        scores = np.r_[rng.normal(1, 1, 300), rng.normal(0, 1, 300)]
+        estimate = auc(scores, np.r_[np.ones(300), np.zeros(300)])
+        covered += estimate.low <= truth <= estimate.high
+    assert 0.895 <= covered / 200 <= 0.99
+
+
+def test_tpr_at_fpr_reads_without_interpolation():
+    # 10 negatives: FPR steps of 0.1. Members' scores 5..9, non-members −9..−1 plus one at 9.5.
+    scores = np.r_[np.arange(5, 10), np.arange(-9, 0), [9.5]]
+    labels = np.r_[np.ones(5), np.zeros(10)]
+    assert tpr_at_fpr(scores, labels, 0.0).value == 0.0  # the top score is a non-member
+    assert tpr_at_fpr(scores, labels, 0.1).value == 1.0
+    assert tpr_at_fpr(scores, labels, 0.05).value == 0.0  # 0.1 > 0.05: no interpolation
+    low, high = clopper_pearson(5, 5)
+    estimate = tpr_at_fpr(scores, labels, 0.1)
+    assert (estimate.low, estimate.high) == pytest.approx((low, high))
+
+
+def test_balanced_accuracy_is_half_plus_half_advantage():
+    scores = np.r_[np.arange(10), np.arange(5, 15)]
+    labels = np.r_[np.zeros(10), np.ones(10)]
+    assert balanced_accuracy(scores, labels) == pytest.approx(0.75)
+
+
+def test_threshold_search_and_held_out_bound():
+    rng = np.random.default_rng(3)
+    scores = np.r_[rng.normal(3, 1, 2000), rng.normal(0, 1, 2000)]
+    labels = np.r_[np.ones(2000), np.zeros(2000)]
+    threshold = best_threshold_for_epsilon(scores, labels)
+    direct = epsilon_lower_bound(*confusion_at(scores, labels, threshold))
+    for other in np.quantile(scores, [0.1, 0.3, 0.5, 0.7, 0.9]):  # the search beats arbitrary thresholds
+        assert direct >= epsilon_lower_bound(*confusion_at(scores, labels, other)) - 1e-12
+    held_out = held_out_epsilon_lower_bound(scores[::2], labels[::2], scores[1::2], labels[1::2])
+    assert 0 < held_out.value < direct + 1.0
+
+
+def test_null_scores_give_no_epsilon():
+    """Null case (jax_privacy PR #270): indistinguishable scores must not produce an ε."""
+    rng = np.random.default_rng(0)
+    scores, labels = rng.normal(size=20000), rng.random(20000) < 0.5
+    bound = held_out_epsilon_lower_bound(scores[:10000], labels[:10000], scores[10000:], labels[10000:])
+    assert bound.value == 0.0 or bound.value < 0.1
+    assert abs(auc(scores, labels).value - 0.5) < 0.02
+    assert tpr_at_fpr(scores, labels, 0.01).value < 0.02
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="both"):
+        auc([1, 2], [1, 1])
+    with pytest.raises(ValueError, match="finite"):
+        auc([1, math.nan], [1, 0])
