@@ -26,7 +26,13 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import stats
 
-from attacks.base import ATTACKS, AttackResult, MembershipAttack, MembershipExperiment, membership_metrics
+from attacks.base import (
+    ATTACKS,
+    AttackResult,
+    MembershipAttack,
+    MembershipExperiment,
+    membership_metrics,
+)
 from attacks.signals import AUGMENTATIONS, confidence_signals
 
 VARIANTS = ("online", "offline")

@@ -120,8 +120,8 @@ def command_run(args: argparse.Namespace, attack: bool) -> int:
 
 
 def command_list(args: argparse.Namespace) -> int:
-    import attacks  # noqa: F401
-    import defenses  # noqa: F401
+    import attacks.catalog  # noqa: F401
+    import defenses.catalog  # noqa: F401
     from attacks.base import ATTACKS
     from audit.config import preset_names
     from audit.datasets import DATASETS

@@ -6,6 +6,7 @@ path, as for ``python -m``); ``path/to/file.py:factory`` is loaded from that fil
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import os
@@ -32,11 +33,21 @@ def resolve(reference: str, field: str) -> Callable[..., Any]:
             path = Path(module_part).expanduser().resolve()
             if not path.is_file():
                 raise UserInputError(f"{field}: file '{module_part}' does not exist")
-            spec = importlib.util.spec_from_file_location(f"dpfl_audit_user_{path.stem}", path)
-            if spec is None or spec.loader is None:
-                raise UserInputError(f"{field}: cannot load '{module_part}'")
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
+            # one module per file, registered in sys.modules (dataclasses and pickling-free
+            # introspection look classes up there) and reused by every reference to the file
+            name = f"dpfl_audit_user_{hashlib.sha256(str(path).encode()).hexdigest()[:12]}_{path.stem}"
+            module = sys.modules.get(name)
+            if module is None:
+                spec = importlib.util.spec_from_file_location(name, path)
+                if spec is None or spec.loader is None:
+                    raise UserInputError(f"{field}: cannot load '{module_part}'")
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[name] = module
+                try:
+                    spec.loader.exec_module(module)
+                except BaseException:
+                    del sys.modules[name]
+                    raise
         else:
             if os.getcwd() not in sys.path:
                 sys.path.insert(0, os.getcwd())

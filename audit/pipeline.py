@@ -21,8 +21,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-import attacks  # noqa: F401  (registers the attacks)
-import defenses  # noqa: F401  (registers the defenses)
+import attacks.catalog  # noqa: F401  (registers the attacks)
+import defenses.catalog  # noqa: F401  (registers the defenses)
 from attacks.base import ATTACKS, AttackResult, MembershipAttack, MembershipExperiment
 from audit import __version__, provenance
 from audit.atomic import write_json, write_text
@@ -270,8 +270,8 @@ def attack_runs(plan: Plan, store: RunStore, out: Path, quiet: bool = False) -> 
 def run_audit(config: AuditConfig, out: str | Path, *, attack: bool = True, quiet: bool = False,
               plan: Plan | None = None) -> dict[str, Any]:
     """Plan (unless given), train, attack and report. Returns paths and the results summary."""
-    from reports.html import write_report
     from audit.summary import build_results
+    from reports.html import write_report
     from reports.results import write_results
 
     started = time.perf_counter()

@@ -1,9 +1,5 @@
 """Every DPFL algorithm ("defense"), built from shared blocks.
 
-Importing this package registers the defenses in :data:`DEFENSES`.
+Import :mod:`defenses.catalog` to register all defenses in ``defenses.base.DEFENSES``; the
+package itself imports nothing heavy, so ``dpfl-audit epsilon`` starts without torch.
 """
-
-from defenses.base import DEFENSES, Defense, PrivacyClaim
-from defenses import fedavg  # noqa: F401  (registers fedavg, dp-fedavg)
-
-__all__ = ["DEFENSES", "Defense", "PrivacyClaim"]

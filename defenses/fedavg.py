@@ -26,7 +26,12 @@ from typing import Literal
 import torch
 
 from audit.errors import UserInputError
-from defenses.accounting import GaussianSchedule, calibrate_noise, compute_epsilon, epsilon_trajectory
+from defenses.accounting import (
+    GaussianSchedule,
+    calibrate_noise,
+    compute_epsilon,
+    epsilon_trajectory,
+)
 from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
 from defenses.clipping import clip_rows
 from defenses.engine import RoundContext, TrainingConfig

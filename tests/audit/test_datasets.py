@@ -22,7 +22,7 @@ def test_registry_names():
 
 def test_digits(digits):
     assert digits.train.features.shape == (1797, 1, 8, 8) and digits.num_classes == 10 and digits.test is None
-    assert 0.0 <= float(digits.train.features.min()) and float(digits.train.features.max()) <= 1.0
+    assert float(digits.train.features.min()) >= 0.0 and float(digits.train.features.max()) <= 1.0
     assert np.bincount(digits.train.labels.numpy()).min() > 150
 
 

@@ -1,0 +1,77 @@
+"""Config schema: one-line errors that name the field and the allowed values; presets; planning checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from audit.config import AuditConfig, load_config, merge, preset_names
+from audit.errors import UserInputError
+from audit.pipeline import plan_audit
+from audit.schema import from_mapping
+
+
+def _error(data) -> str:
+    with pytest.raises(UserInputError) as error:
+        plan_audit(from_mapping(AuditConfig, data))
+    message = str(error.value)
+    assert "\n" not in message
+    return message
+
+
+def test_unknown_top_level_and_nested_fields():
+    assert _error({"trainig": {}}).startswith("trainig: unknown field; allowed: name, seed, device, dataset")
+    message = _error({"training": {"rouns": 3}})
+    assert message.startswith("training.rouns: unknown field; allowed: rounds, sampling")
+
+
+def test_bad_values_name_the_allowed_ones():
+    assert "partition.name: 'random' is not allowed; allowed: iid, dirichlet, shards" in _error({"partition": {"name": "random"}})
+    assert "training.rounds: must be >= 1, got 0" in _error({"training": {"rounds": 0}})
+    assert "training.lr: must be a number" in _error({"training": {"lr": "fast"}})
+    assert "defenses[1].epsilons[0]: must be > 0.0" in _error({"defenses": [{"name": "fedavg"}, {"name": "dp-fedavg", "epsilons": [-1]}]})
+
+
+def test_registry_and_parameter_errors():
+    assert "defenses[0].name: unknown defense 'dp-fedavgg'; allowed: dp-fedavg, fedavg" in _error({"defenses": [{"name": "dp-fedavgg"}]})
+    assert "defenses[0].params.noise_placement: 'server' is not allowed; allowed: client, aggregate" in _error(
+        {"defenses": [{"name": "dp-fedavg", "params": {"noise_placement": "server"}}]})
+    assert "defenses[0].params.clipp: unknown field; allowed: clip" in _error({"defenses": [{"name": "dp-fedavg", "params": {"clipp": 1}}]})
+    assert "defenses[0].epsilons: 'fedavg' is not a DP defense" in _error({"defenses": [{"name": "fedavg", "epsilons": [1]}]})
+    assert "attacks[0].params.variants[0]: 'sideways' is not allowed" in _error({"attacks": [{"name": "lira", "params": {"variants": ["sideways"]}}]})
+    assert "dataset.name: unknown dataset 'digitz'" in _error({"dataset": {"name": "digitz"}})
+    assert "model.options.hiden: unknown option" in _error({"model": {"name": "mlp", "options": {"hiden": [3]}}})
+    assert "training.aggregation: dp-fedavg needs 'uniform'" in _error({"training": {"aggregation": "weighted"}})
+    assert "device: 'cuda' requested but no CUDA device" in _error({"device": "cuda"}) or pytest.importorskip("torch").cuda.is_available()
+
+
+def test_yaml_numbers_and_defaults():
+    config = from_mapping(AuditConfig, {"defenses": [{"name": "dp-fedavg", "delta": "1e-6", "epsilons": [1, "2.5"]}]})
+    assert config.defenses[0].delta == 1e-6 and config.defenses[0].epsilons == [1.0, 2.5]
+    default = AuditConfig()
+    assert default.dataset.name == "digits" and default.partition.clients == 20
+    assert [d.name for d in default.defenses] == ["fedavg", "dp-fedavg"] and default.defenses[1].epsilons == [1.0, 8.0]
+    assert default.membership.runs == 16 and [a.name for a in default.attacks] == ["lira"]
+
+
+def test_presets_and_merge(tmp_path):
+    assert {"default", "smoke"} <= set(preset_names())
+    smoke = load_config(preset_name="smoke")
+    assert smoke.name == "smoke" and smoke.membership.runs == 8
+    path = tmp_path / "c.yaml"
+    path.write_text("preset: smoke\ntraining: {rounds: 3}\n")
+    config = load_config(path)
+    assert config.training.rounds == 3 and config.training.local_steps == 5  # merged key by key
+    assert merge({"a": {"b": 1, "c": [1]}}, {"a": {"c": [2]}}) == {"a": {"b": 1, "c": [2]}}
+    with pytest.raises(UserInputError, match="preset: unknown preset 'nope'"):
+        load_config(preset_name="nope")
+
+
+def test_yaml_syntax_errors_are_one_line(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("training: {rounds: 3\n")
+    with pytest.raises(UserInputError) as error:
+        load_config(path)
+    assert "\n" not in str(error.value) and "broken.yaml" in str(error.value)
+    path.write_text("- just\n- a list\n")
+    with pytest.raises(UserInputError, match="must be a mapping"):
+        load_config(path)

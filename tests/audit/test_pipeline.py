@@ -1,0 +1,99 @@
+"""End to end through the CLI entry point: outputs, determinism, resume, escaping, user components."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from audit.cli import main
+from defenses.base import Defense
+
+REPO = Path(__file__).resolve().parents[2]
+HOSTILE = "<script>alert(1)</script>"
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(tmp_path_factory):
+    """The smoke preset, named with markup, run twice into two fresh directories."""
+    base = tmp_path_factory.mktemp("smoke")
+    config = base / "smoke.yaml"
+    config.write_text(f"preset: smoke\nname: '{HOSTILE}'\n")
+    outs = [base / "first", base / "second"]
+    for out in outs:
+        assert main(["run", str(config), "--out", str(out), "--quiet"]) == 0
+    return config, outs
+
+
+def test_outputs_exist_and_rows_are_tidy(smoke_runs):
+    _, (out, _) = smoke_runs
+    for name in ("report.html", "results.csv", "results.json", "manifest.json", "config.yaml"):
+        assert (out / name).is_file(), name
+    with open(out / "results.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert list(rows[0]) == ["run", "dataset", "defense", "label", "epsilon", "delta", "unit", "accountant",
+                             "seed", "attack", "metric", "value", "ci_low", "ci_high"]
+    keys = {(r["run"], r["attack"], r["metric"]) for r in rows}
+    for run in ("fedavg", "dp-fedavg-eps8"):
+        assert (run, "none", "test_accuracy") in keys
+        for attack in ("lira-online", "lira-offline"):
+            for metric in ("auc", "tpr_at_fpr_0.1%", "tpr_at_fpr_1%", "epsilon_lower_bound"):
+                assert (run, attack, metric) in keys
+    dp = [r for r in rows if r["run"] == "dp-fedavg-eps8"][0]
+    assert float(dp["epsilon"]) <= 8.0 and dp["unit"] == "client" and "rdp-improved" in dp["accountant"]
+    document = json.loads((out / "results.json").read_text())
+    assert document["schema_version"] and len(document["experiments"]) == 2
+    assert len(list((out / "runs").iterdir())) == 16
+
+
+def test_fedavg_leaks_in_the_smoke_audit(smoke_runs):
+    _, (out, _) = smoke_runs
+    document = json.loads((out / "results.json").read_text())
+    fedavg = document["experiments"][0]
+    online = next(a for a in fedavg["attacks"] if a["attack"] == "lira-online")
+    assert online["metrics"]["auc"]["value"] > 0.55
+    assert fedavg["utility"]["test_accuracy"]["value"] > 0.8
+
+
+def test_same_seed_gives_byte_identical_results(smoke_runs):
+    _, (first, second) = smoke_runs
+    assert (first / "results.csv").read_bytes() == (second / "results.csv").read_bytes()
+    assert (first / "results.json").read_bytes() == (second / "results.json").read_bytes()
+
+
+def test_rerun_resumes_without_training(smoke_runs, monkeypatch, tmp_path):
+    config, (first, _) = smoke_runs
+    resumed = tmp_path / "resumed"
+    shutil.copytree(first, resumed)
+    before = (resumed / "results.csv").read_bytes()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a finished run was trained again")
+
+    monkeypatch.setattr(Defense, "train", refuse)
+    assert main(["run", str(config), "--out", str(resumed), "--quiet"]) == 0
+    assert (resumed / "results.csv").read_bytes() == before
+
+
+def test_report_escapes_config_text(smoke_runs):
+    _, (out, _) = smoke_runs
+    html = (out / "report.html").read_text()
+    assert HOSTILE not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    for section in ('id="summary"', 'id="results"', 'id="plots"', 'id="provenance"'):
+        assert section in html
+    assert html.count("data:image/png;base64,") >= 3  # accuracy vs ε and two ROC plots
+    assert "http://" not in html and "https://" not in html.replace("https://archive", "")
+
+
+def test_user_dataset_model_and_defense(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(REPO)
+    out = tmp_path / "custom"
+    assert main(["run", "examples/custom.yaml", "--out", str(out), "--quiet"]) == 0
+    document = json.loads((out / "results.json").read_text())
+    labels = [e["label"] for e in document["experiments"]]
+    assert labels == ["FedProx (mu=0.1)", "dp-fedavg (ε=4)"]
+    assert document["experiments"][0]["params"] == {"mu": 0.1}
+    assert document["audit"]["dataset_source"] == "sklearn.datasets.load_breast_cancer"
