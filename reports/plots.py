@@ -14,6 +14,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 
 COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 
@@ -81,6 +82,9 @@ def accuracy_vs_epsilon(experiments: list[dict[str, Any]]) -> str | None:
         axis.axhline(value, linestyle="--", color=COLORS[(len(by_defense) + j) % len(COLORS)], label=f"{label} (no DP)")
     if by_defense:
         axis.set_xscale("log")
+        ticks = sorted({p[0] for points in by_defense.values() for p in points})
+        axis.set_xticks(ticks, [f"{t:g}" for t in ticks])
+        axis.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     axis.set(xlabel="claimed ε", ylabel="test accuracy", title="privacy–utility", ylim=(0, 1.02))
     axis.legend(fontsize=7, loc="lower right")
     axis.grid(True, alpha=0.3)
