@@ -105,6 +105,8 @@ class MembershipAttack:
     summary: ClassVar[str] = ""
     reference: ClassVar[str] = ""
     Params: ClassVar[type]
+    #: the fewest membership runs the attack can work with (each target needs references)
+    min_runs: ClassVar[int] = 2
 
     def __init__(self, params: Any = None):
         self.params = params if params is not None else self.Params()

@@ -79,6 +79,7 @@ class LiRA(MembershipAttack):
     summary = "Likelihood Ratio Attack, online and offline, leave-one-out over the membership runs"
     reference = "Carlini et al. 2022, Membership Inference Attacks From First Principles"
     Params = LiRAParams
+    min_runs = 4  # a target needs references both with and without each record
 
     def signals(self, experiment: MembershipExperiment, progress: Callable[[int, int], None] | None = None) -> np.ndarray:
         """φ for every (run, record, view): float64 [runs, records, views]."""

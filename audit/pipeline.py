@@ -108,6 +108,8 @@ def plan_audit(config: AuditConfig) -> Plan:
     attack_list = []
     for i, entry in enumerate(config.attacks):
         cls = ATTACKS.get(entry.name, f"attacks[{i}].name")
+        if config.membership.runs < cls.min_runs:
+            raise UserInputError(f"membership.runs: attack '{entry.name}' needs at least {cls.min_runs} runs, got {config.membership.runs}")
         attack_list.append(cls(from_mapping(cls.Params, entry.params, f"attacks[{i}].params")))
     if not config.defenses:
         raise UserInputError("defenses: the list is empty; name at least one defense")

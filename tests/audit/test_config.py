@@ -38,6 +38,7 @@ def test_registry_and_parameter_errors():
     assert "defenses[0].params.clipp: unknown field; allowed: clip" in _error({"defenses": [{"name": "dp-fedavg", "params": {"clipp": 1}}]})
     assert "defenses[0].epsilons: 'fedavg' is not a DP defense" in _error({"defenses": [{"name": "fedavg", "epsilons": [1]}]})
     assert "attacks[0].params.variants[0]: 'sideways' is not allowed" in _error({"attacks": [{"name": "lira", "params": {"variants": ["sideways"]}}]})
+    assert "membership.runs: attack 'lira' needs at least 4 runs, got 2" in _error({"membership": {"runs": 2}})
     assert "dataset.name: unknown dataset 'digitz'" in _error({"dataset": {"name": "digitz"}})
     assert "model.options.hiden: unknown option" in _error({"model": {"name": "mlp", "options": {"hiden": [3]}}})
     assert "training.aggregation: dp-fedavg needs 'uniform'" in _error({"training": {"aggregation": "weighted"}})
