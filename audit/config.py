@@ -86,6 +86,18 @@ class AccountingConfig:
         default="improved", metadata={"help": "RDP→(ε,δ): improved (Balle et al. 2020) or classic (Mironov 2017)"})
 
 
+@dataclass(frozen=True)
+class DiagnosticsConfig:
+    enabled: bool = field(default=True, metadata={"help": "compute loss-landscape diagnostics of every trained run"})
+    sharpness_radii: list[float] = field(default_factory=lambda: [0.05, 0.1, 0.2], metadata={
+        "min": 0.0, "min_exclusive": True, "help": "radii along filter-normalised random directions (Li et al. 2018)"})
+    sharpness_directions: int = field(default=4, metadata={"min": 1})
+    perturbation_stds: list[float] = field(default_factory=lambda: [0.005, 0.01, 0.02], metadata={
+        "min": 0.0, "min_exclusive": True, "help": "std s of the weight perturbation N(0, s²I)"})
+    perturbation_repeats: int = field(default=3, metadata={"min": 1})
+    max_records: int = field(default=1000, metadata={"min": 1, "help": "records of the training/test data evaluated"})
+
+
 def _default_training() -> TrainingConfig:
     return TrainingConfig(rounds=60, local_unit="epochs", local_steps=3, batch_size=10, lr=0.05, momentum=0.9)
 
@@ -112,6 +124,7 @@ class AuditConfig:
     attacks: list[AttackEntry] = field(default_factory=_default_attacks)
     record: RecordConfig = field(default_factory=RecordConfig)
     accounting: AccountingConfig = field(default_factory=AccountingConfig)
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
 
 
 # --------------------------------------------------------------------------- presets and loading

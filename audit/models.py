@@ -79,6 +79,22 @@ def cnn_mcmahan(input_shape: Sequence[int], num_classes: int) -> nn.Module:
     return nn.Sequential(*features, nn.Linear(width, 512), nn.ReLU(), nn.Linear(512, num_classes))
 
 
+@MODELS.register("cnn-fedsam")
+def cnn_fedsam(input_shape: Sequence[int], num_classes: int) -> nn.Module:
+    """The EMNIST CNN of DP-FedSAM's public code (spec 002 §4).
+
+    Conv(C→32, 5×5) → MaxPool 2 → ReLU → Conv(32→64, 5×5) → MaxPool 2 → ReLU → FC 512 → ReLU →
+    FC classes: 903,614 parameters on 32×32×1 with 62 classes (608,702 on 28×28×1).
+    """
+    channels, _, _ = _image_shape(input_shape, "cnn-fedsam")
+    features = nn.Sequential(
+        nn.Conv2d(channels, 32, 5), nn.MaxPool2d(2), nn.ReLU(),
+        nn.Conv2d(32, 64, 5), nn.MaxPool2d(2), nn.ReLU(), nn.Flatten(),
+    )
+    width = _flat_size(features, input_shape)
+    return nn.Sequential(*features, nn.Linear(width, 512), nn.ReLU(), nn.Linear(512, num_classes))
+
+
 @MODELS.register("lenet")
 def lenet(input_shape: Sequence[int], num_classes: int) -> nn.Module:
     """The small sigmoid LeNet of DLG (Zhu et al. 2019) and Inverting Gradients (Geiping et al. 2020).
@@ -100,8 +116,8 @@ def lenet(input_shape: Sequence[int], num_classes: int) -> nn.Module:
 def resnet18_gn(input_shape: Sequence[int], num_classes: int, groups: int = 2) -> nn.Module:
     """ResNet-18 (He et al. 2016) with GroupNorm instead of BatchNorm and the CIFAR stem.
 
-    CIFAR stem: a 3×3 stride-1 first convolution and no max-pool. GroupNorm (``groups`` groups,
-    2 as in Hsieh et al. 2020) keeps the model buffer-free, which client-level DP needs (no
+    CIFAR stem: a 3×3 stride-1 first convolution and no max-pool. GroupNorm (``groups`` groups:
+    2 as in Hsieh et al. 2020; DP-FedSAM's code uses 32) keeps the model buffer-free, which client-level DP needs (no
     running statistics escape clipping and noise). 11,173,962 parameters with 10 classes.
     """
     from torchvision.models import resnet18

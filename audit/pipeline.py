@@ -29,11 +29,12 @@ from audit.atomic import write_json, write_text
 from audit.config import AuditConfig, config_to_yaml, merge
 from audit.errors import UserInputError
 from audit.schema import from_mapping, to_mapping
-from audit.seeding import derive_seed
+from audit.seeding import derive_seed, numpy_rng
 from audit.store import RunStore
 from audit.tasks import Task, build_task, keep_matrix, run_clients
 from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
 from defenses.engine import RecordSpec, TrainingConfig, TrainingJob
+from defenses.flat import ParamLayout
 
 STORE_FORMAT = 1  # bump when a change makes stored runs incompatible
 
@@ -119,11 +120,12 @@ def plan_audit(config: AuditConfig) -> Plan:
     pool_labels = task.pool.labels.numpy()
     clients = [run_clients(pool_labels, keep[r], config.partition, config.seed, r) for r in range(config.membership.runs)]
     num_clients = config.partition.clients
+    layout = ParamLayout.of(task.model_factory())
 
     experiments: list[Experiment] = []
     used_keys: set[str] = set()
     for i, entry, cls, params, training in defense_specs:
-        base = cls(params)
+        base = cls(params, layout)
         base.validate(training, num_clients)
         targets = entry.epsilons or [None]
         for target in targets:
@@ -269,6 +271,47 @@ def attack_runs(plan: Plan, store: RunStore, out: Path, quiet: bool = False) -> 
     return results, timings
 
 
+def diagnose_runs(plan: Plan, store: RunStore, out: Path, quiet: bool = False) -> dict[str, list[dict]]:
+    """Sharpness and weight-perturbation robustness of every run's final model, from the store.
+
+    Written to ``<out>/diagnostics/<experiment>.json`` (one entry per run), recomputed on every
+    call: they are cheap next to training and depend on the diagnostics settings, not the run.
+    """
+    from defenses.diagnostics import perturbation_robustness, sharpness
+
+    settings = plan.config.diagnostics
+    results: dict[str, list[dict]] = {}
+    if not settings.enabled:
+        return results
+    device = plan.config.device
+    model = plan.task.model_factory().to(device)
+    test_x, test_y = plan.task.test.features.to(device), plan.task.test.labels.to(device)
+    keep_test = torch.as_tensor(numpy_rng(plan.config.seed, "diagnostics", "test").permutation(len(test_y))[:settings.max_records],
+                                device=device)
+    for experiment in plan.experiments:
+        bar = _bar(len(plan.run_ids[experiment.key]), f"diagnose {experiment.label}", quiet)
+        entries = []
+        for r, rid in enumerate(plan.run_ids[experiment.key]):
+            params = store.load_params(rid, device=device)
+            members = np.concatenate(plan.clients[r])
+            chosen = numpy_rng(plan.config.seed, "diagnostics", "train", r).permutation(members)[:settings.max_records]
+            train_x = plan.task.pool.features[torch.as_tensor(chosen)].to(device)
+            train_y = plan.task.pool.labels[torch.as_tensor(chosen)].to(device)
+            seed = derive_seed(plan.config.seed, "diagnostics", experiment.key, r)
+            entries.append({
+                "run_id": rid,
+                "sharpness": sharpness(model, params, train_x, train_y, settings.sharpness_radii,
+                                       settings.sharpness_directions, seed),
+                "robustness": perturbation_robustness(model, params, test_x[keep_test], test_y[keep_test],
+                                                      settings.perturbation_stds, settings.perturbation_repeats, seed),
+            })
+            bar.update(1)
+        bar.close()
+        results[experiment.key] = entries
+        write_json(out / "diagnostics" / f"{experiment.key}.json", entries)
+    return results
+
+
 def run_audit(config: AuditConfig, out: str | Path, *, attack: bool = True, quiet: bool = False,
               plan: Plan | None = None) -> dict[str, Any]:
     """Plan (unless given), train, attack and report. Returns paths and the results summary."""
@@ -285,10 +328,11 @@ def run_audit(config: AuditConfig, out: str | Path, *, attack: bool = True, quie
     write_text(out / "config.yaml", config_to_yaml(config))
     train_seconds = train_runs(plan, store, quiet)
     attack_results, attack_seconds = attack_runs(plan, store, out, quiet) if attack else ({}, {})
+    diagnostics = diagnose_runs(plan, store, out, quiet) if attack else {}
     paths: dict[str, Any] = {"out": str(out), "runs": str(store.runs)}
     summary = None
     if attack:
-        summary = build_results(plan, store, attack_results)
+        summary = build_results(plan, store, attack_results, diagnostics)
         paths.update(write_results(summary, out))
         paths["report"] = str(write_report(summary, out / "report.html", manifest_extra={
             "versions": provenance.versions(), "machine": provenance.machine()}))

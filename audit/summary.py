@@ -24,7 +24,8 @@ from reports.results import SCHEMA_VERSION, rows_from_results
 if TYPE_CHECKING:
     from audit.pipeline import Plan
 
-ROUND_METRICS = ("test_accuracy", "test_loss", "update_norm_median", "clip_fraction", "epsilon")
+ROUND_METRICS = ("test_accuracy", "test_loss", "train_accuracy", "update_norm_median", "update_norm_q25",
+                 "update_norm_q75", "clip_fraction", "epsilon")
 
 
 def mean_interval(values: list[float], confidence: float = 0.95) -> dict[str, Any]:
@@ -63,7 +64,43 @@ def _attack_entry(result: AttackResult) -> dict[str, Any]:
     }
 
 
-def build_results(plan: Plan, store: RunStore, attack_results: dict[str, list[AttackResult]]) -> dict[str, Any]:
+def _mean_curves(entries: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, list[float]]:
+    """Element-wise means over runs of list-valued fields (e.g. sharpness per radius)."""
+    return {k: np.mean([e[k] for e in entries], axis=0).tolist() for k in keys}
+
+
+def diagnostics_summary(manifests: list[dict], metrics: list[list[dict]], landscape: list[dict]) -> dict[str, Any]:
+    """Per-experiment diagnostics (spec 002 §6): train/test gap, clipping, update norms, flatness."""
+    gaps, clip_fractions, first_norms, last_norms, train_accuracies = [], [], [], [], []
+    for manifest, rows in zip(manifests, metrics):
+        final = next((r for r in reversed(rows) if "train_accuracy" in r), {})
+        if final.get("train_accuracy") is not None and manifest["utility"]["test_accuracy"] is not None:
+            train_accuracies.append(final["train_accuracy"])
+            gaps.append(final["train_accuracy"] - manifest["utility"]["test_accuracy"])
+        fractions = [r["clip_fraction"] for r in rows if "clip_fraction" in r]
+        if fractions:
+            clip_fractions.append(float(np.mean(fractions)))
+        norms = [r["update_norm_median"] for r in rows if "update_norm_median" in r]
+        if norms:
+            first_norms.append(norms[0])
+            last_norms.append(norms[-1])
+    summary: dict[str, Any] = {
+        "train_accuracy": mean_interval(train_accuracies),
+        "generalization_gap": mean_interval(gaps),
+        "clip_fraction": mean_interval(clip_fractions),
+        "update_norm_median_first_round": mean_interval(first_norms),
+        "update_norm_median_last_round": mean_interval(last_norms),
+    }
+    if landscape:
+        summary["sharpness"] = {"radii": landscape[0]["sharpness"]["radii"],
+                                **_mean_curves([e["sharpness"] for e in landscape], ("mean_rise", "max_rise"))}
+        summary["robustness"] = {"stds": landscape[0]["robustness"]["stds"],
+                                 **_mean_curves([e["robustness"] for e in landscape], ("accuracy", "accuracy_drop"))}
+    return summary
+
+
+def build_results(plan: Plan, store: RunStore, attack_results: dict[str, list[AttackResult]],
+                  landscape: dict[str, list[dict]] | None = None) -> dict[str, Any]:
     config, task = plan.config, plan.task
     experiments = []
     for experiment in plan.experiments:
@@ -85,6 +122,7 @@ def build_results(plan: Plan, store: RunStore, attack_results: dict[str, list[At
                 "test_loss": mean_interval([m["utility"]["test_loss"] for m in manifests]),
             },
             "rounds": _round_curves(metrics),
+            "diagnostics": diagnostics_summary(manifests, metrics, (landscape or {}).get(experiment.key, [])),
             "attacks": [_attack_entry(r) for r in attack_results.get(experiment.key, [])],
             "runs": ids,
         })

@@ -38,7 +38,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 
@@ -287,6 +287,16 @@ def calibrate_noise(
         window[:] = list(range(max(0, best - 8), min(len(all_orders), best + 9)))
         return report.epsilon
 
+    return smallest_noise(eps_at, target_epsilon, relative_tolerance)
+
+
+def smallest_noise(eps_at: Callable[[float], float], target_epsilon: float, relative_tolerance: float = 1e-4) -> float:
+    """The smallest noise parameter σ (to ``relative_tolerance``) with eps_at(σ) ≤ target.
+
+    ``eps_at`` must be non-increasing in σ. Bisection on log σ over a bracket [lo, hi] with
+    eps_at(lo) > target ≥ eps_at(hi); the upper end is returned, so the target is never
+    exceeded. Raises a one-line error when no σ ≤ 1e7 reaches the target.
+    """
     hi = 1.0
     while eps_at(hi) > target_epsilon:
         hi *= 2.0
@@ -309,3 +319,46 @@ def calibrate_noise(
         else:
             hi, eps_hi = mid, eps_mid
     return hi
+
+
+# --------------------------------------------------------------------------- general RDP curves
+
+#: integer orders for bounds that hold at integer α only (Zhu & Wang 2019)
+INTEGER_ORDERS: tuple[int, ...] = tuple(range(2, 129)) + (256,)
+
+
+def poisson_subsampled_rdp(rdp_of: Callable[[np.ndarray], np.ndarray], rate: float,
+                           orders: Sequence[int] = INTEGER_ORDERS) -> np.ndarray:
+    """RDP of a Poisson-subsampled mechanism from the RDP curve of the mechanism itself.
+
+    The general upper bound of Zhu & Wang 2019 ("Poisson Subsampled Rényi Differential Privacy",
+    Thm. 6), for integer α ≥ 2 and any mechanism with RDP ε(·):
+
+        ε'(α) ≤ 1/(α−1) · log[ (1−q)^{α−1}(αq − q + 1) + C(α,2) q² (1−q)^{α−2} e^{ε(2)}
+                                + 3 Σ_{l=3}^{α} C(α,l) q^l (1−q)^{α−l} e^{(l−1)ε(l)} ],
+
+    taken together with the unsubsampled ε(α) (the smaller of the two holds). ``rdp_of`` maps
+    an array of integer orders to the mechanism's RDP at those orders. Float64, log space.
+    """
+    from scipy.special import gammaln, logsumexp
+
+    orders = np.asarray(orders, dtype=np.int64)
+    if np.any(orders < 2):
+        raise ValueError("the Zhu–Wang bound needs integer orders ≥ 2")
+    base = np.asarray(rdp_of(orders.astype(np.float64)), dtype=np.float64)
+    if rate >= 1.0:
+        return base
+    largest = int(orders.max())
+    ls = np.arange(2, largest + 1, dtype=np.float64)
+    curve = np.asarray(rdp_of(ls), dtype=np.float64)  # ε(l) for l = 2..max order
+    log_q, log_1q = math.log(rate), math.log1p(-rate)
+    out = np.empty(len(orders), dtype=np.float64)
+    for i, alpha in enumerate(orders):
+        l = ls[: alpha - 1]  # 2..α
+        log_terms = (gammaln(alpha + 1) - gammaln(l + 1) - gammaln(alpha - l + 1)
+                     + l * log_q + (alpha - l) * log_1q + (l - 1) * curve[: alpha - 1])
+        weights = np.where(l >= 3, 3.0, 1.0)
+        first = (alpha - 1) * log_1q + math.log(alpha * rate - rate + 1)
+        total = logsumexp(np.r_[first, log_terms], b=np.r_[1.0, weights])
+        out[i] = min(total / (alpha - 1), base[i])
+    return out

@@ -11,6 +11,8 @@ import torch
 from audit.errors import UserInputError
 from audit.registry import Registry
 
+from defenses.flat import ParamLayout
+
 if TYPE_CHECKING:
     from defenses.engine import RoundContext, TrainingConfig, TrainingJob, TrainingOutcome
     from defenses.local_training import LocalObjective
@@ -87,8 +89,10 @@ class Defense:
     #: what an honest-but-curious server observes each round: "uploads" or "aggregate"
     default_view: ClassVar[str] = "uploads"
 
-    def __init__(self, params: Any = None):
+    def __init__(self, params: Any = None, layout: ParamLayout | None = None):
         self.params = params if params is not None else self.Params()
+        #: the model's parameter layout, bound before training (some claims depend on it)
+        self.layout = layout
 
     # ---------------------------------------------------------------- configuration
 
@@ -101,7 +105,11 @@ class Defense:
         raise UserInputError(f"defenses: '{self.name}' is not a DP defense; remove its 'epsilons'")
 
     def with_params(self, **changes: Any) -> Defense:
-        return type(self)(replace(self.params, **changes))
+        return type(self)(replace(self.params, **changes), self.layout)
+
+    def bind(self, layout: ParamLayout) -> Defense:
+        """A copy that knows the model's parameter layout."""
+        return type(self)(self.params, layout)
 
     def privacy_claim(self, training: TrainingConfig, num_clients: int, rounds: int, delta: float,
                       accounting: AccountingSettings) -> PrivacyClaim:

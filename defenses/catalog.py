@@ -1,6 +1,13 @@
 """Importing this module registers every defense in :data:`defenses.base.DEFENSES`."""
 
-from defenses import fedavg  # noqa: F401  (fedavg, dp-fedavg)
+from defenses import (  # noqa: F401  (each module registers its defenses)
+    ae_dpfl,  # ae-dpfl
+    blur_lus,  # dp-fedavg-blur, dp-fedavg-lus, dp-fedavg-blur-lus
+    ddgauss,  # ddgauss
+    dp_fedsam,  # fedsam, dp-fedsam, dp-fedsam-topk
+    fed_smp,  # fed-smp-randk, fed-smp-topk
+    fedavg,  # fedavg, dp-fedavg
+)
 from defenses.base import DEFENSES
 
 __all__ = ["DEFENSES"]

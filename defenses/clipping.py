@@ -17,3 +17,18 @@ def clip_rows(updates: torch.Tensor, clip: float) -> tuple[torch.Tensor, torch.T
     scale = torch.where(clipped, clip / norms.clamp_min(torch.finfo(torch.float64).tiny), torch.ones_like(norms))
     out = torch.where(clipped[:, None], updates * scale.to(updates.dtype)[:, None], updates)
     return out, norms, clipped
+
+
+def clip_rows_per_tensor(updates: torch.Tensor, clip: float, slices: list[slice]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Clip every parameter tensor of every row to ℓ2 norm ≤ ``clip`` separately.
+
+    This is what DP-FedSAM's public code does (spec 002 §8.5): the whole update's sensitivity is
+    then clip·√L for L tensors, which the accountant must reflect. Returns (clipped rows, flat
+    pre-clip norms, whether any tensor of a row was clipped).
+    """
+    out = updates.clone()
+    any_clipped = torch.zeros(updates.shape[0], dtype=torch.bool, device=updates.device)
+    for part in slices:
+        out[:, part], _, clipped = clip_rows(updates[:, part], clip)
+        any_clipped |= clipped
+    return out, torch.linalg.vector_norm(updates.to(torch.float64), dim=1), any_clipped

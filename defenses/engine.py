@@ -126,7 +126,12 @@ class TrainingJob:
 
 @dataclass
 class RoundContext:
-    """What a defense's hooks know about the current round."""
+    """What a defense's hooks know about the current round.
+
+    Besides the participants, it carries the global model the clients started from and the
+    clients' data and mini-batch schedule, so that a privatisation step that needs them (e.g.
+    LUS's gradient at the final local model) can compute it.
+    """
 
     round: int  # 0-based
     participants: np.ndarray  # client ids, ascending
@@ -135,12 +140,31 @@ class RoundContext:
     training: TrainingConfig
     seed: int
     device: str
+    model: nn.Module | None = None
+    layout: ParamLayout | None = None
+    global_vector: torch.Tensor | None = None
+    client_data: list[np.ndarray] = field(default_factory=list)  # pool indices of each participant
+    pool_x: torch.Tensor | None = None
+    pool_y: torch.Tensor | None = None
+    schedule: LocalSchedule | None = None
+    lr: float = 0.0
+    chunk_size: int = 0
 
     def client_generator(self, client: int, purpose: str) -> torch.Generator:
         return torch_generator(self.seed, "round", self.round, "client", int(client), purpose)
 
     def server_generator(self, purpose: str) -> torch.Generator:
         return torch_generator(self.seed, "round", self.round, "server", purpose)
+
+    def global_params(self) -> dict[str, torch.Tensor]:
+        assert self.layout is not None and self.global_vector is not None
+        return self.layout.unflatten(self.global_vector)
+
+    def chunks(self) -> list[list[int]]:
+        """Participant positions grouped for batched computations of bounded memory."""
+        size = self.chunk_size or len(self.participants)
+        positions = list(range(len(self.participants)))
+        return [positions[i:i + size] for i in range(0, len(positions), size)]
 
 
 @dataclass
@@ -175,6 +199,16 @@ def _norm_summary(norms: torch.Tensor) -> dict[str, float]:
             "update_norm_q75": float(q[3]), "update_norm_max": float(q[4]), "update_norm_mean": float(values.mean())}
 
 
+def chunk_size(training: TrainingConfig, dim: int) -> int:
+    """Clients per batched computation: the configured value, or about 2^25 parameters in all."""
+    return training.client_chunk or max(1, (1 << 25) // max(1, dim))
+
+
+def norm_list(norms: torch.Tensor) -> list[float]:
+    """Norms rounded to 6 significant digits, for the per-round distribution in metrics.jsonl."""
+    return [float(f"{v:.6g}") for v in norms.detach().to(torch.float64).cpu().tolist()]
+
+
 class FederatedEngine:
     """Runs a round-based defense on a :class:`TrainingJob`."""
 
@@ -182,41 +216,54 @@ class FederatedEngine:
         self.defense = defense
         self.job = job
 
-    def _chunks(self, order: list[int], dim: int) -> list[list[int]]:
-        size = self.job.training.client_chunk or max(1, (1 << 25) // max(1, dim))
-        return [order[i:i + size] for i in range(0, len(order), size)]
-
-    def local_updates(self, model: nn.Module, layout: ParamLayout, global_params: dict[str, torch.Tensor],
-                      participants: np.ndarray, round_index: int, lr: float) -> torch.Tensor:
-        """Train the participants locally; returns their raw updates Δ_i = w_i − w as a C×d matrix."""
+    def schedule(self, participants: np.ndarray, round_index: int) -> LocalSchedule:
         job, training = self.job, self.job.training
         batches = [
             client_batches(len(job.clients[c]), training.local_unit, training.local_steps, training.batch_size,
                            numpy_rng(job.seed, "round", round_index, "client", int(c), "batches"))
             for c in participants
         ]
-        schedule = LocalSchedule.build(batches, [job.clients[c] for c in participants])
+        return LocalSchedule.build(batches, [job.clients[c] for c in participants])
+
+    def context(self, round_index: int, participants: np.ndarray, model: nn.Module, layout: ParamLayout,
+                global_vector: torch.Tensor, lr: float) -> RoundContext:
+        """Everything the defense's hooks may use in round ``round_index``."""
+        job = self.job
+        sizes = np.array([len(job.clients[c]) for c in participants])
+        return RoundContext(round_index, participants, sizes, len(job.clients), job.training, job.seed, job.device,
+                            model=model, layout=layout, global_vector=global_vector,
+                            client_data=[job.clients[c] for c in participants], pool_x=job.pool_x, pool_y=job.pool_y,
+                            schedule=self.schedule(participants, round_index), lr=lr,
+                            chunk_size=chunk_size(job.training, layout.dim))
+
+    def local_updates(self, ctx: RoundContext) -> torch.Tensor:
+        """Train the participants locally; returns their raw updates Δ_i = w_i − w as a C×d matrix."""
+        job, training, layout = self.job, self.job.training, ctx.layout
         trainer = TRAINERS[training.engine]
-        sgd = SGDSettings(lr, training.momentum, training.weight_decay)
+        sgd = SGDSettings(ctx.lr, training.momentum, training.weight_decay)
         objective = self.defense.local_objective()
+        global_params = {n: v.clone() for n, v in ctx.global_params().items()}
         # Clients with similar step counts share a chunk, so little padding is computed.
-        order = sorted(range(len(participants)), key=lambda i: -schedule.steps[i])
-        start = layout.flatten(global_params)
-        updates = torch.empty(len(participants), layout.dim, dtype=start.dtype, device=start.device)
-        for chunk in self._chunks(order, layout.dim):
-            local = trainer(model, objective, global_params, schedule.select(chunk), job.pool_x, job.pool_y, sgd)
+        order = sorted(range(len(ctx.participants)), key=lambda i: -ctx.schedule.steps[i])
+        start = ctx.global_vector
+        updates = torch.empty(len(ctx.participants), layout.dim, dtype=start.dtype, device=start.device)
+        for i in range(0, len(order), ctx.chunk_size):
+            chunk = order[i:i + ctx.chunk_size]
+            local = trainer(ctx.model, objective, global_params, ctx.schedule.select(chunk), job.pool_x, job.pool_y, sgd)
             updates[torch.as_tensor(chunk, device=start.device)] = layout.flatten_stacked(local) - start
         return updates
 
     def run(self, on_round: Callable[[int, int, dict[str, Any]], None] | None = None) -> TrainingOutcome:
-        job, training, defense = self.job, self.job.training, self.defense
+        job, training = self.job, self.job.training
         torch.manual_seed(derive_seed(job.seed, "torch"))  # model init and dropout
         model = job.model_factory().to(job.device)
         model.train()
         layout = ParamLayout.of(model)
+        defense = self.defense = self.defense if self.defense.layout is not None else self.defense.bind(layout)
         global_vector = layout.flatten(parameters_of(model))
         num_clients = len(job.clients)
-        sizes_all = np.array([len(c) for c in job.clients])
+        members = torch.as_tensor(np.concatenate(job.clients) if job.clients else np.array([], dtype=np.int64),
+                                  device=job.pool_x.device)
         defense.validate(training, num_clients)
         trajectory = defense.epsilon_trajectory(training, num_clients, job.delta, job.accounting)
         metrics: list[dict[str, Any]] = []
@@ -229,13 +276,17 @@ class FederatedEngine:
             lr = training.lr * training.lr_decay ** t
             row: dict[str, Any] = {"round": round_number, "participants": int(len(participants)), "lr": lr}
             if len(participants):
-                ctx = RoundContext(t, participants, sizes_all[participants], num_clients, training, job.seed, job.device)
-                global_params = {n: v.clone() for n, v in layout.unflatten(global_vector).items()}
-                updates = self.local_updates(model, layout, global_params, participants, t, lr)
+                ctx = self.context(t, participants, model, layout, global_vector, lr)
+                updates = self.local_updates(ctx)
                 uploads, diagnostics = defense.privatize(updates, ctx)
                 step = defense.aggregate(uploads, ctx)
                 global_vector = global_vector + training.server_lr * step
-                row.update(_norm_summary(torch.linalg.vector_norm(updates.to(torch.float64), dim=1)))
+                # the norms of what is clipped (after any pre-clip sparsification), else of the raw updates
+                norms = diagnostics.pop("clip_input_norms", None)
+                if norms is None:
+                    norms = torch.linalg.vector_norm(updates.to(torch.float64), dim=1)
+                row.update(_norm_summary(norms))
+                row["update_norms"] = norm_list(norms)
                 row.update(diagnostics)
                 if job.record.wants_uploads(round_number, total):
                     if defense.observes == "uploads":
@@ -248,8 +299,10 @@ class FederatedEngine:
             if trajectory is not None:
                 row["epsilon"] = trajectory[t]
             if round_number % training.eval_every == 0 or round_number == total:
-                loss, accuracy = evaluate(model, layout.unflatten(global_vector), job.test_x, job.test_y)
-                row["test_loss"], row["test_accuracy"] = loss, accuracy
+                params = layout.unflatten(global_vector)
+                row["test_loss"], row["test_accuracy"] = evaluate(model, params, job.test_x, job.test_y)
+                if len(members):
+                    row["train_loss"], row["train_accuracy"] = evaluate(model, params, job.pool_x[members], job.pool_y[members])
             if job.record.wants_global(round_number, total):
                 global_models[f"round_{round_number:04d}"] = global_vector.clone()
             metrics.append(row)

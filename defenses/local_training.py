@@ -202,3 +202,34 @@ def train_loop(model: nn.Module, objective: LocalObjective, global_params: Param
 
 
 TRAINERS: dict[str, Callable[..., Params]] = {"batched": train_batched, "loop": train_loop}
+
+
+def mean_loss_gradient(model: nn.Module, params: Params, index_sets: list[np.ndarray], pool_x: torch.Tensor,
+                       pool_y: torch.Tensor, batch_size: int = 512) -> Params:
+    """Per-client gradient of the mean cross-entropy over the given records, in eval mode.
+
+    ``params`` are stacked [C, *shape]; ``index_sets[c]`` are the pool indices of client c's
+    records. Gradients of per-batch loss *sums* are accumulated and divided by each client's
+    record count, so the result is the full-data gradient whatever the batching.
+    """
+    batches = [[np.arange(i, min(i + batch_size, len(s))) for i in range(0, len(s), batch_size)] for s in index_sets]
+    schedule = LocalSchedule.build(batches, index_sets)
+    names = list(params)
+    totals = {n: torch.zeros_like(p) for n, p in params.items()}
+    was_training = model.training
+    model.eval()
+    try:
+        for s in range(schedule.indices.shape[1]):
+            index = schedule.indices[:, s].to(pool_x.device)
+            mask = schedule.mask[:, s].to(pool_x.device)
+            with torch.enable_grad():
+                leaves = {n: params[n].detach().requires_grad_(True) for n in names}
+                logits = stacked_forward(model, leaves, pool_x[index])
+                losses = F.cross_entropy(logits.flatten(0, 1), pool_y[index].flatten(), reduction="none").view_as(mask)
+                gradients = torch.autograd.grad((losses * mask).sum(), [leaves[n] for n in names])
+            for n, g in zip(names, gradients):
+                totals[n] += g
+    finally:
+        model.train(was_training)
+    counts = torch.as_tensor([max(1, len(s)) for s in index_sets], dtype=torch.float32, device=pool_x.device)
+    return {n: t / counts.view(-1, *([1] * (t.dim() - 1))) for n, t in totals.items()}

@@ -20,11 +20,18 @@ TEMPLATES = Path(__file__).with_name("templates")
 MAIN_ATTACK_ORDER = ("lira-online", "lira-offline")
 
 
+def _percent(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    text = f"{100 * value:.1f} %"
+    return "0.0 %" if text == "-0.0 %" else text
+
+
 def _environment() -> jinja2.Environment:
     environment = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
                                      undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     environment.filters["num"] = plots.format_number
-    environment.filters["pct"] = lambda v: "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.1f} %"
+    environment.filters["pct"] = _percent
     return environment
 
 
@@ -76,6 +83,16 @@ def render_report(document: dict[str, Any], manifest_extra: dict[str, Any] | Non
         if png:
             figures.append({"title": f"ROC of {name}", "png": png,
                             "caption": "All (target run, record) pairs pooled, leave-one-out; log–log axes show the low-FPR regime."})
+    accuracy_curves = plots.round_curves(experiments, "test_accuracy", "Test accuracy per round", "test accuracy")
+    if accuracy_curves:
+        figures.append({"title": "Training curves", "png": accuracy_curves,
+                        "caption": "Global model's test accuracy per evaluated round, mean over runs."})
+    norm_curves = plots.round_curves(experiments, "update_norm_median", "Pre-clip update norms", "ℓ2 norm of client updates",
+                                     band=("update_norm_q25", "update_norm_q75"), log=True)
+    if norm_curves:
+        figures.append({"title": "Update norms before clipping", "png": norm_curves,
+                        "caption": "Median (line) and interquartile range (band) over the round's clients, mean over runs; "
+                                   "for LUS and Fed-SMP, the norm of the sparsified update that is clipped."})
     extra = manifest_extra or {}
     return _environment().get_template("report.html.j2").render(
         doc=document,

@@ -83,7 +83,7 @@ def accuracy_vs_epsilon(experiments: list[dict[str, Any]]) -> str | None:
     if by_defense:
         axis.set_xscale("log")
         ticks = sorted({p[0] for points in by_defense.values() for p in points})
-        axis.set_xticks(ticks, [f"{t:g}" for t in ticks])
+        axis.set_xticks(ticks, [f"{t:.3g}" for t in ticks])
         axis.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     axis.set(xlabel="claimed ε", ylabel="test accuracy", title="privacy–utility", ylim=(0, 1.02))
     axis.legend(fontsize=7, loc="lower right")
@@ -99,3 +99,29 @@ def format_number(value: Any, digits: int = 3) -> str:
     if isinstance(value, float):
         return f"{value:.{digits}f}"
     return str(value)
+
+
+def round_curves(experiments: list[dict[str, Any]], metric: str, title: str, ylabel: str, band: tuple[str, str] | None = None,
+                 log: bool = False) -> str | None:
+    """A per-round curve (mean over runs) for each experiment, with an optional band (e.g. the IQR)."""
+    figure, axis = plt.subplots(figsize=(5.2, 4.0))
+    drawn = False
+    for i, experiment in enumerate(experiments):
+        rows = [r for r in experiment.get("rounds", []) if metric in r]
+        if not rows:
+            continue
+        xs = [r["round"] for r in rows]
+        color = COLORS[i % len(COLORS)]
+        axis.plot(xs, [r[metric] for r in rows], color=color, label=experiment["label"], linewidth=1.2)
+        if band and all(band[0] in r and band[1] in r for r in rows):
+            axis.fill_between(xs, [r[band[0]] for r in rows], [r[band[1]] for r in rows], color=color, alpha=0.15)
+        drawn = True
+    if not drawn:
+        plt.close(figure)
+        return None
+    if log:
+        axis.set_yscale("log")
+    axis.set(xlabel="round", ylabel=ylabel, title=title)
+    axis.legend(fontsize=6, loc="best")
+    axis.grid(True, alpha=0.3)
+    return _png(figure)

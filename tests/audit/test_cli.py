@@ -32,8 +32,9 @@ def test_epsilon_calibration_round_trip():
 def test_list_json_names_everything():
     listing = json.loads(cli("list", "--json").stdout)
     assert {"digits", "lfw-faces", "diabetes", "mnist", "fashion-mnist", "emnist", "cifar10", "cifar100", "adult"} <= set(listing["datasets"])
-    assert {"mlp", "cnn2", "cnn-mcmahan", "lenet", "resnet18-gn"} <= set(listing["models"])
-    assert {"fedavg", "dp-fedavg"} <= set(listing["defenses"])
+    assert {"mlp", "cnn2", "cnn-mcmahan", "cnn-fedsam", "lenet", "resnet18-gn"} <= set(listing["models"])
+    assert {"fedavg", "dp-fedavg", "dp-fedavg-blur", "dp-fedavg-lus", "dp-fedavg-blur-lus", "ddgauss", "ae-dpfl",
+            "fedsam", "dp-fedsam", "dp-fedsam-topk", "fed-smp-randk", "fed-smp-topk"} <= set(listing["defenses"])
     assert "lira" in listing["attacks"] and "smoke" in listing["presets"]
     assert listing["details"]["defenses"]["dp-fedavg"]["params"]["clip"]["default"] == 1.0
 

@@ -1,0 +1,151 @@
+"""AE-DPFL: private voting among agents with secure aggregation — Zhu, Yu, Wang et al. 2020,
+"Voting-based Approaches for Differentially Private Federated Learning", a baseline of paper 000
+(spec 000 §2.6; every choice [P]).
+
+1. Every agent trains a local model on its own data, without privacy.
+2. The server holds K unlabeled queries x (here: half of the held-out split; the other half
+   measures accuracy). Each agent votes the one-hot vector of its model's prediction plus
+   N(0, σ_v²/N · I_C); secure aggregation reveals only the sum, a noisy vote histogram whose
+   noise is N(0, σ_v² · I_C). The label of x is the histogram's argmax.
+3. The server trains the global model on the K voted labels.
+
+Adding or removing one agent changes each histogram by a one-hot vector (ℓ2 sensitivity 1),
+so each query is a Gaussian mechanism with noise multiplier σ_v and the K queries compose to
+RDP K·α/(2σ_v²) (data-independent analysis; the data-dependent PATE analysis of the original
+paper is not used). There are no per-round updates, so gradient inversion does not apply.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from audit.seeding import derive_seed, numpy_rng
+from defenses.accounting import GaussianSchedule, calibrate_noise, compute_epsilon
+from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
+from defenses.engine import TrainingConfig, TrainingJob, TrainingOutcome, chunk_size
+from defenses.evaluation import evaluate
+from defenses.flat import ParamLayout, parameters_of
+from defenses.local_training import TRAINERS, LocalObjective, LocalSchedule, SGDSettings, client_batches, stacked_forward
+from defenses.noise import gaussian_rows
+
+
+@dataclass(frozen=True)
+class AEDPFLParams:
+    noise_multiplier: float = field(default=20.0, metadata={"min": 0.0, "min_exclusive": True,
+                                                            "help": "σ_v: std of the summed vote noise (sensitivity 1)"})
+    queries: int = field(default=1000, metadata={"min": 1, "help": "K: server queries (capped by the public half of the held-out split)"})
+    local_epochs: int = field(default=20, metadata={"min": 1, "help": "epochs of each agent's non-private local training"})
+    server_epochs: int = field(default=30, metadata={"min": 1, "help": "epochs of the server's training on the voted labels"})
+    public_fraction: float = field(default=0.5, metadata={"min": 0.0, "max": 1.0, "min_exclusive": True, "max_exclusive": True,
+                                                          "help": "share of the held-out split used as the server's unlabeled data"})
+
+
+def vote_histogram(predictions: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """Noiseless vote counts [K, C] from the agents' predicted labels [N, K]."""
+    agents, queries = predictions.shape
+    histogram = torch.zeros(queries, num_classes, dtype=torch.float64, device=predictions.device)
+    return histogram.scatter_add_(1, predictions.T.to(torch.int64), torch.ones(queries, agents, dtype=torch.float64,
+                                                                               device=predictions.device))
+
+
+@DEFENSES.register("ae-dpfl")
+class AEDPFL(Defense):
+    name = "ae-dpfl"
+    summary = "Private voting: agents' noisy one-hot votes, summed under secure aggregation, label server data"
+    reference = "Zhu et al. 2020, Voting-based Approaches for Differentially Private Federated Learning"
+    Params = AEDPFLParams
+    private = True
+    default_view = "aggregate"
+
+    def queries(self, test_size: int) -> int:
+        return max(1, min(self.params.queries, int(test_size * self.params.public_fraction)))
+
+    def schedule(self, queries: int) -> GaussianSchedule:
+        return GaussianSchedule(self.params.noise_multiplier, 1.0, queries)
+
+    # The number of queries depends on the held-out split, known only when training; planning
+    # uses the configured K, and training never exceeds it, so the planned claim is an upper bound.
+    def calibrate(self, target_epsilon: float, delta: float, training: TrainingConfig, num_clients: int,
+                  accounting: AccountingSettings) -> AEDPFL:
+        sigma = calibrate_noise(target_epsilon, self.schedule(self.params.queries), delta,
+                                accounting.accountant, accounting.conversion)
+        return self.with_params(noise_multiplier=sigma)
+
+    def _claim(self, queries: int, delta: float, accounting: AccountingSettings) -> PrivacyClaim:
+        report = compute_epsilon(self.schedule(queries), delta, accounting.accountant, accounting.conversion)
+        mechanism = f"{queries} noisy-argmax votes, Gaussian σ_v={self.params.noise_multiplier:.4g} on each vote histogram (sensitivity 1)"
+        notes = "client-level; the server sees only the summed noisy votes (simulated secure aggregation); local models never leave the agents"
+        return PrivacyClaim(report.epsilon, delta, "client", report.label, mechanism, notes)
+
+    def privacy_claim(self, training, num_clients, rounds, delta, accounting) -> PrivacyClaim:
+        return self._claim(self.params.queries, delta, accounting)
+
+    def train(self, job: TrainingJob, progress=None) -> TrainingOutcome:
+        training, device = job.training, job.device
+        torch.manual_seed(derive_seed(job.seed, "torch"))
+        model = job.model_factory().to(device)
+        model.train()
+        layout = ParamLayout.of(model)
+        initial = parameters_of(model)
+        agents = len(job.clients)
+        trainer = TRAINERS[training.engine]
+        sgd = SGDSettings(training.lr, training.momentum, training.weight_decay)
+
+        # 1. the agents' non-private local models
+        batches = [client_batches(len(c), "epochs", self.params.local_epochs, training.batch_size,
+                                  numpy_rng(job.seed, "ae-dpfl", "agent", i, "batches")) for i, c in enumerate(job.clients)]
+        schedule = LocalSchedule.build(batches, job.clients)
+        order = list(range(agents))
+        size = chunk_size(training, layout.dim)
+
+        # 2. the server's queries and the held-out evaluation half
+        split = numpy_rng(job.seed, "ae-dpfl", "public-split").permutation(len(job.test_y))
+        queries = self.queries(len(job.test_y))
+        public = torch.as_tensor(split[:queries], device=job.test_x.device)
+        held_out = torch.as_tensor(split[int(len(split) * self.params.public_fraction):], device=job.test_x.device)
+        query_x, query_y = job.test_x[public], job.test_y[public]
+
+        predictions = torch.empty(agents, queries, dtype=torch.int64, device=device)
+        for start in range(0, agents, size):
+            chunk = order[start:start + size]
+            local = trainer(model, LocalObjective(), initial, schedule.select(chunk), job.pool_x, job.pool_y, sgd)
+            model.eval()
+            with torch.no_grad():
+                logits = stacked_forward(model, local, query_x.unsqueeze(0).expand(len(chunk), *query_x.shape))
+            model.train()
+            predictions[start:start + len(chunk)] = logits.argmax(-1)
+
+        # 3. noisy votes, summed under secure aggregation
+        num_classes = int(logits.shape[-1])
+        clean = vote_histogram(predictions, num_classes)
+        shares = torch.zeros(queries, num_classes, dtype=torch.float64, device=device)
+        share_std = self.params.noise_multiplier / math.sqrt(agents)
+        for i in range(agents):
+            generator = torch.Generator().manual_seed(derive_seed(job.seed, "ae-dpfl", "agent", i, "votes"))
+            shares += gaussian_rows(1, queries * num_classes, share_std, [generator], device)[0].view(queries, num_classes).double()
+        noisy = clean + shares
+        voted = noisy.argmax(1)
+
+        # 4. the server trains on the voted labels
+        server_batches = client_batches(queries, "epochs", self.params.server_epochs, training.batch_size,
+                                        numpy_rng(job.seed, "ae-dpfl", "server", "batches"))
+        server_schedule = LocalSchedule.build([server_batches], [np.arange(queries)])
+        final = trainer(model, LocalObjective(), initial, server_schedule, query_x, voted, sgd)
+        final = {n: p[0] for n, p in final.items()}
+
+        members = torch.as_tensor(np.concatenate(job.clients), device=job.pool_x.device)
+        test_loss, test_accuracy = evaluate(model, final, job.test_x[held_out], job.test_y[held_out])
+        train_loss, train_accuracy = evaluate(model, final, job.pool_x[members], job.pool_y[members])
+        claim = self._claim(queries, job.delta, job.accounting)
+        row = {"round": 1, "participants": agents, "queries": queries,
+               "vote_accuracy": float((voted == query_y).double().mean()),
+               "noiseless_vote_accuracy": float((clean.argmax(1) == query_y).double().mean()),
+               "test_loss": test_loss, "test_accuracy": test_accuracy, "train_loss": train_loss,
+               "train_accuracy": train_accuracy, "epsilon": claim.epsilon}
+        view = {"round_0001/votes": noisy.float()} if job.record.wants_uploads(1, 1) else {}
+        globals_ = {"round_0001": layout.flatten(final)} if job.record.wants_global(1, 1) else {}
+        return TrainingOutcome(final, layout, [row], claim, view, globals_)
