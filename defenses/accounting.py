@@ -354,10 +354,10 @@ def poisson_subsampled_rdp(rdp_of: Callable[[np.ndarray], np.ndarray], rate: flo
     log_q, log_1q = math.log(rate), math.log1p(-rate)
     out = np.empty(len(orders), dtype=np.float64)
     for i, alpha in enumerate(orders):
-        l = ls[: alpha - 1]  # 2..α
-        log_terms = (gammaln(alpha + 1) - gammaln(l + 1) - gammaln(alpha - l + 1)
-                     + l * log_q + (alpha - l) * log_1q + (l - 1) * curve[: alpha - 1])
-        weights = np.where(l >= 3, 3.0, 1.0)
+        terms = ls[: alpha - 1]  # l = 2..α
+        log_terms = (gammaln(alpha + 1) - gammaln(terms + 1) - gammaln(alpha - terms + 1)
+                     + terms * log_q + (alpha - terms) * log_1q + (terms - 1) * curve[: alpha - 1])
+        weights = np.where(terms >= 3, 3.0, 1.0)
         first = (alpha - 1) * log_1q + math.log(alpha * rate - rate + 1)
         total = logsumexp(np.r_[first, log_terms], b=np.r_[1.0, weights])
         out[i] = min(total / (alpha - 1), base[i])

@@ -29,7 +29,14 @@ from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
 from defenses.engine import TrainingConfig, TrainingJob, TrainingOutcome, chunk_size
 from defenses.evaluation import evaluate
 from defenses.flat import ParamLayout, parameters_of
-from defenses.local_training import TRAINERS, LocalObjective, LocalSchedule, SGDSettings, client_batches, stacked_forward
+from defenses.local_training import (
+    TRAINERS,
+    LocalObjective,
+    LocalSchedule,
+    SGDSettings,
+    client_batches,
+    stacked_forward,
+)
 from defenses.noise import gaussian_rows
 
 

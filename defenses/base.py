@@ -10,7 +10,6 @@ import torch
 
 from audit.errors import UserInputError
 from audit.registry import Registry
-
 from defenses.flat import ParamLayout
 
 if TYPE_CHECKING:

@@ -31,7 +31,12 @@ from typing import ClassVar, Literal
 import torch
 
 from audit.errors import UserInputError
-from defenses.accounting import GaussianSchedule, calibrate_noise, compute_epsilon, epsilon_trajectory
+from defenses.accounting import (
+    GaussianSchedule,
+    calibrate_noise,
+    compute_epsilon,
+    epsilon_trajectory,
+)
 from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
 from defenses.clipping import clip_rows, clip_rows_per_tensor
 from defenses.engine import RoundContext, TrainingConfig

@@ -9,7 +9,13 @@ import pytest
 import torch
 from scipy import stats
 
-from defenses.accounting import GaussianSchedule, compute_epsilon, poisson_subsampled_rdp, rdp_per_round, rdp_to_epsilon
+from defenses.accounting import (
+    GaussianSchedule,
+    compute_epsilon,
+    poisson_subsampled_rdp,
+    rdp_per_round,
+    rdp_to_epsilon,
+)
 from defenses.ae_dpfl import AEDPFL, AEDPFLParams, vote_histogram
 from defenses.base import AccountingSettings
 from defenses.clipping import clip_rows

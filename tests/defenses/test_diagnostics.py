@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from defenses.diagnostics import filter_normalized_direction, perturbation_robustness, sharpness
-from defenses.flat import parameters_of
 from defenses.fedavg import FedAvg
+from defenses.flat import parameters_of
 
 
 def test_filter_normalized_direction():
