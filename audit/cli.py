@@ -5,6 +5,7 @@
     dpfl-audit list [--json]                       datasets, models, defenses, attacks, presets
     dpfl-audit epsilon --noise σ | --target-epsilon ε  --rate q --steps T --delta δ [--json]
     dpfl-audit config [CONFIG] [--preset NAME]     print the resolved configuration
+    dpfl-audit reproduce STUDY [--quick]           a paper's comparison on a CPU proxy, claims checked
 
 Bad input — an unknown field, a bad value, a missing dataset — prints one line
 ``dpfl-audit: error: ...`` on stderr and exits with code 2, before anything is written.
@@ -70,6 +71,15 @@ def build_parser() -> argparse.ArgumentParser:
     epsilon.add_argument("--sampling", choices=["poisson", "fixed"], default="poisson")
     epsilon.add_argument("--population", type=int, help="N, for fixed-size sampling")
     epsilon.add_argument("--json", action="store_true", help="machine-readable output")
+
+    reproduce = commands.add_parser("reproduce", help="rerun a paper's comparison on a CPU proxy and check its claims")
+    reproduce.add_argument("study", help="blur-lus, dp-fedsam, ... (see `dpfl-audit list`)")
+    reproduce.add_argument("--quick", action="store_true", help="the short CPU proxy (minutes); without it the full proxy")
+    reproduce.add_argument("--out", help="output directory (default: reproduce-STUDY[-quick])")
+    reproduce.add_argument("--dataset", default="mnist", help="proxy data: mnist (default) or digits")
+    reproduce.add_argument("--data-root", help="directory of the MNIST IDX files (default: $DPFL_AUDIT_DATA/mnist or the cache)")
+    reproduce.add_argument("--seeds", type=int, help="override the number of seeds")
+    reproduce.add_argument("--quiet", action="store_true", help="no progress bars")
 
     config = commands.add_parser("config", help="print the resolved configuration as YAML")
     config.add_argument("config", nargs="?", help="YAML configuration file")
@@ -145,6 +155,9 @@ def command_list(args: argparse.Namespace) -> int:
     }
     listing = {kind: sorted(entries) for kind, entries in details.items()}
     listing["presets"] = preset_names()
+    from audit.reproduce import study_names
+
+    listing["studies"] = study_names()
     if args.json:
         print(json.dumps({**listing, "details": details}, indent=2, ensure_ascii=False))
         return EXIT_OK
@@ -155,6 +168,7 @@ def command_list(args: argparse.Namespace) -> int:
             for field_name, spec in details[kind][name].get("params", {}).items():
                 print(f"      {field_name} = {spec['default']!r}  ({spec['type']}) {spec['help']}")
     print("presets: " + ", ".join(listing["presets"]))
+    print("reproduction studies: " + ", ".join(listing["studies"]))
     return EXIT_OK
 
 
@@ -183,6 +197,17 @@ def command_epsilon(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def command_reproduce(args: argparse.Namespace) -> int:
+    from audit.reproduce import make_study, reproduce
+
+    study = make_study(args.study, args.quick, args.dataset, args.data_root, args.seeds)
+    out = Path(args.out or f"reproduce-{args.study}{'-quick' if args.quick else ''}")
+    result = reproduce(study, out, quiet=args.quiet)
+    print(result["markdown"])
+    print(f"written: {result['paths']['md']}, {result['paths']['json']}, {result['paths']['csv']}")
+    return EXIT_OK
+
+
 def command_config(args: argparse.Namespace) -> int:
     from audit.config import config_to_yaml, load_config
 
@@ -203,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
             return command_epsilon(args)
         if args.command == "config":
             return command_config(args)
+        if args.command == "reproduce":
+            return command_reproduce(args)
     except UserInputError as exc:
         print(f"dpfl-audit: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

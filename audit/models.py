@@ -95,6 +95,20 @@ def cnn_fedsam(input_shape: Sequence[int], num_classes: int) -> nn.Module:
     return nn.Sequential(*features, nn.Linear(width, 512), nn.ReLU(), nn.Linear(512, num_classes))
 
 
+@MODELS.register("cnn-small")
+def cnn_small(input_shape: Sequence[int], num_classes: int) -> nn.Module:
+    """A small CNN for CPU proxies of the papers' experiments (spec 000 §5: ≈20–50k parameters).
+
+    Conv(C→16, 5×5, stride 2) → ReLU → Conv(16→32, 5×5, stride 2) → ReLU → FC 64 → ReLU → FC
+    classes: 46,730 parameters on 28×28×1 with 10 classes.
+    """
+    channels, _, _ = _image_shape(input_shape, "cnn-small")
+    features = nn.Sequential(nn.Conv2d(channels, 16, 5, stride=2), nn.ReLU(), nn.Conv2d(16, 32, 5, stride=2), nn.ReLU(),
+                             nn.Flatten())
+    width = _flat_size(features, input_shape)
+    return nn.Sequential(*features, nn.Linear(width, 64), nn.ReLU(), nn.Linear(64, num_classes))
+
+
 @MODELS.register("lenet")
 def lenet(input_shape: Sequence[int], num_classes: int) -> nn.Module:
     """The small sigmoid LeNet of DLG (Zhu et al. 2019) and Inverting Gradients (Geiping et al. 2020).

@@ -94,10 +94,9 @@ def _check_device(device: str) -> None:
         raise UserInputError(f"device: '{device}' requested but MPS is not available; use cpu")
 
 
-def plan_audit(config: AuditConfig) -> Plan:
-    """Validate and resolve a config into a plan; writes nothing."""
+def resolve_entries(config: AuditConfig) -> tuple[list[tuple], list[MembershipAttack]]:
+    """Check every defense and attack entry (names, hyper-parameters, training overrides) without data."""
     _check_device(config.device)
-    accounting = AccountingSettings(config.accounting.accountant, config.accounting.conversion)
     defense_specs = []
     for i, entry in enumerate(config.defenses):
         cls = _defense_class(entry.name, f"defenses[{i}].name")
@@ -114,6 +113,13 @@ def plan_audit(config: AuditConfig) -> Plan:
         attack_list.append(cls(from_mapping(cls.Params, entry.params, f"attacks[{i}].params")))
     if not config.defenses:
         raise UserInputError("defenses: the list is empty; name at least one defense")
+    return defense_specs, attack_list
+
+
+def plan_audit(config: AuditConfig) -> Plan:
+    """Validate and resolve a config into a plan; writes nothing."""
+    accounting = AccountingSettings(config.accounting.accountant, config.accounting.conversion)
+    defense_specs, attack_list = resolve_entries(config)
 
     task = build_task(config)
     keep = keep_matrix(len(task.pool), config.membership, config.seed)

@@ -91,6 +91,21 @@ class AEDPFL(Defense):
     def privacy_claim(self, training, num_clients, rounds, delta, accounting) -> PrivacyClaim:
         return self._claim(self.params.queries, delta, accounting)
 
+    @staticmethod
+    def predict(model, stacked: dict[str, torch.Tensor], x: torch.Tensor, budget: int = 1 << 24) -> torch.Tensor:
+        """Labels [agents, K] predicted by each stacked agent model, in groups of bounded memory."""
+        agents = next(iter(stacked.values())).shape[0]
+        group = max(1, budget // max(1, x.numel()))
+        labels = []
+        model.eval()
+        with torch.no_grad():
+            for start in range(0, agents, group):
+                part = {n: p[start:start + group] for n, p in stacked.items()}
+                count = next(iter(part.values())).shape[0]
+                labels.append(stacked_forward(model, part, x.unsqueeze(0).expand(count, *x.shape)).argmax(-1))
+        model.train()
+        return torch.cat(labels)
+
     def train(self, job: TrainingJob, progress=None) -> TrainingOutcome:
         training, device = job.training, job.device
         torch.manual_seed(derive_seed(job.seed, "torch"))
@@ -120,14 +135,10 @@ class AEDPFL(Defense):
         for start in range(0, agents, size):
             chunk = order[start:start + size]
             local = trainer(model, LocalObjective(), initial, schedule.select(chunk), job.pool_x, job.pool_y, sgd)
-            model.eval()
-            with torch.no_grad():
-                logits = stacked_forward(model, local, query_x.unsqueeze(0).expand(len(chunk), *query_x.shape))
-            model.train()
-            predictions[start:start + len(chunk)] = logits.argmax(-1)
+            predictions[start:start + len(chunk)] = self.predict(model, local, query_x)
 
         # 3. noisy votes, summed under secure aggregation
-        num_classes = int(logits.shape[-1])
+        num_classes = int(model(query_x[:1]).shape[-1])
         clean = vote_histogram(predictions, num_classes)
         shares = torch.zeros(queries, num_classes, dtype=torch.float64, device=device)
         share_std = self.params.noise_multiplier / math.sqrt(agents)

@@ -165,18 +165,25 @@ def train_batched(model: nn.Module, objective: LocalObjective, global_params: Pa
         gradients = objective.batched_gradient(model, params, global_params, pool_x[index], pool_y[index],
                                                schedule.mask[:, s].to(device))
         active = schedule.active[:, s].to(device)
-        all_active = bool(active.all())
-        for name, p in params.items():
+        if bool(active.all()):  # the common case: in-place updates, no temporaries
+            for name, p in params.items():
+                d_p = gradients[name]
+                if sgd.weight_decay:
+                    d_p.add_(p, alpha=sgd.weight_decay)
+                if sgd.momentum:
+                    d_p = buffers[name].mul_(sgd.momentum).add_(d_p)
+                p.add_(d_p, alpha=-sgd.lr)
+            continue
+        for name, p in params.items():  # some clients have finished: they keep their state
             d_p = gradients[name]
             if sgd.weight_decay:
                 d_p = d_p + sgd.weight_decay * p
             shape = (clients,) + (1,) * (p.dim() - 1)
             if sgd.momentum:
                 new_buffer = sgd.momentum * buffers[name] + d_p
-                buffers[name] = new_buffer if all_active else torch.where(active.view(shape), new_buffer, buffers[name])
+                buffers[name] = torch.where(active.view(shape), new_buffer, buffers[name])
                 d_p = buffers[name]
-            new_p = p - sgd.lr * d_p
-            params[name] = new_p if all_active else torch.where(active.view(shape), new_p, p)
+            params[name] = torch.where(active.view(shape), p - sgd.lr * d_p, p)
     return params
 
 

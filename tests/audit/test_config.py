@@ -32,7 +32,7 @@ def test_bad_values_name_the_allowed_ones():
 
 
 def test_registry_and_parameter_errors():
-    assert "defenses[0].name: unknown defense 'dp-fedavgg'; allowed: dp-fedavg, fedavg" in _error({"defenses": [{"name": "dp-fedavgg"}]})
+    assert "defenses[0].name: unknown defense 'dp-fedavgg'; allowed: ae-dpfl, ddgauss, dp-fedavg," in _error({"defenses": [{"name": "dp-fedavgg"}]})
     assert "defenses[0].params.noise_placement: 'server' is not allowed; allowed: client, aggregate" in _error(
         {"defenses": [{"name": "dp-fedavg", "params": {"noise_placement": "server"}}]})
     assert "defenses[0].params.clipp: unknown field; allowed: clip" in _error({"defenses": [{"name": "dp-fedavg", "params": {"clipp": 1}}]})
@@ -76,3 +76,22 @@ def test_yaml_syntax_errors_are_one_line(tmp_path):
     path.write_text("- just\n- a list\n")
     with pytest.raises(UserInputError, match="must be a mapping"):
         load_config(path)
+
+
+@pytest.mark.parametrize("name", [p for p in preset_names() if p != "default"])
+def test_every_preset_is_valid(name):
+    from audit.pipeline import resolve_entries
+
+    config = load_config(preset_name=name)
+    specs, attacks = resolve_entries(config)
+    assert specs and attacks
+
+
+@pytest.mark.parametrize("name", ["blur-lus-proxy", "dp-fedsam-proxy"])
+def test_proxy_presets_plan_on_mnist(name):
+    from tests.helpers import shared_data
+
+    root = shared_data("mnist")
+    plan = plan_audit(load_config(preset_name=name, overrides={"dataset": {"root": str(root)}}))
+    assert len(plan.task.pool) == 8000 and all(e.claim.unit in ("client", "none") for e in plan.experiments)
+    assert min(len(c) for c in plan.clients[0]) >= 1

@@ -1,0 +1,365 @@
+"""``dpfl-audit reproduce STUDY``: rerun a paper's comparison on a CPU proxy and check its claims.
+
+A :class:`Study` (one per paper, in :mod:`audit.reproductions`) names the proxy task, the
+defenses ("arms") the paper compares, the target ε values or fixed noise, the seeds, the paper's
+own table and the qualitative claims. Each (arm, ε, seed) is one federated run on the *whole*
+candidate pool (no membership halving: this is about utility), stored in the run store, so an
+interrupted reproduction resumes. The output is ``reproduction.md`` (our numbers beside the
+paper's, and every claim checked in words: holds / does not hold, by how much, over how many
+seeds), ``reproduction.json`` and ``reproduction.csv``. Absolute numbers are not comparable with
+the paper's (other data, model and scale); the claims are the point, and a claim that does not
+reproduce is reported as such.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm import tqdm
+
+import defenses.catalog  # noqa: F401  (registers the defenses)
+from audit import provenance
+from audit.atomic import write_json, write_text
+from audit.config import AuditConfig
+from audit.errors import UserInputError
+from audit.schema import from_mapping, to_mapping
+from audit.seeding import derive_seed, numpy_rng
+from audit.store import RunStore
+from audit.tasks import Task, build_task, run_clients
+from defenses.base import DEFENSES, AccountingSettings, Defense
+from defenses.diagnostics import sharpness
+from defenses.engine import TrainingConfig, TrainingJob
+from defenses.flat import ParamLayout
+
+REPRODUCE_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One configuration the paper compares (a row of its table)."""
+
+    key: str
+    label: str
+    defense: str
+    params: dict = field(default_factory=dict)
+    training: dict = field(default_factory=dict)
+
+
+@dataclass
+class RunResult:
+    arm: str
+    epsilon_target: float | None
+    seed: int
+    epsilon: float  # the claim after the last round (inf when not private)
+    final_accuracy: float
+    best_accuracy: float
+    train_accuracy: float
+    accuracy_by_round: dict[int, float]
+    epsilon_by_round: dict[int, float]
+    update_norm_first: float
+    update_norm_last: float
+    update_norm_mean: float
+    clip_fraction: float
+    sharpness: float | None
+    seconds: float
+
+
+@dataclass
+class ClaimCheck:
+    claim: str
+    holds: bool | None  # None: could not be evaluated
+    detail: str
+
+
+class Results:
+    """Access to the runs of a study by arm, target ε and metric."""
+
+    def __init__(self, runs: list[RunResult]):
+        self.runs = runs
+
+    def values(self, arm: str, epsilon: float | None = None, metric: str = "final_accuracy") -> np.ndarray:
+        chosen = [r for r in self.runs if r.arm == arm and (epsilon is None or r.epsilon_target == epsilon)]
+        chosen.sort(key=lambda r: (r.epsilon_target or 0.0, r.seed))
+        return np.array([getattr(r, metric) for r in chosen], dtype=np.float64)
+
+    def at_epsilon(self, arm: str, epsilon: float) -> np.ndarray:
+        """Accuracy at the first evaluated round whose ε reaches ``epsilon`` (the paper's "stop when
+        the target ε is reached"), one value per seed."""
+        out = []
+        for run in sorted((r for r in self.runs if r.arm == arm), key=lambda r: r.seed):
+            rounds = [t for t, e in sorted(run.epsilon_by_round.items()) if e <= epsilon + 1e-12]
+            usable = [t for t in rounds if t in run.accuracy_by_round]
+            out.append(run.accuracy_by_round[usable[-1]] if usable else math.nan)
+        return np.array(out)
+
+
+def compare(results: Results, better: str, worse: str, epsilons: list[float | None], metric: str = "final_accuracy",
+            claim: str | None = None, at_epsilon: bool = False, margin: float = 0.0, strict: bool = False) -> ClaimCheck:
+    """"``better`` ≥ ``worse`` + margin" (``strict``: >), over every ε and seed, as paired differences.
+
+    The verdict is on the mean paired difference; the detail says in how many paired runs the
+    claim held and warns when the sign changes across seeds (the effect is within seed noise).
+    """
+    differences, wins, total = [], 0, 0
+    for epsilon in epsilons:
+        a = results.at_epsilon(better, epsilon) if at_epsilon else results.values(better, epsilon, metric)
+        b = results.at_epsilon(worse, epsilon) if at_epsilon else results.values(worse, epsilon, metric)
+        if len(a) != len(b) or not len(a):
+            return ClaimCheck(claim or f"{better} ≥ {worse}", None, "runs missing")
+        differences.extend((a - b).tolist())
+        wins += int(np.sum(a - b >= margin))
+        total += len(a)
+    mean = float(np.mean(differences))
+    holds = mean > margin if strict else mean >= margin
+    scale = 100 if metric in ("final_accuracy", "best_accuracy", "train_accuracy") or at_epsilon else 1
+    unit = " pt" if scale == 100 else ""
+    mixed = min(differences) < margin <= max(differences)
+    detail = (f"{'holds' if holds else 'does not hold'}: mean difference {scale * mean:+.2f}{unit} "
+              f"(held in {wins} of {total} paired runs; range {scale * min(differences):+.2f} to {scale * max(differences):+.2f}{unit}"
+              f"{'; the sign changes across runs, so the difference is within seed-to-seed variation' if mixed else ''})")
+    return ClaimCheck(claim or f"{better} ≥ {worse}", holds, detail)
+
+
+def smaller(results: Results, smaller_arm: str, larger_arm: str, epsilons: list[float | None], metric: str,
+            claim: str) -> ClaimCheck:
+    """"``smaller_arm``'s metric is below ``larger_arm``'s", paired over ε and seeds."""
+    a = np.concatenate([results.values(smaller_arm, e, metric) for e in epsilons])
+    b = np.concatenate([results.values(larger_arm, e, metric) for e in epsilons])
+    if len(a) != len(b) or not len(a) or np.isnan(a).any() or np.isnan(b).any():
+        return ClaimCheck(claim, None, "runs or values missing")
+    holds = bool(np.mean(a) < np.mean(b))
+    return ClaimCheck(claim, holds, f"{'holds' if holds else 'does not hold'}: {np.mean(a):.4g} vs {np.mean(b):.4g} "
+                                    f"(smaller in {int(np.sum(a < b))} of {len(a)} paired runs)")
+
+
+@dataclass
+class Study:
+    name: str
+    title: str
+    paper: str
+    config: dict[str, Any]  # an audit config mapping: dataset, partition, model, training, accounting, seed
+    arms: list[Arm]
+    epsilons: list[float | None]  # target ε per experiment; None: the arms' own noise
+    delta: float
+    seeds: int
+    claims: Callable[[Results], list[ClaimCheck]]
+    paper_tables: str  # markdown
+    notes: list[str] = field(default_factory=list)
+    reductions: list[tuple[Arm, Arm]] = field(default_factory=list)  # must train to bit-identical models
+    reduction_rounds: int = 3
+    sharpness_radius: float | None = None
+    #: (header, kind, value): kind "final" — final accuracy of the experiment at target ε = value;
+    #: "best" — best-round accuracy; "at" — accuracy when the run's ε first reaches value
+    table_columns: list[tuple[str, str, float | None]] = field(default_factory=list)
+
+
+def _fingerprint(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+class Runner:
+    def __init__(self, study: Study, out: Path, quiet: bool):
+        self.study = study
+        self.out = out
+        self.quiet = quiet
+        self.config: AuditConfig = from_mapping(AuditConfig, study.config)
+        self.task: Task = build_task(self.config)
+        self.layout = ParamLayout.of(self.task.model_factory())
+        self.store = RunStore(out)
+        self.accounting = AccountingSettings(self.config.accounting.accountant, self.config.accounting.conversion)
+        labels = self.task.pool.labels.numpy()
+        everything = np.ones(len(labels), dtype=bool)
+        self.clients = [run_clients(labels, everything, self.config.partition, self.config.seed, seed) for seed in range(study.seeds)]
+
+    def defense(self, arm: Arm, training: TrainingConfig, epsilon: float | None) -> Defense:
+        cls = DEFENSES.get(arm.defense, f"arm {arm.key}")
+        defense = cls(from_mapping(cls.Params, arm.params, f"arms.{arm.key}.params"), self.layout)
+        defense.validate(training, self.config.partition.clients)
+        if epsilon is None:
+            return defense
+        return defense.calibrate(epsilon, self.study.delta, training, self.config.partition.clients, self.accounting)
+
+    def training(self, arm: Arm, rounds: int | None = None) -> TrainingConfig:
+        mapping = {**to_mapping(self.config.training), **arm.training}
+        if rounds is not None:
+            mapping["rounds"] = rounds
+        return from_mapping(TrainingConfig, mapping, f"arms.{arm.key}.training")
+
+    def job(self, training: TrainingConfig, seed: int) -> TrainingJob:
+        device = self.config.device
+        return TrainingJob(self.task.model_factory, self.task.pool.features.to(device), self.task.pool.labels.to(device),
+                           self.clients[seed], self.task.test.features.to(device), self.task.test.labels.to(device),
+                           training, seed=derive_seed(self.config.seed, "reproduce", seed), delta=self.study.delta,
+                           accounting=self.accounting, device=device)
+
+    def run(self, arm: Arm, epsilon: float | None, seed: int) -> RunResult:
+        training = self.training(arm)
+        defense = self.defense(arm, training, epsilon)
+        run_id = f"{arm.key}-eps{epsilon}-s{seed}-" + _fingerprint(REPRODUCE_FORMAT, to_mapping(self.config), asdict(arm),
+                                                                  epsilon, seed, self.study.delta)
+        if not self.store.is_complete(run_id):
+            started = time.perf_counter()
+            outcome = defense.train(self.job(training, seed))
+            seconds = time.perf_counter() - started
+            manifest = {"run_id": run_id, "study": self.study.name, "arm": asdict(arm), "epsilon_target": epsilon,
+                        "seed": seed, "params": to_mapping(asdict(defense.params)), "claim": outcome.claim.as_dict(),
+                        "timings": {"train_seconds": seconds}, "versions": provenance.versions()}
+            if self.study.sharpness_radius is not None:
+                members = np.concatenate(self.clients[seed])
+                chosen = torch.as_tensor(numpy_rng(seed, "reproduce", "sharpness").permutation(members)[:1000])
+                landscape = sharpness(self.task.model_factory(), outcome.final_params, self.task.pool.features[chosen],
+                                      self.task.pool.labels[chosen], [self.study.sharpness_radius], 4,
+                                      derive_seed(self.config.seed, "sharpness", seed))
+                manifest["sharpness"] = landscape["mean_rise"][0]
+            self.store.save_run(run_id, manifest, outcome.final_params, np.arange(len(self.task.pool)), outcome.metrics)
+        manifest = self.store.load_manifest(run_id)
+        metrics = self.store.load_metrics(run_id)
+        evaluated = [m for m in metrics if m.get("test_accuracy") is not None]
+        norms = [m["update_norm_median"] for m in metrics if "update_norm_median" in m]
+        fractions = [m["clip_fraction"] for m in metrics if "clip_fraction" in m]
+        epsilon_final = manifest["claim"]["epsilon"]
+        return RunResult(
+            arm=arm.key, epsilon_target=epsilon, seed=seed,
+            epsilon=math.inf if epsilon_final is None else float(epsilon_final),
+            final_accuracy=float(evaluated[-1]["test_accuracy"]) if evaluated else math.nan,
+            best_accuracy=float(max(m["test_accuracy"] for m in evaluated)) if evaluated else math.nan,
+            train_accuracy=float(evaluated[-1].get("train_accuracy", math.nan)) if evaluated else math.nan,
+            accuracy_by_round={int(m["round"]): float(m["test_accuracy"]) for m in evaluated},
+            epsilon_by_round={int(m["round"]): float(m["epsilon"]) for m in metrics if m.get("epsilon") is not None},
+            update_norm_first=float(norms[0]) if norms else math.nan,
+            update_norm_last=float(norms[-1]) if norms else math.nan,
+            update_norm_mean=float(np.mean(norms)) if norms else math.nan,
+            clip_fraction=float(np.mean(fractions)) if fractions else math.nan,
+            sharpness=manifest.get("sharpness"),
+            seconds=float(manifest["timings"]["train_seconds"]),
+        )
+
+    def reduction(self, first: Arm, second: Arm) -> ClaimCheck:
+        """Train two arms for a few rounds with the same seed; they must give the same bits."""
+        training = self.training(first, self.study.reduction_rounds)
+        job = self.job(training, 0)
+        a = self.defense(first, training, None).train(job).final_params
+        b = self.defense(second, self.training(second, self.study.reduction_rounds), None).train(job).final_params
+        same = all(torch.equal(a[n], b[n]) for n in a)
+        largest = max(float((a[n] - b[n]).abs().max()) for n in a)
+        return ClaimCheck(f"{first.label} reproduces {second.label} exactly", same,
+                          f"holds: bit-identical models after {self.study.reduction_rounds} rounds" if same
+                          else f"does not hold: largest parameter difference {largest:.3g}")
+
+
+def _mean_std(values: np.ndarray, scale: float = 100.0) -> str:
+    values = values[~np.isnan(values)]
+    if not len(values):
+        return "–"
+    if len(values) == 1:
+        return f"{scale * values[0]:.2f}"
+    return f"{scale * values.mean():.2f} ± {scale * values.std(ddof=1):.2f}"
+
+
+def render(study: Study, results: Results, claims: list[ClaimCheck], elapsed: float, dataset_note: str) -> str:
+    arms = study.arms
+    lines = [f"# Reproduction: {study.title}", "", f"Paper: {study.paper}", "",
+             f"Proxy: {dataset_note}; {len(arms)} configurations × {len(study.epsilons)} ε × {study.seeds} seeds, "
+             f"{elapsed / 60:.1f} min on this machine. Accuracy in %, mean ± std over seeds.", ""]
+    lines += [f"- {note}" for note in study.notes] + [""]
+    columns = study.table_columns or [(f"ε={e:g}" if e is not None else "accuracy", "final", e) for e in study.epsilons]
+    header = ["configuration"] + [c[0] for c in columns] + ["claimed ε", "pre-clip norm (first → last)", "clip fraction",
+                                                            "train − test gap"]
+    if study.sharpness_radius is not None:
+        header.append(f"sharpness (r={study.sharpness_radius})")
+    lines.append("## Our numbers")
+    lines.append("")
+    lines.append("| " + " | ".join(header) + " |")
+    lines.append("|" + "---|" * len(header))
+    for arm in arms:
+        cells = [arm.label]
+        for _, kind, value in columns:
+            if kind == "at":
+                cells.append(_mean_std(results.at_epsilon(arm.key, value)))
+            elif kind == "best":
+                cells.append(_mean_std(results.values(arm.key, value, "best_accuracy")))
+            else:
+                cells.append(_mean_std(results.values(arm.key, value, "final_accuracy")))
+        claimed = results.values(arm.key, None, "epsilon")
+        cells.append(", ".join(sorted({("∞" if not math.isfinite(e) else f"{e:.3g}") for e in claimed})))
+        first = results.values(arm.key, None, "update_norm_first")
+        last = results.values(arm.key, None, "update_norm_last")
+        cells.append(f"{np.nanmean(first):.4g} → {np.nanmean(last):.4g}" if len(first) and not np.isnan(first).all() else "–")
+        clip = results.values(arm.key, None, "clip_fraction")
+        cells.append(f"{np.nanmean(clip):.2f}" if len(clip) and not np.isnan(clip).all() else "–")
+        gap = results.values(arm.key, None, "train_accuracy") - results.values(arm.key, None, "final_accuracy")
+        cells.append(_mean_std(gap))  # in points
+        if study.sharpness_radius is not None:
+            values = np.array([r.sharpness for r in results.runs if r.arm == arm.key and r.sharpness is not None], dtype=float)
+            cells.append(f"{values.mean():.4f}" if len(values) else "–")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "## The paper's numbers", "", study.paper_tables.strip(), "", "## Claims", ""]
+    for check in claims:
+        mark = {True: "HOLDS", False: "DOES NOT HOLD", None: "NOT EVALUATED"}[check.holds]
+        lines.append(f"- **{mark}** — {check.claim}: {check.detail}.")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def reproduce(study: Study, out: Path, quiet: bool = False) -> dict[str, Any]:
+    """Run (or resume) every run of the study and write its tables; returns paths and claim verdicts."""
+    started = time.perf_counter()
+    runner = Runner(study, out, quiet)  # loads the data, validates every arm before anything runs
+    for arm in study.arms:
+        runner.defense(arm, runner.training(arm), None)
+    out.mkdir(parents=True, exist_ok=True)
+    plan = [(arm, epsilon, seed) for arm in study.arms for epsilon in study.epsilons for seed in range(study.seeds)]
+    bar = tqdm(total=len(plan), desc=f"reproduce {study.name}", disable=quiet, file=sys.stderr, dynamic_ncols=True)
+    runs = []
+    for arm, epsilon, seed in plan:
+        bar.set_postfix_str(f"{arm.key} ε={epsilon} seed {seed}", refresh=False)
+        runs.append(runner.run(arm, epsilon, seed))
+        bar.update(1)
+    bar.close()
+    results = Results(runs)
+    checks = [runner.reduction(a, b) for a, b in study.reductions] + study.claims(results)
+    elapsed = time.perf_counter() - started
+    dataset_note = f"{runner.config.dataset.name} ({runner.task.dataset.source}), pool {len(runner.task.pool)}, " \
+                   f"test {len(runner.task.test)}, {runner.config.partition.clients} {runner.config.partition.name} clients, " \
+                   f"model {runner.config.model.name} ({runner.layout.dim} parameters)"
+    markdown = render(study, results, checks, elapsed, dataset_note)
+    write_text(out / "reproduction.md", markdown)
+    write_json(out / "reproduction.json", {
+        "study": study.name, "title": study.title, "paper": study.paper, "config": study.config, "notes": study.notes,
+        "runs": [asdict(r) for r in runs], "claims": [asdict(c) for c in checks], "seconds": elapsed,
+        "versions": provenance.versions()})
+    frame = pd.DataFrame([{k: v for k, v in asdict(r).items() if k not in ("accuracy_by_round", "epsilon_by_round")} for r in runs])
+    write_text(out / "reproduction.csv", frame.to_csv(index=False, lineterminator="\n"))
+    return {"markdown": markdown, "claims": checks, "paths": {"md": str(out / "reproduction.md"),
+                                                              "json": str(out / "reproduction.json"),
+                                                              "csv": str(out / "reproduction.csv")}}
+
+
+def study_names() -> list[str]:
+    from audit.reproductions import STUDIES
+
+    return sorted(STUDIES)
+
+
+def make_study(name: str, quick: bool, dataset: str, data_root: str | None, seeds: int | None) -> Study:
+    from audit.reproductions import STUDIES
+
+    if name not in STUDIES:
+        raise UserInputError(f"study: unknown study '{name}'; allowed: {', '.join(sorted(STUDIES))}")
+    study = STUDIES[name](quick=quick, dataset=dataset, data_root=data_root)
+    if seeds is not None:
+        if seeds < 1:
+            raise UserInputError(f"--seeds: must be >= 1, got {seeds}")
+        study.seeds = seeds
+    return study

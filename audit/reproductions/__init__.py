@@ -1,0 +1,8 @@
+"""The papers' comparisons as :class:`audit.reproduce.Study` factories, one module per paper."""
+
+from audit.reproductions import blur_lus, dp_fedsam
+
+STUDIES = {
+    "blur-lus": blur_lus.study,
+    "dp-fedsam": dp_fedsam.study,
+}
