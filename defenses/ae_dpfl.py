@@ -26,14 +26,19 @@ import torch
 from audit.seeding import derive_seed, numpy_rng
 from defenses.accounting import GaussianSchedule, calibrate_noise, compute_epsilon
 from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
-from defenses.engine import TrainingConfig, TrainingJob, TrainingOutcome, chunk_size
+from defenses.engine import (
+    TrainingConfig,
+    TrainingJob,
+    TrainingOutcome,
+    chunk_size,
+    optimizer_settings,
+)
 from defenses.evaluation import evaluate
 from defenses.flat import ParamLayout, parameters_of
 from defenses.local_training import (
     TRAINERS,
     LocalObjective,
     LocalSchedule,
-    SGDSettings,
     client_batches,
     stacked_forward,
 )
@@ -115,7 +120,7 @@ class AEDPFL(Defense):
         initial = parameters_of(model)
         agents = len(job.clients)
         trainer = TRAINERS[training.engine]
-        sgd = SGDSettings(training.lr, training.momentum, training.weight_decay)
+        sgd = optimizer_settings(training, training.lr)
 
         # 1. the agents' non-private local models
         batches = [client_batches(len(c), "epochs", self.params.local_epochs, training.batch_size,

@@ -135,6 +135,16 @@ class Defense:
 
         return LocalObjective()
 
+    def local_batches(self, num_records: int, training: TrainingConfig, rng) -> list:
+        """A client's mini-batches for one round (local indices); default: epochs or iterations of fixed size."""
+        from defenses.local_training import client_batches
+
+        return client_batches(num_records, training.local_unit, training.local_steps, training.batch_size, rng)
+
+    def memory_factor(self, training: TrainingConfig) -> float:
+        """Parameter-sized tensors one client needs during local training (sets the batched chunk size)."""
+        return 1.0
+
     def privatize(self, updates: torch.Tensor, ctx: RoundContext) -> tuple[torch.Tensor, dict[str, float]]:
         """Turn the C×d matrix of raw client updates into what the clients upload."""
         return updates, {}

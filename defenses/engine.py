@@ -33,7 +33,7 @@ from audit.seeding import derive_seed, numpy_rng, torch_generator
 from defenses.base import AccountingSettings, PrivacyClaim
 from defenses.evaluation import evaluate
 from defenses.flat import ParamLayout, parameters_of
-from defenses.local_training import TRAINERS, LocalSchedule, SGDSettings, client_batches
+from defenses.local_training import TRAINERS, LocalSchedule, OptimizerSettings
 
 if TYPE_CHECKING:
     from defenses.base import Defense
@@ -55,7 +55,8 @@ class TrainingConfig:
     lr: float = field(default=0.1, metadata={"min": 0.0, "min_exclusive": True, "help": "client learning rate η_l"})
     lr_decay: float = field(default=1.0, metadata={"min": 0.0, "min_exclusive": True, "max": 1.0,
                                                    "help": "η_l(t) = lr · lr_decay^t"})
-    momentum: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0, "max_exclusive": True})
+    optimizer: Literal["sgd", "adam"] = field(default="sgd", metadata={"help": "client optimiser (torch.optim semantics); adam uses betas (0.9, 0.999)"})
+    momentum: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0, "max_exclusive": True, "help": "SGD momentum"})
     weight_decay: float = field(default=0.0, metadata={"min": 0.0})
     server_lr: float = field(default=1.0, metadata={"min": 0.0, "min_exclusive": True, "help": "η_g"})
     aggregation: Literal["uniform", "weighted"] = field(
@@ -199,9 +200,14 @@ def _norm_summary(norms: torch.Tensor) -> dict[str, float]:
             "update_norm_q75": float(q[3]), "update_norm_max": float(q[4]), "update_norm_mean": float(values.mean())}
 
 
-def chunk_size(training: TrainingConfig, dim: int) -> int:
-    """Clients per batched computation: the configured value, or about 2^25 parameters in all."""
-    return training.client_chunk or max(1, (1 << 25) // max(1, dim))
+def chunk_size(training: TrainingConfig, dim: int, factor: float = 1.0) -> int:
+    """Clients per batched computation: the configured value, or about 2^25 parameter-sized values in
+    all; ``factor`` is how many parameter-sized tensors one client needs (e.g. per-example gradients)."""
+    return training.client_chunk or max(1, int((1 << 25) // max(1.0, dim * factor)))
+
+
+def optimizer_settings(training: TrainingConfig, lr: float) -> OptimizerSettings:
+    return OptimizerSettings(lr, training.momentum, training.weight_decay, training.optimizer)
 
 
 def norm_list(norms: torch.Tensor) -> list[float]:
@@ -217,13 +223,11 @@ class FederatedEngine:
         self.job = job
 
     def schedule(self, participants: np.ndarray, round_index: int) -> LocalSchedule:
-        job, training = self.job, self.job.training
-        batches = [
-            client_batches(len(job.clients[c]), training.local_unit, training.local_steps, training.batch_size,
-                           numpy_rng(job.seed, "round", round_index, "client", int(c), "batches"))
-            for c in participants
-        ]
-        return LocalSchedule.build(batches, [job.clients[c] for c in participants])
+        job = self.job
+        batches = [self.defense.local_batches(len(job.clients[c]), job.training,
+                                              numpy_rng(job.seed, "round", round_index, "client", int(c), "batches"))
+                   for c in participants]
+        return LocalSchedule.build(batches, [job.clients[c] for c in participants], participants)
 
     def context(self, round_index: int, participants: np.ndarray, model: nn.Module, layout: ParamLayout,
                 global_vector: torch.Tensor, lr: float) -> RoundContext:
@@ -234,14 +238,15 @@ class FederatedEngine:
                             model=model, layout=layout, global_vector=global_vector,
                             client_data=[job.clients[c] for c in participants], pool_x=job.pool_x, pool_y=job.pool_y,
                             schedule=self.schedule(participants, round_index), lr=lr,
-                            chunk_size=chunk_size(job.training, layout.dim))
+                            chunk_size=chunk_size(job.training, layout.dim, self.defense.memory_factor(job.training)))
 
     def local_updates(self, ctx: RoundContext) -> torch.Tensor:
         """Train the participants locally; returns their raw updates Δ_i = w_i − w as a C×d matrix."""
         job, training, layout = self.job, self.job.training, ctx.layout
         trainer = TRAINERS[training.engine]
-        sgd = SGDSettings(ctx.lr, training.momentum, training.weight_decay)
+        opt = optimizer_settings(training, ctx.lr)
         objective = self.defense.local_objective()
+        objective.begin_round(ctx)
         global_params = {n: v.clone() for n, v in ctx.global_params().items()}
         # Clients with similar step counts share a chunk, so little padding is computed.
         order = sorted(range(len(ctx.participants)), key=lambda i: -ctx.schedule.steps[i])
@@ -249,7 +254,7 @@ class FederatedEngine:
         updates = torch.empty(len(ctx.participants), layout.dim, dtype=start.dtype, device=start.device)
         for i in range(0, len(order), ctx.chunk_size):
             chunk = order[i:i + ctx.chunk_size]
-            local = trainer(ctx.model, objective, global_params, ctx.schedule.select(chunk), job.pool_x, job.pool_y, sgd)
+            local = trainer(ctx.model, objective, global_params, ctx.schedule.select(chunk), job.pool_x, job.pool_y, opt)
             updates[torch.as_tensor(chunk, device=start.device)] = layout.flatten_stacked(local) - start
         return updates
 

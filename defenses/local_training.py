@@ -68,31 +68,39 @@ class LocalSchedule:
 
     indices: torch.Tensor  # int64 [C, S, B], pool indices (0 where padded)
     mask: torch.Tensor  # float32 [C, S, B], 1 for real examples
-    active: torch.Tensor  # bool [C, S], False for padded steps
+    active: torch.Tensor  # bool [C, S], False for padded steps (a real step may have an empty batch)
     steps: list[int]  # real steps per client
+    clients: np.ndarray | None = None  # the client id of each row, for per-client randomness
 
     @classmethod
-    def build(cls, batches_per_client: list[list[np.ndarray]], member_indices: list[np.ndarray]) -> LocalSchedule:
+    def build(cls, batches_per_client: list[list[np.ndarray]], member_indices: list[np.ndarray],
+              clients: np.ndarray | None = None) -> LocalSchedule:
         """From each client's local-index batches and its pool indices."""
-        clients = len(batches_per_client)
+        rows = len(batches_per_client)
         steps = [len(b) for b in batches_per_client]
         max_steps = max(steps, default=0)
         width = max((len(batch) for batches in batches_per_client for batch in batches), default=1)
-        indices = np.zeros((clients, max_steps, width), dtype=np.int64)
-        mask = np.zeros((clients, max_steps, width), dtype=np.float32)
+        width = max(width, 1)  # a schedule of empty Poisson batches still needs a tensor to mask
+        indices = np.zeros((rows, max_steps, width), dtype=np.int64)
+        mask = np.zeros((rows, max_steps, width), dtype=np.float32)
         for c, (batches, members) in enumerate(zip(batches_per_client, member_indices)):
             for s, batch in enumerate(batches):
                 indices[c, s, :len(batch)] = members[batch]
                 mask[c, s, :len(batch)] = 1.0
-        active = torch.as_tensor(mask.sum(axis=2) > 0)
-        return cls(torch.as_tensor(indices), torch.as_tensor(mask), active, steps)
+        active = torch.as_tensor(np.arange(max_steps)[None, :] < np.array(steps, dtype=np.int64).reshape(-1, 1))
+        return cls(torch.as_tensor(indices), torch.as_tensor(mask), active, steps,
+                   None if clients is None else np.asarray(clients))
 
     def select(self, rows: list[int]) -> LocalSchedule:
         """The sub-schedule of some clients, trimmed to their longest run of steps."""
         index = torch.as_tensor(rows, dtype=torch.int64)
         steps = [self.steps[r] for r in rows]
         keep = max(steps, default=0)
-        return LocalSchedule(self.indices[index, :keep], self.mask[index, :keep], self.active[index, :keep], steps)
+        clients = None if self.clients is None else self.clients[np.asarray(rows, dtype=np.int64)]
+        return LocalSchedule(self.indices[index, :keep], self.mask[index, :keep], self.active[index, :keep], steps, clients)
+
+    def client(self, row: int) -> int:
+        return int(self.clients[row]) if self.clients is not None else row
 
 
 # --------------------------------------------------------------------------- objectives
@@ -136,14 +144,33 @@ class LocalObjective:
         """Loop path: accumulate the same gradient into ``model``'s ``.grad`` fields."""
         F.cross_entropy(model(x), y).backward()
 
+    def begin_round(self, ctx) -> None:
+        """Called by the engine before a round's local training (objectives with per-round state)."""
+
+    def at_step(self, step: int, clients: list[int]) -> None:
+        """Called by both trainers before each local step: the step index and the clients computed now."""
+
 
 @dataclass(frozen=True)
-class SGDSettings:
-    """torch.optim.SGD semantics: d = g + wd·w; b = μ·b + d; w = w − lr·(b if μ else d)."""
+class OptimizerSettings:
+    """torch.optim semantics.
+
+    ``sgd``: d = g + wd·w; b = μ·b + d; w = w − lr·(b if μ else d).
+    ``adam`` (Kingma & Ba 2015, as torch.optim.Adam): d = g + wd·w; m = β₁m + (1−β₁)d;
+    v = β₂v + (1−β₂)d²; w = w − lr·(m/(1−β₁ᵗ)) / (√(v/(1−β₂ᵗ)) + eps), t counted per client.
+    """
 
     lr: float
     momentum: float = 0.0
     weight_decay: float = 0.0
+    kind: str = "sgd"
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+
+    def torch_optimizer(self, parameters) -> torch.optim.Optimizer:
+        if self.kind == "adam":
+            return torch.optim.Adam(parameters, lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay)
+        return torch.optim.SGD(parameters, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
 
 
 # --------------------------------------------------------------------------- the two paths
@@ -154,42 +181,58 @@ def _stack(params: Params, clients: int) -> Params:
 
 
 def train_batched(model: nn.Module, objective: LocalObjective, global_params: Params, schedule: LocalSchedule,
-                  pool_x: torch.Tensor, pool_y: torch.Tensor, sgd: SGDSettings) -> Params:
+                  pool_x: torch.Tensor, pool_y: torch.Tensor, opt: OptimizerSettings) -> Params:
     """Train C clients as one vmapped computation; returns stacked parameters [C, *shape]."""
     clients, max_steps = schedule.active.shape
     params = _stack(global_params, clients)
-    buffers = {n: torch.zeros_like(p) for n, p in params.items()} if sgd.momentum else {}
+    adam = opt.kind == "adam"
+    first = {n: torch.zeros_like(p) for n, p in params.items()} if (opt.momentum or adam) else {}
+    second = {n: torch.zeros_like(p) for n, p in params.items()} if adam else {}
+    taken = torch.zeros(clients, dtype=torch.float64, device=pool_x.device)  # Adam's per-client step count t
+    ids = [schedule.client(i) for i in range(clients)]
     device = pool_x.device
     for s in range(max_steps):
+        objective.at_step(s, ids)
         index = schedule.indices[:, s].to(device)
         gradients = objective.batched_gradient(model, params, global_params, pool_x[index], pool_y[index],
                                                schedule.mask[:, s].to(device))
         active = schedule.active[:, s].to(device)
-        if bool(active.all()):  # the common case: in-place updates, no temporaries
-            for name, p in params.items():
-                d_p = gradients[name]
-                if sgd.weight_decay:
-                    d_p.add_(p, alpha=sgd.weight_decay)
-                if sgd.momentum:
-                    d_p = buffers[name].mul_(sgd.momentum).add_(d_p)
-                p.add_(d_p, alpha=-sgd.lr)
-            continue
-        for name, p in params.items():  # some clients have finished: they keep their state
+        everyone = bool(active.all())
+        if adam:
+            taken += active.to(taken.dtype)
+        for name, p in params.items():
             d_p = gradients[name]
-            if sgd.weight_decay:
-                d_p = d_p + sgd.weight_decay * p
             shape = (clients,) + (1,) * (p.dim() - 1)
-            if sgd.momentum:
-                new_buffer = sgd.momentum * buffers[name] + d_p
-                buffers[name] = torch.where(active.view(shape), new_buffer, buffers[name])
-                d_p = buffers[name]
-            params[name] = torch.where(active.view(shape), p - sgd.lr * d_p, p)
+            if opt.weight_decay:
+                d_p = d_p.add_(p, alpha=opt.weight_decay) if everyone else d_p + opt.weight_decay * p
+            if adam:
+                beta1, beta2 = opt.betas
+                m = beta1 * first[name] + (1 - beta1) * d_p
+                v = beta2 * second[name] + (1 - beta2) * d_p * d_p
+                correction1 = (1 - beta1 ** taken.clamp_min(1)).to(p.dtype).view(shape)
+                correction2 = (1 - beta2 ** taken.clamp_min(1)).to(p.dtype).view(shape)
+                step = (m / correction1) / ((v / correction2).sqrt() + opt.eps)
+                first[name] = m if everyone else torch.where(active.view(shape), m, first[name])
+                second[name] = v if everyone else torch.where(active.view(shape), v, second[name])
+            elif opt.momentum:
+                if everyone:  # in place: the common case, no temporaries
+                    step = first[name].mul_(opt.momentum).add_(d_p)
+                else:
+                    new = opt.momentum * first[name] + d_p
+                    first[name] = torch.where(active.view(shape), new, first[name])
+                    step = first[name]
+            else:
+                step = d_p
+            if everyone:
+                p.add_(step, alpha=-opt.lr)
+            else:  # clients that have finished keep their state
+                params[name] = torch.where(active.view(shape), p - opt.lr * step, p)
     return params
 
 
 def train_loop(model: nn.Module, objective: LocalObjective, global_params: Params, schedule: LocalSchedule,
-               pool_x: torch.Tensor, pool_y: torch.Tensor, sgd: SGDSettings) -> Params:
-    """Reference path: one ``nn.Module`` + ``torch.optim.SGD`` per client, unpadded batches."""
+               pool_x: torch.Tensor, pool_y: torch.Tensor, opt: OptimizerSettings) -> Params:
+    """Reference path: one ``nn.Module`` + a ``torch.optim`` optimiser per client, unpadded batches."""
     results = []
     for c, steps in enumerate(schedule.steps):
         local = copy.deepcopy(model)
@@ -197,9 +240,9 @@ def train_loop(model: nn.Module, objective: LocalObjective, global_params: Param
             for name, p in local.named_parameters():
                 p.copy_(global_params[name])
         local.train()
-        optimizer = torch.optim.SGD(local.parameters(), lr=sgd.lr, momentum=sgd.momentum,
-                                    weight_decay=sgd.weight_decay)
+        optimizer = opt.torch_optimizer(local.parameters())
         for s in range(steps):
+            objective.at_step(s, [schedule.client(c)])
             real = schedule.indices[c, s][schedule.mask[c, s] > 0].to(pool_x.device)
             optimizer.zero_grad(set_to_none=True)
             objective.module_backward(local, global_params, pool_x[real], pool_y[real])

@@ -30,6 +30,7 @@ def _max_difference(a: dict, b: dict) -> float:
 @pytest.mark.parametrize("training", [
     dict(local_unit="epochs", local_steps=2, momentum=0.9, weight_decay=1e-3),
     dict(local_unit="iterations", local_steps=5, batch_size=16),
+    dict(local_unit="epochs", local_steps=2, optimizer="adam", lr=0.01, weight_decay=1e-3),
 ])
 def test_batched_and_loop_paths_agree(digits_job, training):
     """Same seed, same schedule: the vmapped path and the plain nn.Module+SGD loop give the same model."""
