@@ -6,6 +6,7 @@
     dpfl-audit epsilon --noise σ | --target-epsilon ε  --rate q --steps T --delta δ [--json]
     dpfl-audit config [CONFIG] [--preset NAME]     print the resolved configuration
     dpfl-audit reproduce STUDY [--quick]           a paper's comparison on a CPU proxy, claims checked
+    dpfl-audit audit-mechanism --mechanism M ...   the optimal test on one noised step: ε lower bound vs claim
 
 Bad input — an unknown field, a bad value, a missing dataset — prints one line
 ``dpfl-audit: error: ...`` on stderr and exits with code 2, before anything is written.
@@ -80,6 +81,20 @@ def build_parser() -> argparse.ArgumentParser:
     reproduce.add_argument("--data-root", help="directory of the MNIST IDX files (default: $DPFL_AUDIT_DATA/mnist or the cache)")
     reproduce.add_argument("--seeds", type=int, help="override the number of seeds")
     reproduce.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    mechanism = commands.add_parser("audit-mechanism", help="audit one clipped-and-noised step with the optimal test")
+    mechanism.add_argument("--mechanism", required=True, help="gaussian, laplace or staircase")
+    mechanism.add_argument("--noise", type=float, required=True, help="z (gaussian), λ (laplace) or ε (staircase)")
+    mechanism.add_argument("--clip", type=float, default=1.0, help="C: sensitivity of the clipped gradient (default 1)")
+    mechanism.add_argument("--dim", type=int, default=1000, help="d: coordinates the noise is added to (default 1000)")
+    mechanism.add_argument("--trials", type=int, default=100000, help="runs of the mechanism, half with the canary")
+    mechanism.add_argument("--accounting", default="paper_1d", help="paper_1d (UDP-FL's claim) or sound")
+    mechanism.add_argument("--clip-norm", default="l2", help="l2 (default) or l1")
+    mechanism.add_argument("--canary", default="both", help="concentrated, spread or both (default; the larger bound counts)")
+    mechanism.add_argument("--delta", type=float, default=1e-5)
+    mechanism.add_argument("--conversion", choices=["classic", "improved"], default="classic")
+    mechanism.add_argument("--seed", type=int, default=0)
+    mechanism.add_argument("--json", action="store_true", help="machine-readable output")
 
     config = commands.add_parser("config", help="print the resolved configuration as YAML")
     config.add_argument("config", nargs="?", help="YAML configuration file")
@@ -208,6 +223,23 @@ def command_reproduce(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def command_audit_mechanism(args: argparse.Namespace) -> int:
+    from attacks.mechanism_audit import audit_mechanism
+
+    result = audit_mechanism(args.mechanism, args.noise, args.clip, args.dim, args.trials, args.accounting,
+                             args.clip_norm, args.delta, args.conversion, args.canary, args.seed)
+    if args.json:
+        print(json.dumps(result, indent=2, ensure_ascii=False))
+        return EXIT_OK
+    print(f"{result['mechanism']}, C = {args.clip:g}, d = {args.dim}, {args.trials} trials, accounting {args.accounting}")
+    claimed = result["epsilon_claimed"]
+    print(f"claimed ε:       {'none (no finite bound)' if claimed is None else f'{claimed:.4f}'} at δ = {args.delta:g}")
+    for canary, bound in result["canaries"].items():
+        print(f"ε lower bound:   {bound:.4f}  ({canary} canary, Clopper–Pearson 95 %, threshold on a held-out half)")
+    print(result["verdict"])
+    return EXIT_OK
+
+
 def command_config(args: argparse.Namespace) -> int:
     from audit.config import config_to_yaml, load_config
 
@@ -230,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
             return command_config(args)
         if args.command == "reproduce":
             return command_reproduce(args)
+        if args.command == "audit-mechanism":
+            return command_audit_mechanism(args)
     except UserInputError as exc:
         print(f"dpfl-audit: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -115,7 +115,8 @@ def build_results(plan: Plan, store: RunStore, attack_results: dict[str, list[At
             "params": to_mapping(asdict(experiment.defense.params)),
             "training": to_mapping(experiment.training),
             "target_epsilon": experiment.target_epsilon,
-            "claim": experiment.claim.as_dict(),
+            # the trained run's claim: some depend on the run's clients (e.g. NbAFL's smallest client)
+            "claim": manifests[0]["claim"] if manifests else experiment.claim.as_dict(),
             "server_view": experiment.defense.observes,
             "utility": {
                 "test_accuracy": mean_interval([m["utility"]["test_accuracy"] for m in manifests]),

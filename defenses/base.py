@@ -135,6 +135,9 @@ class Defense:
 
         return LocalObjective()
 
+    def prepare(self, job: TrainingJob) -> None:
+        """Called once before training (defenses that need the clients' sizes, the seed, ...)."""
+
     def local_batches(self, num_records: int, training: TrainingConfig, rng) -> list:
         """A client's mini-batches for one round (local indices); default: epochs or iterations of fixed size."""
         from defenses.local_training import client_batches

@@ -7,6 +7,8 @@ from defenses import (  # noqa: F401  (each module registers its defenses)
     dp_fedsam,  # fedsam, dp-fedsam, dp-fedsam-topk
     fed_smp,  # fed-smp-randk, fed-smp-topk
     fedavg,  # fedavg, dp-fedavg
+    nbafl,  # nbafl
+    udp_fl,  # udp-fl
 )
 from defenses.base import DEFENSES
 

@@ -265,6 +265,7 @@ class FederatedEngine:
         model.train()
         layout = ParamLayout.of(model)
         defense = self.defense = self.defense if self.defense.layout is not None else self.defense.bind(layout)
+        defense.prepare(job)
         global_vector = layout.flatten(parameters_of(model))
         num_clients = len(job.clients)
         members = torch.as_tensor(np.concatenate(job.clients) if job.clients else np.array([], dtype=np.int64),
@@ -298,6 +299,9 @@ class FederatedEngine:
                         for i, client in enumerate(participants):
                             if job.record.wants_client(int(client)):
                                 server_view[f"round_{round_number:04d}/client_{int(client):05d}"] = uploads[i].clone()
+                    elif defense.observes == "shuffled":  # uploads in random order, no identities
+                        for i in range(len(participants)):
+                            server_view[f"round_{round_number:04d}/upload_{i:05d}"] = uploads[i].clone()
                     server_view[f"round_{round_number:04d}/aggregate"] = step.clone()
             else:
                 row["skipped"] = True  # an empty Poisson round still counts in the accounting

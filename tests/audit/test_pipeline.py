@@ -100,18 +100,19 @@ def test_user_dataset_model_and_defense(tmp_path, monkeypatch, capsys):
 
 
 ALL_DEFENSES = ["fedavg", "dp-fedavg", "dp-fedavg-blur", "dp-fedavg-lus", "dp-fedavg-blur-lus", "ddgauss", "ae-dpfl",
-                "fedsam", "dp-fedsam", "dp-fedsam-topk", "fed-smp-randk", "fed-smp-topk"]
+                "fedsam", "dp-fedsam", "dp-fedsam-topk", "fed-smp-randk", "fed-smp-topk", "udp-fl", "nbafl"]
+EXTRA_PARAMS = {"ae-dpfl": "{queries: 40, local_epochs: 2, server_epochs: 2}", "udp-fl": "{sample_rate: 0.2}"}
 
 
 def test_every_defense_runs_end_to_end(tmp_path):
     """Each registered defense trains through `dpfl-audit run` and gets attacked and reported."""
-    from defenses.base import DEFENSES
+    from defenses.catalog import DEFENSES
 
     assert set(ALL_DEFENSES) <= set(DEFENSES.names())
     private = {"fedavg": False, "fedsam": False}
     entries = "\n".join(
         f"  - name: {name}" + ("" if not private.get(name, True) else "\n    epsilons: [6]")
-        + ("\n    params: {queries: 40, local_epochs: 2, server_epochs: 2}" if name == "ae-dpfl" else "")
+        + (f"\n    params: {EXTRA_PARAMS[name]}" if name in EXTRA_PARAMS else "")
         for name in ALL_DEFENSES)
     config = tmp_path / "all.yaml"
     config.write_text(
@@ -126,4 +127,5 @@ def test_every_defense_runs_end_to_end(tmp_path):
         assert experiment["utility"]["test_accuracy"]["value"] is not None
         assert experiment["diagnostics"]["sharpness"]["mean_rise"]
         if experiment["defense"] not in private:
-            assert experiment["claim"]["epsilon"] <= 6.0 and experiment["claim"]["unit"] == "client"
+            assert experiment["claim"]["epsilon"] <= 6.0
+            assert experiment["claim"]["unit"] == ("record" if experiment["defense"] in ("udp-fl", "nbafl") else "client")

@@ -1,0 +1,115 @@
+"""A local DP-SGD step with any additive mechanism (Abadi et al. 2016; UDP-FL's client step, spec 001 §2.4):
+
+    g̃ = (Σ_{i∈B} g_i·min(1, C/‖g_i‖) + noise) / (q·n),     noise_j ~ mechanism with sensitivity C,
+
+with per-example gradients g_i (``torch.func``: ``vmap(grad)`` over examples, and over clients
+for the batched engine), ℓ2 or ℓ1 per-example clipping, a Poisson batch B (each record with
+probability q, so the expected batch size q·n divides the sum) and i.i.d. noise on every
+coordinate drawn from a per-(client, round, step) generator — so the batched engine and the
+per-client loop add the same noise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call, grad, vmap
+
+from audit.seeding import torch_generator
+from defenses.local_training import LocalObjective, Params
+from defenses.mechanisms import Mechanism
+
+
+def _example_loss(model, params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(functional_call(model, params, (x.unsqueeze(0),)), y.unsqueeze(0))
+
+
+def per_example_gradients(model, params: Params, x: torch.Tensor, y: torch.Tensor) -> Params:
+    """Per-example gradients [C, B, *shape] of C clients' stacked parameters on their own batches."""
+    per_client = vmap(grad(partial(_example_loss, model)), in_dims=(None, 0, 0), randomness="different")
+    return vmap(per_client, in_dims=(0, 0, 0), randomness="different")(params, x, y)
+
+
+def clip_factors(gradients: Params, clip: float, clip_norm: str) -> torch.Tensor:
+    """min(1, C/‖g_i‖) for every example, norms over all parameters ([C, B])."""
+    first = next(iter(gradients.values()))
+    lead = first.shape[:2]
+    if clip_norm == "l1":
+        norms = sum(g.abs().reshape(*lead, -1).sum(-1) for g in gradients.values())
+    else:
+        norms = torch.sqrt(sum((g ** 2).reshape(*lead, -1).sum(-1) for g in gradients.values()))
+    return torch.clamp(clip / norms.clamp_min(1e-12), max=1.0)
+
+
+class DPSGDObjective(LocalObjective):
+    """DP-SGD's noisy clipped gradient; ``mechanism_of(client)`` and ``expected_batch_of(client)``
+    give each client its noise and its expected batch size q·n_i; ``pull_of(client)`` optionally
+    returns (strength, target) for UDP-FL's heterogeneous-ε penalty λ_k(w − w_max)."""
+
+    def __init__(self, clip: float, clip_norm: str, mechanism_of: Callable[[int], Mechanism],
+                 expected_batch_of: Callable[[int], float], seed: int,
+                 pull_of: Callable[[int], tuple[float, Params] | None] | None = None):
+        self.clip = clip
+        self.clip_norm = clip_norm
+        self.mechanism_of = mechanism_of
+        self.expected_batch_of = expected_batch_of
+        self.seed = seed
+        self.pull_of = pull_of
+        self.round = 0
+        self.step = 0
+        self.clients: list[int] = []
+
+    def begin_round(self, ctx) -> None:
+        self.round = ctx.round
+
+    def at_step(self, step: int, clients: list[int]) -> None:
+        self.step = step
+        self.clients = list(clients)
+
+    def noise(self, client: int, shapes: dict[str, torch.Size], device) -> Params:
+        generator = torch_generator(self.seed, "round", self.round, "client", int(client), "dpsgd", self.step)
+        total = sum(int(torch.Size(s).numel()) for s in shapes.values())
+        flat = self.mechanism_of(client).sample(generator, (total,), scale=self.clip).to(torch.float32).to(device)
+        out, start = {}, 0
+        for name, shape in shapes.items():
+            size = int(torch.Size(shape).numel())
+            out[name] = flat[start:start + size].view(shape)
+            start += size
+        return out
+
+    def _finish(self, name: str, summed: torch.Tensor, noise: torch.Tensor, client: int, params: torch.Tensor) -> torch.Tensor:
+        g = (summed + noise) / self.expected_batch_of(client)
+        pull = self.pull_of(client) if self.pull_of is not None else None
+        if pull is not None:
+            strength, target = pull
+            g = g + strength * (params - target[name])
+        return g
+
+    def batched_gradient(self, model, params, anchor, x, y, mask):
+        gradients = per_example_gradients(model, params, x, y)
+        weights = clip_factors(gradients, self.clip, self.clip_norm) * mask  # padded examples count 0
+        out = {}
+        shapes = {n: p.shape[1:] for n, p in params.items()}
+        noises = [self.noise(c, shapes, x.device) for c in self.clients]
+        for name, g in gradients.items():
+            summed = (weights.view(*weights.shape, *([1] * (g.dim() - 2))) * g).sum(1)
+            out[name] = torch.stack([self._finish(name, summed[i], noises[i][name], c, params[name][i])
+                                     for i, c in enumerate(self.clients)])
+        return out
+
+    def module_backward(self, model, anchor, x, y):
+        named = dict(model.named_parameters())
+        params = {n: p.detach()[None] for n, p in named.items()}
+        if len(y):
+            gradients = per_example_gradients(model, params, x[None], y[None])
+            weights = clip_factors(gradients, self.clip, self.clip_norm)
+            summed = {n: (weights.view(*weights.shape, *([1] * (g.dim() - 2))) * g).sum(1)[0] for n, g in gradients.items()}
+        else:  # an empty Poisson batch: only noise
+            summed = {n: torch.zeros_like(p) for n, p in named.items()}
+        client = self.clients[0]
+        noise = self.noise(client, {n: p.shape for n, p in named.items()}, x.device)
+        for name, p in named.items():
+            p.grad = self._finish(name, summed[name], noise[name], client, p.detach())
