@@ -109,6 +109,22 @@ def cnn_small(input_shape: Sequence[int], num_classes: int) -> nn.Module:
     return nn.Sequential(*features, nn.Linear(width, 64), nn.ReLU(), nn.Linear(64, num_classes))
 
 
+@MODELS.register("cnn-udpfl")
+def cnn_udpfl(input_shape: Sequence[int], num_classes: int) -> nn.Module:
+    """UDP-FL's MNIST CNN (paper 001 and its public code; spec 001 §5).
+
+    Conv(C→32, 3×3, pad 1) → ReLU → MaxPool 2 → Conv(32→64, 3×3, pad 1) → ReLU → MaxPool 2 →
+    FC 128 → ReLU → FC classes: 421,642 parameters on 28×28×1 with 10 classes.
+    """
+    channels, _, _ = _image_shape(input_shape, "cnn-udpfl")
+    features = nn.Sequential(
+        nn.Conv2d(channels, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+    )
+    width = _flat_size(features, input_shape)
+    return nn.Sequential(*features, nn.Linear(width, 128), nn.ReLU(), nn.Linear(128, num_classes))
+
+
 @MODELS.register("lenet")
 def lenet(input_shape: Sequence[int], num_classes: int) -> nn.Module:
     """The small sigmoid LeNet of DLG (Zhu et al. 2019) and Inverting Gradients (Geiping et al. 2020).

@@ -73,6 +73,7 @@ class RunResult:
     clip_fraction: float
     sharpness: float | None
     seconds: float
+    epsilon_alternatives: dict[str, float | None] = field(default_factory=dict)
 
 
 @dataclass
@@ -90,6 +91,8 @@ class Results:
 
     def values(self, arm: str, epsilon: float | None = None, metric: str = "final_accuracy") -> np.ndarray:
         chosen = [r for r in self.runs if r.arm == arm and (epsilon is None or r.epsilon_target == epsilon)]
+        if not chosen:  # a non-private arm runs once and stands in every ε column
+            chosen = [r for r in self.runs if r.arm == arm and r.epsilon_target is None]
         chosen.sort(key=lambda r: (r.epsilon_target or 0.0, r.seed))
         return np.array([getattr(r, metric) for r in chosen], dtype=np.float64)
 
@@ -162,6 +165,8 @@ class Study:
     #: (header, kind, value): kind "final" — final accuracy of the experiment at target ε = value;
     #: "best" — best-round accuracy; "at" — accuracy when the run's ε first reaches value
     table_columns: list[tuple[str, str, float | None]] = field(default_factory=list)
+    #: alternative ε figures of the claims to show as columns (e.g. "sound" beside UDP-FL's paper_1d ε)
+    alternative_epsilons: list[str] = field(default_factory=list)
 
 
 def _fingerprint(*parts: Any) -> str:
@@ -243,6 +248,7 @@ class Runner:
             clip_fraction=float(np.mean(fractions)) if fractions else math.nan,
             sharpness=manifest.get("sharpness"),
             seconds=float(manifest["timings"]["train_seconds"]),
+            epsilon_alternatives=dict(manifest["claim"].get("alternatives") or {}),
         )
 
     def reduction(self, first: Arm, second: Arm) -> ClaimCheck:
@@ -267,6 +273,15 @@ def _mean_std(values: np.ndarray, scale: float = 100.0) -> str:
     return f"{scale * values.mean():.2f} ± {scale * values.std(ddof=1):.2f}"
 
 
+def _epsilon_set(values: list[float | None]) -> str:
+    """Distinct ε values in increasing order; None (JSON's infinity) and inf print as ∞."""
+    finite = sorted({round(v, 12) for v in values if v is not None and math.isfinite(v)})
+    text = [f"{v:.3g}" for v in finite]
+    if any(v is None or (not math.isnan(v) and math.isinf(v)) for v in values):
+        text.append("∞")
+    return ", ".join(text) or "–"
+
+
 def render(study: Study, results: Results, claims: list[ClaimCheck], elapsed: float, dataset_note: str) -> str:
     arms = study.arms
     lines = [f"# Reproduction: {study.title}", "", f"Paper: {study.paper}", "",
@@ -274,8 +289,8 @@ def render(study: Study, results: Results, claims: list[ClaimCheck], elapsed: fl
              f"{elapsed / 60:.1f} min on this machine. Accuracy in %, mean ± std over seeds.", ""]
     lines += [f"- {note}" for note in study.notes] + [""]
     columns = study.table_columns or [(f"ε={e:g}" if e is not None else "accuracy", "final", e) for e in study.epsilons]
-    header = ["configuration"] + [c[0] for c in columns] + ["claimed ε", "pre-clip norm (first → last)", "clip fraction",
-                                                            "train − test gap"]
+    header = ["configuration"] + [c[0] for c in columns] + ["claimed ε"] + \
+        [f"{name} ε" for name in study.alternative_epsilons] + ["pre-clip norm (first → last)", "clip fraction", "train − test gap"]
     if study.sharpness_radius is not None:
         header.append(f"sharpness (r={study.sharpness_radius})")
     lines.append("## Our numbers")
@@ -291,8 +306,9 @@ def render(study: Study, results: Results, claims: list[ClaimCheck], elapsed: fl
                 cells.append(_mean_std(results.values(arm.key, value, "best_accuracy")))
             else:
                 cells.append(_mean_std(results.values(arm.key, value, "final_accuracy")))
-        claimed = results.values(arm.key, None, "epsilon")
-        cells.append(", ".join(sorted({("∞" if not math.isfinite(e) else f"{e:.3g}") for e in claimed})))
+        cells.append(_epsilon_set(results.values(arm.key, None, "epsilon").tolist()))
+        for name in study.alternative_epsilons:
+            cells.append(_epsilon_set([r.epsilon_alternatives.get(name, math.nan) for r in results.runs if r.arm == arm.key]))
         first = results.values(arm.key, None, "update_norm_first")
         last = results.values(arm.key, None, "update_norm_last")
         cells.append(f"{np.nanmean(first):.4g} → {np.nanmean(last):.4g}" if len(first) and not np.isnan(first).all() else "–")
@@ -319,7 +335,10 @@ def reproduce(study: Study, out: Path, quiet: bool = False) -> dict[str, Any]:
     for arm in study.arms:
         runner.defense(arm, runner.training(arm), None)
     out.mkdir(parents=True, exist_ok=True)
-    plan = [(arm, epsilon, seed) for arm in study.arms for epsilon in study.epsilons for seed in range(study.seeds)]
+    def targets(arm: Arm) -> list[float | None]:
+        return study.epsilons if DEFENSES.get(arm.defense, f"arm {arm.key}").private else [None]
+
+    plan = [(arm, epsilon, seed) for arm in study.arms for epsilon in targets(arm) for seed in range(study.seeds)]
     bar = tqdm(total=len(plan), desc=f"reproduce {study.name}", disable=quiet, file=sys.stderr, dynamic_ncols=True)
     runs = []
     for arm, epsilon, seed in plan:

@@ -33,6 +33,30 @@ def per_example_gradients(model, params: Params, x: torch.Tensor, y: torch.Tenso
     return vmap(per_client, in_dims=(0, 0, 0), randomness="different")(params, x, y)
 
 
+#: per-example gradients are computed in groups of about this many values (16 MB of float32):
+#: below glibc's mmap threshold, so the buffers are reused instead of mapped and unmapped
+#: (page faults) on every step
+EXAMPLE_CHUNK_VALUES = 1 << 22
+
+
+def clipped_gradient_sum(model, params: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, clip: float,
+                         clip_norm: str) -> Params:
+    """Σ_i g_i·min(1, C/‖g_i‖) over each client's real examples ([C, *shape]), in chunks of examples."""
+    clients, width = mask.shape
+    dim = sum(int(p[0].numel()) for p in params.values())
+    step = max(1, EXAMPLE_CHUNK_VALUES // max(1, clients * dim))
+    total = {n: torch.zeros_like(p) for n, p in params.items()}
+    for start in range(0, width, step):
+        part = slice(start, start + step)
+        if not bool(mask[:, part].any()):
+            continue
+        gradients = per_example_gradients(model, params, x[:, part], y[:, part])
+        weights = clip_factors(gradients, clip, clip_norm) * mask[:, part]  # padded examples count 0
+        for name, g in gradients.items():
+            total[name] += (weights.view(*weights.shape, *([1] * (g.dim() - 2))) * g).sum(1)
+    return total
+
+
 def clip_factors(gradients: Params, clip: float, clip_norm: str) -> torch.Tensor:
     """min(1, C/‖g_i‖) for every example, norms over all parameters ([C, B])."""
     first = next(iter(gradients.values()))
@@ -89,24 +113,20 @@ class DPSGDObjective(LocalObjective):
         return g
 
     def batched_gradient(self, model, params, anchor, x, y, mask):
-        gradients = per_example_gradients(model, params, x, y)
-        weights = clip_factors(gradients, self.clip, self.clip_norm) * mask  # padded examples count 0
-        out = {}
+        summed = clipped_gradient_sum(model, params, x, y, mask, self.clip, self.clip_norm)
         shapes = {n: p.shape[1:] for n, p in params.items()}
         noises = [self.noise(c, shapes, x.device) for c in self.clients]
-        for name, g in gradients.items():
-            summed = (weights.view(*weights.shape, *([1] * (g.dim() - 2))) * g).sum(1)
-            out[name] = torch.stack([self._finish(name, summed[i], noises[i][name], c, params[name][i])
-                                     for i, c in enumerate(self.clients)])
-        return out
+        return {name: torch.stack([self._finish(name, summed[name][i], noises[i][name], c, params[name][i])
+                                   for i, c in enumerate(self.clients)])
+                for name in params}
 
     def module_backward(self, model, anchor, x, y):
         named = dict(model.named_parameters())
         params = {n: p.detach()[None] for n, p in named.items()}
         if len(y):
-            gradients = per_example_gradients(model, params, x[None], y[None])
-            weights = clip_factors(gradients, self.clip, self.clip_norm)
-            summed = {n: (weights.view(*weights.shape, *([1] * (g.dim() - 2))) * g).sum(1)[0] for n, g in gradients.items()}
+            mask = torch.ones(1, len(y), device=x.device)
+            summed = {n: g[0] for n, g in clipped_gradient_sum(model, params, x[None], y[None], mask, self.clip,
+                                                                 self.clip_norm).items()}
         else:  # an empty Poisson batch: only noise
             summed = {n: torch.zeros_like(p) for n, p in named.items()}
         client = self.clients[0]

@@ -87,7 +87,7 @@ def test_every_preset_is_valid(name):
     assert specs and attacks
 
 
-@pytest.mark.parametrize("name", ["blur-lus-proxy", "dp-fedsam-proxy"])
+@pytest.mark.parametrize("name", ["blur-lus-proxy", "dp-fedsam-proxy", "udp-fl-proxy"])
 def test_proxy_presets_plan_on_mnist(name):
     from tests.helpers import shared_data
 

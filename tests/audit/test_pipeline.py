@@ -100,8 +100,10 @@ def test_user_dataset_model_and_defense(tmp_path, monkeypatch, capsys):
 
 
 ALL_DEFENSES = ["fedavg", "dp-fedavg", "dp-fedavg-blur", "dp-fedavg-lus", "dp-fedavg-blur-lus", "ddgauss", "ae-dpfl",
-                "fedsam", "dp-fedsam", "dp-fedsam-topk", "fed-smp-randk", "fed-smp-topk", "udp-fl", "nbafl"]
-EXTRA_PARAMS = {"ae-dpfl": "{queries: 40, local_epochs: 2, server_epochs: 2}", "udp-fl": "{sample_rate: 0.2}"}
+                "fedsam", "dp-fedsam", "dp-fedsam-topk", "fed-smp-randk", "fed-smp-topk", "udp-fl", "udp-fl", "udp-fl", "nbafl"]
+EXTRA_PARAMS = {"ae-dpfl": ["{queries: 40, local_epochs: 2, server_epochs: 2}"],
+                "udp-fl": ["{sample_rate: 0.2, mechanism: gaussian}", "{sample_rate: 0.2, mechanism: laplace}",
+                           "{sample_rate: 0.2, mechanism: staircase}"]}
 
 
 def test_every_defense_runs_end_to_end(tmp_path):
@@ -110,10 +112,13 @@ def test_every_defense_runs_end_to_end(tmp_path):
 
     assert set(ALL_DEFENSES) <= set(DEFENSES.names())
     private = {"fedavg": False, "fedsam": False}
-    entries = "\n".join(
-        f"  - name: {name}" + ("" if not private.get(name, True) else "\n    epsilons: [6]")
-        + (f"\n    params: {EXTRA_PARAMS[name]}" if name in EXTRA_PARAMS else "")
-        for name in ALL_DEFENSES)
+    seen: dict[str, int] = {}
+    lines = []
+    for name in ALL_DEFENSES:
+        index = seen[name] = seen.get(name, -1) + 1
+        lines.append(f"  - name: {name}" + ("" if not private.get(name, True) else "\n    epsilons: [6]")
+                     + (f"\n    params: {EXTRA_PARAMS[name][index]}" if name in EXTRA_PARAMS else ""))
+    entries = "\n".join(lines)
     config = tmp_path / "all.yaml"
     config.write_text(
         "dataset: {name: digits, max_pool: 160, max_test: 100}\npartition: {clients: 4}\n"
@@ -129,3 +134,7 @@ def test_every_defense_runs_end_to_end(tmp_path):
         if experiment["defense"] not in private:
             assert experiment["claim"]["epsilon"] <= 6.0
             assert experiment["claim"]["unit"] == ("record" if experiment["defense"] in ("udp-fl", "nbafl") else "client")
+    mechanisms = [e["claim"]["mechanism"].split(" noise")[0] for e in document["experiments"] if e["defense"] == "udp-fl"]
+    assert [m.split("with ")[1].split("(")[0] for m in mechanisms] == ["GaussianNoise", "LaplaceNoise", "StaircaseNoise"]
+    for experiment in document["experiments"]:
+        assert {a["attack"] for a in experiment["attacks"]} == {"lira-online", "lira-offline"}
