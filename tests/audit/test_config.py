@@ -93,5 +93,5 @@ def test_proxy_presets_plan_on_mnist(name):
 
     root = shared_data("mnist")
     plan = plan_audit(load_config(preset_name=name, overrides={"dataset": {"root": str(root)}}))
-    assert len(plan.task.pool) == 8000 and all(e.claim.unit in ("client", "none") for e in plan.experiments)
+    assert len(plan.task.pool) == 8000 and all(e.claim.unit in ("client", "record", "none") for e in plan.experiments)
     assert min(len(c) for c in plan.clients[0]) >= 1
