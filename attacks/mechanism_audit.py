@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from audit.errors import UserInputError
 from audit.seeding import torch_generator
@@ -65,11 +66,37 @@ def likelihood_ratio_scores(mechanism: Mechanism, canary: np.ndarray, trials: in
     return np.round(scores, 9)
 
 
+def audit_two_point(epsilon_claimed: float, trials: int, seed: int = 0, confidence: float = 0.95,
+                    center: float = 0.0, radius: float = 1.0) -> dict:
+    """LDP-FL's two-point mechanism on one weight (spec 004 §6): the two ends of its range, w = c − r
+    and w = c + r, are the hardest pair to hide; the optimal test says "c + r" when the report is
+    c + rA. TPR = e^ε/(1 + e^ε) and FPR = 1/(1 + e^ε), so the bound approaches ε from below."""
+    from defenses.ldp import two_point
+
+    if not (epsilon_claimed > 0 and math.isfinite(epsilon_claimed)) or trials < 100:
+        raise UserInputError("--epsilon must be a finite number > 0 and --trials >= 100")
+    half = trials // 2
+    high = two_point(torch.full((half,), center + radius), center, radius, epsilon_claimed,
+                     torch_generator(seed, "two-point-audit", "high")).numpy()
+    low = two_point(torch.full((half,), center - radius), center, radius, epsilon_claimed,
+                    torch_generator(seed, "two-point-audit", "low")).numpy()
+    cut = half // 2
+    labels = np.r_[np.ones(cut), np.zeros(cut)]
+    bound = held_out_epsilon_lower_bound(np.r_[high[:cut], low[:cut]], labels, np.r_[high[cut:2 * cut], low[cut:2 * cut]],
+                                         labels, confidence, 0.0).value
+    violated = bound > epsilon_claimed + 1e-9
+    verdict = (f"VIOLATION: measured ε_LB = {bound:.4g} exceeds the claimed ε = {epsilon_claimed:.4g}" if violated else
+               f"consistent: measured ε_LB = {bound:.4g} ≤ claimed ε = {epsilon_claimed:.4g}")
+    return {"mechanism": "ldp-two-point", "accounting": "per-weight ε-LDP", "trials": trials, "delta": 0.0,
+            "confidence": confidence, "seed": seed, "epsilon_claimed": epsilon_claimed, "epsilon_lower_bound": bound,
+            "verdict": verdict, "violation": violated, "canaries": {"range-ends": bound}}
+
+
 def audit_mechanism(kind: str, noise: float, clip: float, dim: int, trials: int, accounting: str = "paper_1d",
                     clip_norm: str = "l2", delta: float = 1e-5, conversion: str = "classic", canary: str = "both",
                     seed: int = 0, confidence: float = 0.95) -> dict:
     if kind not in MECHANISMS:
-        raise UserInputError(f"--mechanism: '{kind}' is not allowed; allowed: {', '.join(MECHANISMS)}")
+        raise UserInputError(f"--mechanism: '{kind}' is not allowed; allowed: {', '.join([*MECHANISMS, 'ldp-two-point'])}")
     for value, allowed, flag in ((accounting, ACCOUNTINGS, "--accounting"), (clip_norm, CLIP_NORMS, "--clip-norm"),
                                  (canary, CANARIES, "--canary")):
         if value not in allowed:

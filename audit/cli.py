@@ -83,8 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     reproduce.add_argument("--quiet", action="store_true", help="no progress bars")
 
     mechanism = commands.add_parser("audit-mechanism", help="audit one clipped-and-noised step with the optimal test")
-    mechanism.add_argument("--mechanism", required=True, help="gaussian, laplace or staircase")
-    mechanism.add_argument("--noise", type=float, required=True, help="z (gaussian), λ (laplace) or ε (staircase)")
+    mechanism.add_argument("--mechanism", required=True, help="gaussian, laplace, staircase or ldp-two-point")
+    mechanism.add_argument("--noise", type=float, help="z (gaussian), λ (laplace) or ε (staircase)")
+    mechanism.add_argument("--epsilon", type=float, help="ε of the ldp-two-point mechanism")
     mechanism.add_argument("--clip", type=float, default=1.0, help="C: sensitivity of the clipped gradient (default 1)")
     mechanism.add_argument("--dim", type=int, default=1000, help="d: coordinates the noise is added to (default 1000)")
     mechanism.add_argument("--trials", type=int, default=100000, help="runs of the mechanism, half with the canary")
@@ -224,18 +225,29 @@ def command_reproduce(args: argparse.Namespace) -> int:
 
 
 def command_audit_mechanism(args: argparse.Namespace) -> int:
-    from attacks.mechanism_audit import audit_mechanism
+    from attacks.mechanism_audit import audit_mechanism, audit_two_point
 
-    result = audit_mechanism(args.mechanism, args.noise, args.clip, args.dim, args.trials, args.accounting,
-                             args.clip_norm, args.delta, args.conversion, args.canary, args.seed)
+    if args.mechanism == "ldp-two-point":
+        if args.epsilon is None:
+            raise UserInputError("--epsilon: ldp-two-point needs the ε of the mechanism")
+        result = audit_two_point(args.epsilon, args.trials, args.seed)
+        header = f"two-point ε-LDP mechanism (LDP-FL), one weight at the two ends of its range, {args.trials} trials"
+        delta = 0.0
+    else:
+        if args.noise is None:
+            raise UserInputError(f"--noise: {args.mechanism} needs its noise parameter")
+        result = audit_mechanism(args.mechanism, args.noise, args.clip, args.dim, args.trials, args.accounting,
+                                 args.clip_norm, args.delta, args.conversion, args.canary, args.seed)
+        header = f"{result['mechanism']}, C = {args.clip:g}, d = {args.dim}, {args.trials} trials, accounting {args.accounting}"
+        delta = args.delta
     if args.json:
         print(json.dumps(result, indent=2, ensure_ascii=False))
         return EXIT_OK
-    print(f"{result['mechanism']}, C = {args.clip:g}, d = {args.dim}, {args.trials} trials, accounting {args.accounting}")
+    print(header)
     claimed = result["epsilon_claimed"]
-    print(f"claimed ε:       {'none (no finite bound)' if claimed is None else f'{claimed:.4f}'} at δ = {args.delta:g}")
+    print(f"claimed ε:       {'none (no finite bound)' if claimed is None else f'{claimed:.4f}'} at δ = {delta:g}")
     for canary, bound in result["canaries"].items():
-        print(f"ε lower bound:   {bound:.4f}  ({canary} canary, Clopper–Pearson 95 %, threshold on a held-out half)")
+        print(f"ε lower bound:   {bound:.4f}  ({canary}, Clopper–Pearson 95 %, threshold on a held-out half)")
     print(result["verdict"])
     return EXIT_OK
 

@@ -135,8 +135,10 @@ class Defense:
 
         return LocalObjective()
 
-    def prepare(self, job: TrainingJob) -> None:
-        """Called once before training (defenses that need the clients' sizes, the seed, ...)."""
+    def prepare(self, job: TrainingJob, model: torch.nn.Module | None = None,
+                initial: dict[str, torch.Tensor] | None = None) -> None:
+        """Called once before training, with the initial global model (defenses that need the
+        clients' sizes, the seed, or server-side work on public data before the first round)."""
 
     def local_batches(self, num_records: int, training: TrainingConfig, rng) -> list:
         """A client's mini-batches for one round (local indices); default: epochs or iterations of fixed size."""

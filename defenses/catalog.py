@@ -7,6 +7,8 @@ from defenses import (  # noqa: F401  (each module registers its defenses)
     dp_fedsam,  # fedsam, dp-fedsam, dp-fedsam-topk
     fed_smp,  # fed-smp-randk, fed-smp-topk
     fedavg,  # fedavg, dp-fedavg
+    fl_top,  # fl-top, fl-top-dp, fl-basic, fl-basic-dp, fl-std, fl-std-dp, fl-cs, fl-cs-dp
+    ldp_fl,  # ldp-fl
     nbafl,  # nbafl
     udp_fl,  # udp-fl
 )

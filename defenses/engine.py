@@ -265,8 +265,8 @@ class FederatedEngine:
         model.train()
         layout = ParamLayout.of(model)
         defense = self.defense = self.defense if self.defense.layout is not None else self.defense.bind(layout)
-        defense.prepare(job)
         global_vector = layout.flatten(parameters_of(model))
+        defense.prepare(job, model, {n: v.clone() for n, v in layout.unflatten(global_vector).items()})
         num_clients = len(job.clients)
         members = torch.as_tensor(np.concatenate(job.clients) if job.clients else np.array([], dtype=np.int64),
                                   device=job.pool_x.device)

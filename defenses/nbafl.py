@@ -83,7 +83,7 @@ class NbAFL(Defense):
     def calibrate(self, target_epsilon, delta, training, num_clients, accounting) -> NbAFL:
         return self.with_params(epsilon=target_epsilon)
 
-    def prepare(self, job) -> None:
+    def prepare(self, job, model=None, initial=None) -> None:
         self._smallest = min(len(c) for c in job.clients)
         self._delta = job.delta
 

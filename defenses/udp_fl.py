@@ -186,7 +186,7 @@ class UDPFL(Defense):
         return DPSGDObjective(self.params.clip, self.params.clip_norm, mechanism_of,
                               lambda client: max(self.params.sample_rate * sizes[client], 1e-12), self._seed, pull_of)
 
-    def prepare(self, job) -> None:
+    def prepare(self, job, model=None, initial=None) -> None:
         self._training = job.training
         self._sizes = {i: len(c) for i, c in enumerate(job.clients)}
         self._seed = job.seed

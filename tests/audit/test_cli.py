@@ -34,7 +34,8 @@ def test_list_json_names_everything():
     assert {"digits", "lfw-faces", "diabetes", "mnist", "fashion-mnist", "emnist", "cifar10", "cifar100", "adult"} <= set(listing["datasets"])
     assert {"mlp", "cnn2", "cnn-mcmahan", "cnn-fedsam", "lenet", "resnet18-gn"} <= set(listing["models"])
     assert {"fedavg", "dp-fedavg", "dp-fedavg-blur", "dp-fedavg-lus", "dp-fedavg-blur-lus", "ddgauss", "ae-dpfl",
-            "fedsam", "dp-fedsam", "dp-fedsam-topk", "fed-smp-randk", "fed-smp-topk"} <= set(listing["defenses"])
+            "fedsam", "dp-fedsam", "dp-fedsam-topk", "fed-smp-randk", "fed-smp-topk", "udp-fl", "nbafl", "fl-top",
+            "fl-top-dp", "fl-basic", "fl-basic-dp", "fl-std", "fl-std-dp", "fl-cs", "fl-cs-dp", "ldp-fl"} <= set(listing["defenses"])
     assert "lira" in listing["attacks"] and "smoke" in listing["presets"]
     assert listing["details"]["defenses"]["dp-fedavg"]["params"]["clip"]["default"] == 1.0
 

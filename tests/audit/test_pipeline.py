@@ -100,10 +100,12 @@ def test_user_dataset_model_and_defense(tmp_path, monkeypatch, capsys):
 
 
 ALL_DEFENSES = ["fedavg", "dp-fedavg", "dp-fedavg-blur", "dp-fedavg-lus", "dp-fedavg-blur-lus", "ddgauss", "ae-dpfl",
-                "fedsam", "dp-fedsam", "dp-fedsam-topk", "fed-smp-randk", "fed-smp-topk", "udp-fl", "udp-fl", "udp-fl", "nbafl"]
+                "fedsam", "dp-fedsam", "dp-fedsam-topk", "fed-smp-randk", "fed-smp-topk", "udp-fl", "udp-fl", "udp-fl", "nbafl",
+                "fl-top", "fl-top-dp", "fl-basic", "fl-basic-dp", "fl-std", "fl-std-dp", "fl-cs", "fl-cs-dp", "ldp-fl"]
 EXTRA_PARAMS = {"ae-dpfl": ["{queries: 40, local_epochs: 2, server_epochs: 2}"],
                 "udp-fl": ["{sample_rate: 0.2, mechanism: gaussian}", "{sample_rate: 0.2, mechanism: laplace}",
-                           "{sample_rate: 0.2, mechanism: staircase}"]}
+                           "{sample_rate: 0.2, mechanism: staircase}"],
+                "fl-basic-dp": ["{calibration_subsets: 3}"]}
 
 
 def test_every_defense_runs_end_to_end(tmp_path):
@@ -111,7 +113,7 @@ def test_every_defense_runs_end_to_end(tmp_path):
     from defenses.catalog import DEFENSES
 
     assert set(ALL_DEFENSES) <= set(DEFENSES.names())
-    private = {"fedavg": False, "fedsam": False}
+    private = {"fedavg": False, "fedsam": False, "fl-top": False, "fl-basic": False, "fl-std": False, "fl-cs": False}
     seen: dict[str, int] = {}
     lines = []
     for name in ALL_DEFENSES:
@@ -133,7 +135,8 @@ def test_every_defense_runs_end_to_end(tmp_path):
         assert experiment["diagnostics"]["sharpness"]["mean_rise"]
         if experiment["defense"] not in private:
             assert experiment["claim"]["epsilon"] <= 6.0
-            assert experiment["claim"]["unit"] == ("record" if experiment["defense"] in ("udp-fl", "nbafl") else "client")
+            unit = {"udp-fl": "record", "nbafl": "record", "ldp-fl": "weight"}.get(experiment["defense"], "client")
+            assert experiment["claim"]["unit"] == unit
     mechanisms = [e["claim"]["mechanism"].split(" noise")[0] for e in document["experiments"] if e["defense"] == "udp-fl"]
     assert [m.split("with ")[1].split("(")[0] for m in mechanisms] == ["GaussianNoise", "LaplaceNoise", "StaircaseNoise"]
     for experiment in document["experiments"]:

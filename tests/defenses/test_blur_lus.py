@@ -32,14 +32,23 @@ def _same(a, b) -> bool:
 
 
 def _round_context(job, defense, round_index=0):
-    """A round context built exactly as the engine builds it, with the clients' raw updates."""
+    """A round context built exactly as the engine builds it, with the clients' raw updates.
+
+    Like the engine, it binds ``defense`` to the model's layout and calls its ``prepare`` with the
+    initial model (in place, so the caller's object is the prepared one).
+    """
+    from audit.seeding import derive_seed
+
     engine = FederatedEngine(defense, job)
-    torch.manual_seed(0)
+    torch.manual_seed(derive_seed(job.seed, "torch"))
     model = job.model_factory()
     layout = ParamLayout.of(model)
+    start = layout.flatten(parameters_of(model))
+    if defense.layout is None:
+        defense.layout = layout
+        defense.prepare(job, model, {n: v.clone() for n, v in layout.unflatten(start).items()})
     participants = np.arange(len(job.clients))
-    ctx = engine.context(round_index, participants, model, layout, layout.flatten(parameters_of(model)), job.training.lr)
-    engine.defense = defense.bind(layout)
+    ctx = engine.context(round_index, participants, model, layout, start, job.training.lr)
     return ctx, engine.local_updates(ctx)
 
 
