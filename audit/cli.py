@@ -81,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     reproduce.add_argument("--data-root", help="directory of the MNIST IDX files (default: $DPFL_AUDIT_DATA/mnist or the cache)")
     reproduce.add_argument("--seeds", type=int, help="override the number of seeds")
     reproduce.add_argument("--quiet", action="store_true", help="no progress bars")
+    reproduce.add_argument("--device", help="torch device, e.g. cpu or cuda (default: cpu)")
 
     mechanism = commands.add_parser("audit-mechanism", help="audit one clipped-and-noised step with the optimal test")
     mechanism.add_argument("--mechanism", required=True, help="gaussian, laplace, staircase or ldp-two-point")
@@ -217,6 +218,8 @@ def command_reproduce(args: argparse.Namespace) -> int:
     from audit.reproduce import make_study, reproduce
 
     study = make_study(args.study, args.quick, args.dataset, args.data_root, args.seeds)
+    if args.device is not None:
+        study.config["device"] = args.device
     out = Path(args.out or f"reproduce-{args.study}{'-quick' if args.quick else ''}")
     result = reproduce(study, out, quiet=args.quiet)
     print(result["markdown"])

@@ -109,6 +109,20 @@ def cnn_small(input_shape: Sequence[int], num_classes: int) -> nn.Module:
     return nn.Sequential(*features, nn.Linear(width, 64), nn.ReLU(), nn.Linear(64, num_classes))
 
 
+@MODELS.register("cnn-tiny")
+def cnn_tiny(input_shape: Sequence[int], num_classes: int) -> nn.Module:
+    """The PyTorch MNIST example CNN (spec 004 §4's lighter alternative for LDP-FL).
+
+    Conv(C→10, 5×5) → MaxPool 2 → ReLU → Conv(10→20, 5×5) → MaxPool 2 → ReLU → FC 50 → ReLU → FC
+    classes: 21,840 parameters on 28×28×1 with 10 classes.
+    """
+    channels, _, _ = _image_shape(input_shape, "cnn-tiny")
+    features = nn.Sequential(nn.Conv2d(channels, 10, 5), nn.MaxPool2d(2), nn.ReLU(),
+                             nn.Conv2d(10, 20, 5), nn.MaxPool2d(2), nn.ReLU(), nn.Flatten())
+    width = _flat_size(features, input_shape)
+    return nn.Sequential(*features, nn.Linear(width, 50), nn.ReLU(), nn.Linear(50, num_classes))
+
+
 @MODELS.register("cnn-udpfl")
 def cnn_udpfl(input_shape: Sequence[int], num_classes: int) -> nn.Module:
     """UDP-FL's MNIST CNN (paper 001 and its public code; spec 001 §5).

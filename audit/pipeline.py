@@ -83,7 +83,7 @@ def _record_spec(config: AuditConfig) -> RecordSpec:
     return RecordSpec(norm(config.record.global_rounds), norm(config.record.upload_rounds), norm(config.record.upload_clients))
 
 
-def _check_device(device: str) -> None:
+def check_device(device: str) -> None:
     try:
         parsed = torch.device(device)
     except RuntimeError:
@@ -96,7 +96,7 @@ def _check_device(device: str) -> None:
 
 def resolve_entries(config: AuditConfig) -> tuple[list[tuple], list[MembershipAttack]]:
     """Check every defense and attack entry (names, hyper-parameters, training overrides) without data."""
-    _check_device(config.device)
+    check_device(config.device)
     defense_specs = []
     for i, entry in enumerate(config.defenses):
         cls = _defense_class(entry.name, f"defenses[{i}].name")

@@ -33,6 +33,7 @@ from audit import provenance
 from audit.atomic import write_json, write_text
 from audit.config import AuditConfig
 from audit.errors import UserInputError
+from audit.pipeline import check_device
 from audit.schema import from_mapping, to_mapping
 from audit.seeding import derive_seed, numpy_rng
 from audit.store import RunStore
@@ -74,6 +75,11 @@ class RunResult:
     sharpness: float | None
     seconds: float
     epsilon_alternatives: dict[str, float | None] = field(default_factory=dict)
+
+    @property
+    def best_round(self) -> int:
+        """The evaluated round with the best test accuracy (the first one on ties)."""
+        return max(sorted(self.accuracy_by_round), key=lambda t: self.accuracy_by_round[t]) if self.accuracy_by_round else 0
 
 
 @dataclass
@@ -167,6 +173,9 @@ class Study:
     table_columns: list[tuple[str, str, float | None]] = field(default_factory=list)
     #: alternative ε figures of the claims to show as columns (e.g. "sound" beside UDP-FL's paper_1d ε)
     alternative_epsilons: list[str] = field(default_factory=list)
+    #: extra markdown after our table, from the results and {"dim", "client_rate", "clients"} of the proxy
+    extra_tables: Callable[[Results, dict], str] | None = None
+    proxy: dict = field(default_factory=dict)  # filled in by reproduce(): the proxy's model size and sampling
 
 
 def _fingerprint(*parts: Any) -> str:
@@ -179,6 +188,7 @@ class Runner:
         self.out = out
         self.quiet = quiet
         self.config: AuditConfig = from_mapping(AuditConfig, study.config)
+        check_device(self.config.device)
         self.task: Task = build_task(self.config)
         self.layout = ParamLayout.of(self.task.model_factory())
         self.store = RunStore(out)
@@ -282,7 +292,8 @@ def _epsilon_set(values: list[float | None]) -> str:
     return ", ".join(text) or "–"
 
 
-def render(study: Study, results: Results, claims: list[ClaimCheck], elapsed: float, dataset_note: str) -> str:
+def render(study: Study, results: Results, claims: list[ClaimCheck], elapsed: float, dataset_note: str,
+           proxy: dict | None = None) -> str:
     arms = study.arms
     lines = [f"# Reproduction: {study.title}", "", f"Paper: {study.paper}", "",
              f"Proxy: {dataset_note}; {len(arms)} configurations × {len(study.epsilons)} ε × {study.seeds} seeds, "
@@ -320,6 +331,8 @@ def render(study: Study, results: Results, claims: list[ClaimCheck], elapsed: fl
             values = np.array([r.sharpness for r in results.runs if r.arm == arm.key and r.sharpness is not None], dtype=float)
             cells.append(f"{values.mean():.4f}" if len(values) else "–")
         lines.append("| " + " | ".join(cells) + " |")
+    if study.extra_tables is not None:
+        lines += ["", study.extra_tables(results, proxy).strip()]
     lines += ["", "## The paper's numbers", "", study.paper_tables.strip(), "", "## Claims", ""]
     for check in claims:
         mark = {True: "HOLDS", False: "DOES NOT HOLD", None: "NOT EVALUATED"}[check.holds]
@@ -347,12 +360,16 @@ def reproduce(study: Study, out: Path, quiet: bool = False) -> dict[str, Any]:
         bar.update(1)
     bar.close()
     results = Results(runs)
+    proxy = {"dim": runner.layout.dim, "clients": runner.config.partition.clients,
+             "client_rate": runner.config.training.client_rate}
+    study.proxy.clear()
+    study.proxy.update(proxy)  # studies' claims read it through the Study they built
     checks = [runner.reduction(a, b) for a, b in study.reductions] + study.claims(results)
     elapsed = time.perf_counter() - started
     dataset_note = f"{runner.config.dataset.name} ({runner.task.dataset.source}), pool {len(runner.task.pool)}, " \
                    f"test {len(runner.task.test)}, {runner.config.partition.clients} {runner.config.partition.name} clients, " \
                    f"model {runner.config.model.name} ({runner.layout.dim} parameters)"
-    markdown = render(study, results, checks, elapsed, dataset_note)
+    markdown = render(study, results, checks, elapsed, dataset_note, proxy)
     write_text(out / "reproduction.md", markdown)
     write_json(out / "reproduction.json", {
         "study": study.name, "title": study.title, "paper": study.paper, "config": study.config, "notes": study.notes,

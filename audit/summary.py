@@ -72,6 +72,7 @@ def _mean_curves(entries: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[s
 def diagnostics_summary(manifests: list[dict], metrics: list[list[dict]], landscape: list[dict]) -> dict[str, Any]:
     """Per-experiment diagnostics (spec 002 §6): train/test gap, clipping, update norms, flatness."""
     gaps, clip_fractions, first_norms, last_norms, train_accuracies = [], [], [], [], []
+    bits: dict[str, list[float]] = {"up": [], "down": []}
     for manifest, rows in zip(manifests, metrics):
         final = next((r for r in reversed(rows) if "train_accuracy" in r), {})
         if final.get("train_accuracy") is not None and manifest["utility"]["test_accuracy"] is not None:
@@ -84,6 +85,10 @@ def diagnostics_summary(manifests: list[dict], metrics: list[list[dict]], landsc
         if norms:
             first_norms.append(norms[0])
             last_norms.append(norms[-1])
+        for direction in ("up", "down"):  # paper 003: exact bits a participating client sends / receives
+            per_round = [r[f"bits_{direction}_per_client"] for r in rows if f"bits_{direction}_per_client" in r]
+            if per_round:
+                bits[direction].append(float(np.mean(per_round)))
     summary: dict[str, Any] = {
         "train_accuracy": mean_interval(train_accuracies),
         "generalization_gap": mean_interval(gaps),
@@ -91,6 +96,9 @@ def diagnostics_summary(manifests: list[dict], metrics: list[list[dict]], landsc
         "update_norm_median_first_round": mean_interval(first_norms),
         "update_norm_median_last_round": mean_interval(last_norms),
     }
+    if bits["up"]:
+        summary["bits_up_per_client_round"] = mean_interval(bits["up"])
+        summary["bits_down_per_client_round"] = mean_interval(bits["down"])
     if landscape:
         summary["sharpness"] = {"radii": landscape[0]["sharpness"]["radii"],
                                 **_mean_curves([e["sharpness"] for e in landscape], ("mean_rise", "max_rise"))}

@@ -87,11 +87,11 @@ def test_every_preset_is_valid(name):
     assert specs and attacks
 
 
-@pytest.mark.parametrize("name", ["blur-lus-proxy", "dp-fedsam-proxy", "udp-fl-proxy"])
+@pytest.mark.parametrize("name", ["blur-lus-proxy", "dp-fedsam-proxy", "udp-fl-proxy", "fl-top-proxy", "ldp-fl-proxy"])
 def test_proxy_presets_plan_on_mnist(name):
     from tests.helpers import shared_data
 
     root = shared_data("mnist")
     plan = plan_audit(load_config(preset_name=name, overrides={"dataset": {"root": str(root)}}))
-    assert len(plan.task.pool) == 8000 and all(e.claim.unit in ("client", "record", "none") for e in plan.experiments)
+    assert len(plan.task.pool) == 8000 and all(e.claim.unit in ("client", "record", "weight", "none") for e in plan.experiments)
     assert min(len(c) for c in plan.clients[0]) >= 1

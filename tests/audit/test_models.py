@@ -16,6 +16,7 @@ from audit.models import MODELS, build_model, count_parameters
     ("cnn-fedsam", (1, 28, 28), 62, 608_702),
     ("cnn-small", (1, 28, 28), 10, 46_730),
     ("cnn-udpfl", (1, 28, 28), 10, 421_642),
+    ("cnn-tiny", (1, 28, 28), 10, 21_840),
     ("resnet18-gn", (3, 32, 32), 10, 11_173_962),
     ("lenet", (3, 32, 32), 100, 85_036),           # DLG's LeNet: 768 features before the FC layer
     ("mlp", (1, 8, 8), 10, 64 * 128 + 128 + 128 * 10 + 10),
@@ -28,7 +29,7 @@ def test_parameter_counts(name, shape, classes, expected):
 
 
 def test_registry_names():
-    assert set(MODELS.names()) == {"mlp", "cnn2", "cnn-mcmahan", "cnn-fedsam", "cnn-small", "cnn-udpfl", "lenet", "resnet18-gn"}
+    assert set(MODELS.names()) == {"mlp", "cnn2", "cnn-mcmahan", "cnn-fedsam", "cnn-small", "cnn-tiny", "cnn-udpfl", "lenet", "resnet18-gn"}
 
 
 def test_bad_options_and_shapes():

@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from audit.cli import main
@@ -141,3 +142,14 @@ def test_every_defense_runs_end_to_end(tmp_path):
     assert [m.split("with ")[1].split("(")[0] for m in mechanisms] == ["GaussianNoise", "LaplaceNoise", "StaircaseNoise"]
     for experiment in document["experiments"]:
         assert {a["attack"] for a in experiment["attacks"]} == {"lira-online", "lira-offline"}
+    shapes = json.loads(next((tmp_path / "out" / "runs").glob("fl-top-*/manifest.json")).read_text())["layout"]["shapes"]
+    dim = sum(int(np.prod(shape)) for shape in shapes)
+    kept = int(0.05 * dim)  # the default keep_fraction r = 5 %: K = ⌊r·n⌋ floats of 32 bits
+    bandwidth = {e["defense"]: (e["diagnostics"]["bits_up_per_client_round"]["value"],
+                                e["diagnostics"]["bits_down_per_client_round"]["value"])
+                 for e in document["experiments"] if e["defense"].startswith("fl-")}
+    assert bandwidth["fl-top"] == bandwidth["fl-top-dp"] == (32 * kept, 32 * kept)
+    assert bandwidth["fl-basic"] == bandwidth["fl-cs-dp"] == (32 * kept, 32 * dim)
+    assert bandwidth["fl-std"] == (32 * dim, 32 * dim)
+    assert "bits_up_per_client_round" not in document["experiments"][0]["diagnostics"]
+    assert "KB per client per round" in (tmp_path / "out" / "report.html").read_text()

@@ -35,14 +35,24 @@ def test_at_epsilon_reads_the_last_round_within_budget():
     assert np.isnan(Results([run]).at_epsilon("a", 0.5)).all()
 
 
-@pytest.mark.parametrize("name", ["blur-lus", "dp-fedsam"])
+#: the arms each shrunk study keeps (enough for its claims to be judged)
+SHRUNK_ARMS = {"blur-lus": ["dp-fedavg", "blur", "lus"], "dp-fedsam": ["dp-fedavg", "dp-fedsam"],
+               "fl-top": ["fl-top-5", "fl-top-dp-0.5", "fl-basic-dp-5", "fl-cs-dp-0.5", "fl-std"],
+               "ldp-fl": ["ldp-fl", "noise-free"]}
+
+
+@pytest.mark.parametrize("name", list(SHRUNK_ARMS))
 def test_shrunk_study_end_to_end_and_resume(tmp_path, name, monkeypatch):
     study = make_study(name, quick=True, dataset="digits", data_root=None, seeds=1)
     study.config["partition"]["clients"] = 20
     study.config["training"]["rounds"] = 3
     study.config["training"]["eval_every"] = 1
-    study.arms = study.arms[:3] if name == "blur-lus" else [a for a in study.arms if a.key in ("dp-fedavg", "dp-fedsam")]
-    if study.epsilons != [None]:
+    study.config["training"]["client_rate"] = min(study.config["training"]["client_rate"], 0.5)
+    if name == "ldp-fl":
+        study.config["training"]["local_steps"] = 1
+    study.arms = [a for a in study.arms if a.key in SHRUNK_ARMS[name]]
+    assert len(study.arms) == len(SHRUNK_ARMS[name])
+    if name != "ldp-fl" and study.epsilons != [None]:
         study.epsilons = [8.0]
     study.delta = 1e-3
     out = tmp_path / name
@@ -50,9 +60,15 @@ def test_shrunk_study_end_to_end_and_resume(tmp_path, name, monkeypatch):
     for file in ("reproduction.md", "reproduction.json", "reproduction.csv"):
         assert (out / file).is_file()
     document = json.loads((out / "reproduction.json").read_text())
-    assert len(document["runs"]) == len(study.arms) and document["claims"]
+    private = [a for a in study.arms if a.defense not in ("fedavg", "fl-top", "fl-basic", "fl-cs", "fl-std")]
+    expected = len(private) * len(study.epsilons) + len(study.arms) - len(private)
+    assert len(document["runs"]) == expected and document["claims"]
     assert all(c["holds"] for c in document["claims"][: len(study.reductions)]), "the reductions are exact"
     assert "## The paper's numbers" in result["markdown"] and "## Claims" in result["markdown"]
+    if name == "fl-top":  # Table 1's bandwidth is arithmetic: every cell must come out of the formula
+        assert "(40 of 40 match)" in result["markdown"] and document["claims"][0]["holds"]
+    if name == "ldp-fl":  # the per-weight ε is never passed off as a per-client guarantee
+        assert any("d·ε" in c["detail"] and c["holds"] is False for c in document["claims"])
 
     import defenses.base
 
@@ -69,3 +85,5 @@ def test_bad_study_and_dataset_are_one_line_errors(tmp_path, capsys):
     assert "--dataset: 'cifar' is not allowed" in capsys.readouterr().err and not (tmp_path / "o").exists()
     assert main(["reproduce", "dp-fedsam", "--quick", "--data-root", str(tmp_path / "none"), "--out", str(tmp_path / "o")]) == 2
     assert not (tmp_path / "o").exists()
+    assert main(["reproduce", "ldp-fl", "--quick", "--dataset", "digits", "--device", "gpu0", "--out", str(tmp_path / "o")]) == 2
+    assert "device: 'gpu0' is not a torch device" in capsys.readouterr().err and not (tmp_path / "o").exists()
