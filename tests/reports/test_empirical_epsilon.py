@@ -76,7 +76,9 @@ def test_gaussian_pair_delta_against_numerical_integration():
 
     for (mp, sp, mq, sq) in ((1.0, 1.0, 0.0, 1.0), (0.5, 1.3, 0.0, 1.0), (0.0, 0.7, 0.2, 1.1)):
         for epsilon in (0.0, 0.5, 2.0):
-            integrand = lambda x: max(0.0, stats.norm.pdf(x, mp, sp) - math.exp(epsilon) * stats.norm.pdf(x, mq, sq))  # noqa: E731
+            def integrand(x, mp=mp, sp=sp, mq=mq, sq=sq, epsilon=epsilon):
+                return max(0.0, stats.norm.pdf(x, mp, sp) - math.exp(epsilon) * stats.norm.pdf(x, mq, sq))
+
             numeric = integrate.quad(integrand, -30, 30, limit=400, points=[mp, mq])[0]
             assert gaussian_pair_delta(epsilon, mp, sp, mq, sq) == pytest.approx(numeric, abs=1e-7)
 
