@@ -72,6 +72,7 @@ class AEDPFL(Defense):
     Params = AEDPFLParams
     private = True
     default_view = "aggregate"
+    update_canaries = False  # agents upload noisy votes, not model updates
 
     def queries(self, test_size: int) -> int:
         return max(1, min(self.params.queries, int(test_size * self.params.public_fraction)))

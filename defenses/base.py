@@ -87,6 +87,9 @@ class Defense:
     private: ClassVar[bool] = False
     #: what an honest-but-curious server observes each round: "uploads" or "aggregate"
     default_view: ClassVar[str] = "uploads"
+    #: whether canary clients with a fixed update can join (update-space audits); False where
+    #: privatisation needs a client's data or the clients upload something other than updates
+    update_canaries: ClassVar[bool] = True
 
     def __init__(self, params: Any = None, layout: ParamLayout | None = None):
         self.params = params if params is not None else self.Params()
@@ -153,6 +156,17 @@ class Defense:
     def privatize(self, updates: torch.Tensor, ctx: RoundContext) -> tuple[torch.Tensor, dict[str, float]]:
         """Turn the C×d matrix of raw client updates into what the clients upload."""
         return updates, {}
+
+    def canary_norm(self, honest_norms: torch.Tensor) -> float:
+        """ℓ2 norm a canary client's update is given: the clip where the defense clips updates
+        (the largest contribution a client can make), else the round's median honest norm."""
+        clip = getattr(self.params, "clip", None)
+        if self.clips_updates and isinstance(clip, int | float) and clip > 0:
+            return float(clip)
+        return float(honest_norms.median()) if len(honest_norms) else 1.0
+
+    #: whether ``params.clip`` bounds each client's update (DP-FedAvg family, DDGauss, FL-TOP-DP)
+    clips_updates: ClassVar[bool] = False
 
     def aggregate(self, uploads: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
         """Combine uploads into the global step direction (length d)."""

@@ -110,6 +110,8 @@ class _BLURMixin:
 
 
 class _LUSMixin:
+    update_canaries = False  # LUS's mask needs each client's data (its gradient at the final local model)
+
     def pre_clip(self, updates: torch.Tensor, ctx: RoundContext) -> tuple[torch.Tensor, torch.Tensor]:
         kept = lus_mask(updates, ctx, self.params.lus_sparsity, self.params.lus_gradient)
         return updates * kept, kept  # noise still goes on every coordinate (noise_on_kept_only = False)

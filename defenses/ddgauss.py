@@ -126,6 +126,7 @@ class DDGauss(Defense):
     Params = DDGaussParams
     private = True
     default_view = "aggregate"
+    clips_updates = True
 
     # ---------------------------------------------------------------- derived quantities
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -123,6 +123,10 @@ class TrainingJob:
     accounting: AccountingSettings = field(default_factory=AccountingSettings)
     record: RecordSpec = field(default_factory=RecordSpec)
     device: str = "cpu"
+    #: canary clients for update-space audits (Andrew et al. 2024): unit-norm directions, one row
+    #: per canary client; each round a canary joins like a client (Poisson at the sampling rate)
+    #: and uploads its direction scaled to :meth:`Defense.canary_norm` instead of training
+    update_canaries: torch.Tensor | None = None
 
 
 @dataclass
@@ -193,6 +197,19 @@ def sample_participants(num_clients: int, training: TrainingConfig, seed: int, r
     return np.sort(rng.choice(num_clients, size=training.round_size(num_clients), replace=False))
 
 
+def sample_canaries(count: int, rate: float, seed: int, round_index: int) -> np.ndarray:
+    """Canary clients joining round ``round_index`` (Poisson at the clients' sampling rate)."""
+    return np.flatnonzero(numpy_rng(seed, "round", round_index, "canaries").random(count) < rate)
+
+
+def initial_vector(model_factory: Callable[[], nn.Module], seed: int) -> tuple[nn.Module, ParamLayout, torch.Tensor]:
+    """The initial global model of a run with this seed (the same draw :meth:`FederatedEngine.run` makes)."""
+    torch.manual_seed(derive_seed(seed, "torch"))  # model init and dropout
+    model = model_factory()
+    layout = ParamLayout.of(model)
+    return model, layout, layout.flatten(parameters_of(model))
+
+
 def _norm_summary(norms: torch.Tensor) -> dict[str, float]:
     values = norms.detach().to(torch.float64).cpu().numpy()
     q = np.quantile(values, [0.0, 0.25, 0.5, 0.75, 1.0])
@@ -258,12 +275,33 @@ class FederatedEngine:
             updates[torch.as_tensor(chunk, device=start.device)] = layout.flatten_stacked(local) - start
         return updates
 
+    def add_canaries(self, updates: torch.Tensor, ctx: RoundContext, row: dict[str, Any]) -> tuple[torch.Tensor, RoundContext]:
+        """Append the canary clients of this round (ids N, N+1, ...) after the real participants.
+
+        A canary uploads its direction scaled to the defense's :meth:`~Defense.canary_norm` and
+        then goes through the same privatisation and aggregation as every client. Canaries join
+        only rounds with at least one real participant (the hooks need a round to exist).
+        """
+        job = self.job
+        directions = job.update_canaries
+        chosen = sample_canaries(len(directions), job.training.sampling_rate(len(job.clients)), job.seed, ctx.round)
+        row["canary_participants"] = int(len(chosen))
+        if not len(chosen):
+            return updates, ctx
+        honest = torch.linalg.vector_norm(updates.to(torch.float64), dim=1)
+        scale = self.defense.canary_norm(honest)
+        rows = directions[torch.as_tensor(chosen, device=directions.device)].to(updates) * scale
+        empty = np.array([], dtype=np.int64)
+        ctx = replace(ctx, participants=np.concatenate([ctx.participants, len(job.clients) + chosen]),
+                      sizes=np.concatenate([ctx.sizes, np.full(len(chosen), max(1, int(np.median(ctx.sizes))))]),
+                      client_data=list(ctx.client_data) + [empty] * len(chosen))
+        return torch.cat([updates, rows]), ctx
+
     def run(self, on_round: Callable[[int, int, dict[str, Any]], None] | None = None) -> TrainingOutcome:
         job, training = self.job, self.job.training
-        torch.manual_seed(derive_seed(job.seed, "torch"))  # model init and dropout
-        model = job.model_factory().to(job.device)
+        model, layout, _ = initial_vector(job.model_factory, job.seed)
+        model = model.to(job.device)
         model.train()
-        layout = ParamLayout.of(model)
         defense = self.defense = self.defense if self.defense.layout is not None else self.defense.bind(layout)
         global_vector = layout.flatten(parameters_of(model))
         defense.prepare(job, model, {n: v.clone() for n, v in layout.unflatten(global_vector).items()})
@@ -284,6 +322,8 @@ class FederatedEngine:
             if len(participants):
                 ctx = self.context(t, participants, model, layout, global_vector, lr)
                 updates = self.local_updates(ctx)
+                if job.update_canaries is not None:
+                    updates, ctx = self.add_canaries(updates, ctx, row)
                 uploads, diagnostics = defense.privatize(updates, ctx)
                 step = defense.aggregate(uploads, ctx)
                 global_vector = global_vector + training.server_lr * step

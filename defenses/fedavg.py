@@ -80,6 +80,7 @@ class DPFedAvg(Defense):
     reference = "McMahan, Ramage, Talwar, Zhang 2018, Learning Differentially Private Recurrent Language Models (Alg. 1)"
     Params = DPFedAvgParams
     private = True
+    clips_updates = True
     #: add noise only where :meth:`pre_clip` kept coordinates (Fed-SMP) instead of everywhere (LUS)
     noise_on_kept_only: ClassVar[bool] = False
 

@@ -173,6 +173,10 @@ class _SubsetFL(Defense):
     def observes(self) -> str:
         return "aggregate" if self.private else "uploads"
 
+    def canary_norm(self, honest_norms: torch.Tensor) -> float:
+        # S, once calibrated on the public batch (the DP variants clip the exchanged vector to S)
+        return float(self._clip) if self.private and self._clip > 0 else super().canary_norm(honest_norms)
+
     def validate(self, training: TrainingConfig, num_clients: int) -> None:
         if training.weight_decay:
             raise UserInputError(f"training.weight_decay: {self.name} freezes coordinates, which weight decay would move; use 0")
