@@ -1,12 +1,21 @@
 """What attacks consume and produce.
 
 A :class:`MembershipExperiment` is N trained runs of one defense configuration over a shared
-pool of candidate units (records here): run r trained on the units with ``keep[r] == True``.
+pool of candidate units — records, or whole clients when the runs include clients at random
+(``membership.unit: client``): run r trained on the units with ``truth(unit)[r] == True``.
 Each run serves in turn as the target, the others as reference runs (leave-one-out, as in
-LiRA's own evaluation), so an attack scores every (target run, unit) pair.
+LiRA's own evaluation), so an attack scores every (target run, unit) pair. Client-level
+scores are the mean of the client's record scores.
 
-An :class:`AttackResult` holds the scores and ground truth of those pairs — member = positive
-class, higher score = more likely member — and the metrics computed from them.
+Two kinds of attack share one registry:
+
+* :class:`MembershipAttack` scores the units of a membership experiment (LiRA, Shokri,
+  threshold attacks, canary queries);
+* :class:`attacks.canary_audit.CanaryAudit` trains its own runs with canaries inserted and
+  turns the canaries' statistics into empirical ε (one-run audit, Gaussian fit).
+
+An :class:`AttackResult` holds the scores and ground truth — member = positive class, higher
+score = more likely member — and the metrics computed from them.
 """
 
 from __future__ import annotations
@@ -14,39 +23,119 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
 from torch import nn
 
+from audit.errors import UserInputError
 from audit.registry import Registry
+from defenses.evaluation import logits_of
 from reports.metrics import (
     Estimate,
     auc,
     balanced_accuracy,
     held_out_epsilon_lower_bound,
+    reference_threshold_accuracy,
     roc_points_for_plot,
     tpr_at_fpr,
 )
+
+UNITS = ("auto", "record", "client")
+
+
+@dataclass(frozen=True)
+class TargetParams:
+    """What every membership attack can be pointed at: the unit and the rounds it scores."""
+
+    unit: Literal["auto", "record", "client"] = field(default="auto", metadata={
+        "help": "score records or whole clients (auto: the membership unit of the runs)"})
+    rounds: Literal["final", "all"] | list[int] = field(default="final", metadata={
+        "min": 1, "help": "global models scored: the final one, every round's, or a list of rounds (the server holds them all)"})
 
 
 @dataclass
 class MembershipExperiment:
     key: str
-    keep: np.ndarray  # bool [runs, units]
+    keep: np.ndarray  # bool [runs, records]
     features: torch.Tensor  # the candidate pool
     labels: torch.Tensor
     kind: str  # "image" or "tabular"
     model: nn.Module  # architecture template (parameters come from the runs)
-    load_params: Callable[[int], dict[str, torch.Tensor]]
+    load_params: Callable[[int], dict[str, torch.Tensor]]  # final global model of run r
     seed: int
     device: str = "cpu"
-    unit: str = "record"
+    unit: str = "record"  # what the runs include at random
+    owners: np.ndarray | None = None  # candidate client of each record (client unit)
+    client_keep: np.ndarray | None = None  # bool [runs, candidate clients] (client unit)
+    load_round: Callable[[int, int], dict[str, torch.Tensor]] | None = None  # run r's global model after round t
+    rounds: int = 0  # training rounds of the runs
+    #: unit → δ at which ε lower bounds are computed (what the claim allows per unit; 0 when unset)
+    deltas: dict[str, float] = field(default_factory=dict)
+    _logits: dict = field(default_factory=dict, repr=False)
 
     @property
     def runs(self) -> int:
         return int(self.keep.shape[0])
+
+    # ---------------------------------------------------------------- units
+
+    def resolve_unit(self, unit: str) -> str:
+        if unit == "auto":
+            return self.unit
+        if unit == "client" and self.owners is None:
+            raise UserInputError("attacks: unit 'client' needs runs that include whole clients; set membership.unit: client")
+        return unit
+
+    def truth(self, unit: str) -> np.ndarray:
+        """bool [runs, units]: was the unit in the run."""
+        return self.keep.astype(bool) if self.resolve_unit(unit) == "record" else self.client_keep.astype(bool)
+
+    def to_unit(self, record_scores: np.ndarray, unit: str) -> np.ndarray:
+        """Record scores [targets, records] → unit scores: a client's is the mean of its records'."""
+        if self.resolve_unit(unit) == "record":
+            return record_scores
+        clients = self.client_keep.shape[1]
+        counts = np.bincount(self.owners, minlength=clients).astype(np.float64)
+        sums = np.zeros((record_scores.shape[0], clients))
+        for row, scores in enumerate(record_scores):
+            sums[row] = np.bincount(self.owners, weights=scores, minlength=clients)
+        return sums / np.maximum(counts, 1.0)
+
+    # ---------------------------------------------------------------- what the server holds
+
+    def round_list(self, rounds: str | list[int]) -> list[int | None]:
+        """Rounds to score (None = the final model)."""
+        if rounds == "final":
+            return [None]
+        if rounds == "all":
+            return list(range(1, self.rounds + 1))
+        return [int(r) if int(r) != self.rounds else None for r in rounds]
+
+    def params_of(self, run: int, round_number: int | None) -> dict[str, torch.Tensor]:
+        if round_number is None:
+            return self.load_params(run)
+        if self.load_round is None:
+            raise UserInputError("attacks: scoring earlier rounds needs the runs' global models; set record.global_rounds")
+        return self.load_round(run, round_number)
+
+    def logits(self, round_number: int | None, views: tuple[str, ...] = ("identity",)) -> np.ndarray:
+        """Logits of every run's global model on the pool: float32 [runs, views, records, classes].
+
+        Cached per (round, views), so LiRA, Shokri and the threshold attacks query each model once.
+        """
+        from attacks.signals import view_inputs
+
+        key = (round_number, views)
+        if key not in self._logits:
+            x = self.features.to(self.device)
+            out = []
+            for r in range(self.runs):
+                params = self.params_of(r, round_number)
+                out.append(torch.stack([logits_of(self.model, params, view) for view in view_inputs(x, views)]).cpu().numpy())
+            self._logits[key] = np.stack(out).astype(np.float32)
+        return self._logits[key]
 
 
 @dataclass
@@ -59,27 +148,34 @@ class AttackResult:
     metrics: dict[str, Estimate] = field(default_factory=dict)
     roc: tuple[list[float], list[float]] = ((), ())
     notes: str = ""
+    #: what the ε figures of this result bound: "lower_bound" (a confidence bound) or "estimate"
+    epsilon_kind: dict[str, str] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
         return f"{self.attack}-{self.variant}" if self.variant else self.attack
 
 
-#: metric name → (description, FPR target or None)
+#: metric name → description
 MEMBERSHIP_METRICS = {
     "auc": "ROC AUC (DeLong 95 % interval)",
     "tpr_at_fpr_0.1%": "largest TPR with FPR ≤ 0.1 % (Clopper–Pearson 95 %)",
     "tpr_at_fpr_1%": "largest TPR with FPR ≤ 1 % (Clopper–Pearson 95 %)",
-    "balanced_accuracy": "best balanced accuracy over thresholds",
+    "balanced_accuracy": "best balanced accuracy over thresholds (optimistic: the threshold sees the truth)",
+    "accuracy": "accuracy at the threshold that is best on the other runs (the target's truth unseen; Clopper–Pearson 95 %)",
     "epsilon_lower_bound": "ε lower bound (one-sided Clopper–Pearson 95 %, threshold chosen on the other half of the targets)",
+    "epsilon_one_run": "ε lower bound of the one-run audit (Steinke, Nasr, Jagielski 2023; 95 %)",
+    "epsilon_gaussian_fit": "ε estimate from Gaussians fitted to inserted and held-out canaries (Andrew et al. 2024; bootstrap 95 %)",
 }
 
 
-def membership_metrics(scores: np.ndarray, truth: np.ndarray, confidence: float = 0.95) -> tuple[dict[str, Estimate], tuple[list[float], list[float]]]:
+def membership_metrics(scores: np.ndarray, truth: np.ndarray, confidence: float = 0.95,
+                       delta: float = 0.0) -> tuple[dict[str, Estimate], tuple[list[float], list[float]]]:
     """Metrics over all (target, unit) pairs pooled, and a ROC curve for plots.
 
     The ε lower bound picks its threshold on the first half of the target runs and counts on
-    the second half, so the bound is not fitted to the data it is computed from.
+    the second half, so the bound is not fitted to the data it is computed from; it is computed
+    at ``delta`` (the δ the claim allows for this unit, :func:`reports.soundness.measurement_delta`).
     """
     flat_scores, flat_truth = scores.ravel(), truth.ravel().astype(bool)
     metrics = {
@@ -88,18 +184,20 @@ def membership_metrics(scores: np.ndarray, truth: np.ndarray, confidence: float 
         "tpr_at_fpr_1%": tpr_at_fpr(flat_scores, flat_truth, 0.01, confidence),
         "balanced_accuracy": Estimate(balanced_accuracy(flat_scores, flat_truth)),
     }
+    if scores.shape[0] >= 2:
+        metrics["accuracy"] = reference_threshold_accuracy(scores, truth, confidence)
     half = scores.shape[0] // 2
     calibration, test = slice(0, half), slice(half, None)
     if half >= 1 and truth[calibration].any() and (~truth[calibration]).any() and truth[test].any() and (~truth[test]).any():
         metrics["epsilon_lower_bound"] = held_out_epsilon_lower_bound(
-            scores[calibration].ravel(), truth[calibration].ravel(), scores[test].ravel(), truth[test].ravel(), confidence)
+            scores[calibration].ravel(), truth[calibration].ravel(), scores[test].ravel(), truth[test].ravel(), confidence, delta)
     else:
         metrics["epsilon_lower_bound"] = Estimate(math.nan)
     return metrics, roc_points_for_plot(flat_scores, flat_truth)
 
 
-class MembershipAttack:
-    """A membership-inference attack over a :class:`MembershipExperiment`."""
+class Attack:
+    """Anything listed under ``attacks:``; see :class:`MembershipAttack` and ``CanaryAudit``."""
 
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
@@ -107,12 +205,51 @@ class MembershipAttack:
     Params: ClassVar[type]
     #: the fewest membership runs the attack can work with (each target needs references)
     min_runs: ClassVar[int] = 2
+    #: "membership" attacks score the membership runs; "canary" audits train runs of their own
+    kind: ClassVar[str] = "membership"
 
-    def __init__(self, params: Any = None):
+    def __init__(self, params: Any = None, label: str | None = None):
         self.params = params if params is not None else self.Params()
+        self.label = label or self.name
+
+    def rounds_needed(self, total_rounds: int) -> str | tuple[int, ...]:
+        """Global models (besides the final one) the runs must store for this attack."""
+        rounds = getattr(self.params, "rounds", "final")
+        if rounds in ("final", "all"):
+            return "none" if rounds == "final" else "all"
+        return tuple(int(r) for r in rounds)
+
+
+class MembershipAttack(Attack):
+    """A membership-inference attack over a :class:`MembershipExperiment`."""
 
     def run(self, experiment: MembershipExperiment, progress: Callable[[int, int], None] | None = None) -> list[AttackResult]:
         raise NotImplementedError
 
+    def result(self, variant: str, experiment: MembershipExperiment, record_scores: np.ndarray, notes: str,
+               records: np.ndarray | None = None) -> AttackResult:
+        """Turn record scores [targets, records] into a result at the attack's unit; ``records``
+        names the columns when only some records were attacked (whole clients, for the client unit)."""
+        unit = experiment.resolve_unit(getattr(self.params, "unit", "auto"))
+        truth = experiment.truth(unit)
+        if records is None:
+            scores = experiment.to_unit(record_scores, unit)
+        else:
+            full = np.full(experiment.keep.shape, np.nan)
+            full[:, records] = record_scores
+            scores = experiment.to_unit(full, unit)
+            covered = ~np.isnan(scores).any(0)
+            scores, truth = scores[:, covered], truth[:, covered]
+        metrics, roc = membership_metrics(scores, truth, delta=experiment.deltas.get(unit, 0.0))
+        return AttackResult(self.label, variant, unit, scores, truth, metrics, roc, notes, {"epsilon_lower_bound": "lower_bound"})
 
-ATTACKS: Registry[type[MembershipAttack]] = Registry("attack")
+
+def rounds_note(experiment: MembershipExperiment, rounds: str | list[int]) -> str:
+    chosen = experiment.round_list(rounds)
+    if chosen == [None]:
+        return "final global model"
+    return f"global models of {len(chosen)} rounds" if rounds == "all" else \
+        "global models of rounds " + ", ".join(str(r or experiment.rounds) for r in chosen)
+
+
+ATTACKS: Registry[type[Attack]] = Registry("attack")

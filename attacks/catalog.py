@@ -1,6 +1,13 @@
 """Importing this module registers every attack in :data:`attacks.base.ATTACKS`."""
 
-from attacks import lira  # noqa: F401  (lira)
+from attacks import (  # noqa: F401  (each module registers its attacks)
+    canary_queries,
+    lira,
+    record_canaries,
+    shokri,
+    threshold,
+    update_canaries,
+)
 from attacks.base import ATTACKS
 
 __all__ = ["ATTACKS"]

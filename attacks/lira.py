@@ -9,8 +9,9 @@ give two samples of φ, modelled as Gaussians N(μ_in, σ_in²) and N(μ_out, σ
 * **offline** (§VI-C): a one-sided test against the out distribution only,
   Λ = (φ − μ_out)/σ_out, monotone in the paper's 1 − Pr[Z > φ], Z ~ N(μ_out, σ_out²).
 
-With several query views (mirror/shift augmentations, §VI-B) each view has its own Gaussians
-and the per-view scores are averaged. Variance is either estimated per example or shared
+With several query views (mirror/shift augmentations, §VI-B; or the global models of several
+rounds, which the federated server holds) each view has its own Gaussians and the per-view
+scores are averaged. Variance is either estimated per example or shared
 across records ("global", the paper's fixed-variance variant, recommended below 64 reference
 runs): the pooled within-record variance of all records.
 
@@ -31,16 +32,17 @@ from attacks.base import (
     AttackResult,
     MembershipAttack,
     MembershipExperiment,
-    membership_metrics,
+    TargetParams,
+    rounds_note,
 )
-from attacks.signals import AUGMENTATIONS, confidence_signals
+from attacks.signals import AUGMENTATIONS, augmentation_views, logit_scaled_confidence
 
 VARIANTS = ("online", "offline")
 _VARIANCE_FLOOR = 1e-8
 
 
 @dataclass(frozen=True)
-class LiRAParams:
+class LiRAParams(TargetParams):
     variants: list[str] = field(default_factory=lambda: ["online", "offline"],
                                 metadata={"choices": VARIANTS, "help": "online (in and out Gaussians) and/or offline (out only)"})
     variance: str = field(default="global", metadata={"choices": ("global", "per-example"),
@@ -82,15 +84,17 @@ class LiRA(MembershipAttack):
     min_runs = 4  # a target needs references both with and without each record
 
     def signals(self, experiment: MembershipExperiment, progress: Callable[[int, int], None] | None = None) -> np.ndarray:
-        """φ for every (run, record, view): float64 [runs, records, views]."""
-        x = experiment.features.to(experiment.device)
-        y = experiment.labels.to(experiment.device)
-        out = []
-        for r in range(experiment.runs):
-            out.append(confidence_signals(experiment.model, experiment.load_params(r), x, y, experiment.kind, self.params.augment))
+        """φ for every (run, record, view): float64 [runs, records, views]; views = rounds × queries."""
+        labels = experiment.labels.numpy()
+        views = augmentation_views(experiment.kind, self.params.augment)
+        rounds = experiment.round_list(self.params.rounds)
+        columns = []
+        for i, round_number in enumerate(rounds):
+            logits = experiment.logits(round_number, views)  # [runs, views, records, classes]
+            columns.append(logit_scaled_confidence(logits, labels).transpose(0, 2, 1))
             if progress is not None:
-                progress(r + 1, experiment.runs)
-        return np.stack(out)
+                progress(i + 1, len(rounds))
+        return np.concatenate(columns, axis=2)
 
     def scores(self, signals: np.ndarray, keep: np.ndarray) -> dict[str, np.ndarray]:
         """Leave-one-out LiRA scores [targets, records] for each variant, from signals [runs, records, views]."""
@@ -123,11 +127,7 @@ class LiRA(MembershipAttack):
 
     def run(self, experiment: MembershipExperiment, progress: Callable[[int, int], None] | None = None) -> list[AttackResult]:
         signals = self.signals(experiment, progress)
-        truth = experiment.keep.astype(bool)
-        results = []
-        for variant, scores in self.scores(signals, truth).items():
-            metrics, roc = membership_metrics(scores, truth)
-            results.append(AttackResult("lira", variant, experiment.unit, scores, truth, metrics, roc,
-                                        notes=f"{experiment.runs - 1} reference runs per target, {self.params.variance} variance, "
-                                              f"queries: {self.params.augment}"))
-        return results
+        notes = (f"{experiment.runs - 1} reference runs per target, {self.params.variance} variance, "
+                 f"queries: {self.params.augment}, {rounds_note(experiment, self.params.rounds)}")
+        return [self.result(variant, experiment, scores, notes)
+                for variant, scores in self.scores(signals, experiment.keep.astype(bool)).items()]

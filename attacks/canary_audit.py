@@ -1,0 +1,133 @@
+"""Canary audits: train a run with canaries inserted at random, then measure ε from how well the
+canaries' statistics tell the inserted ones from the held-out ones.
+
+A :class:`CanaryAudit` says what to insert (:meth:`CanaryAudit.injection`: canary records
+added to clients' data, or canary clients whose update is a fixed direction) and how to read
+a canary's statistic off the trained run (:meth:`CanaryAudit.statistics`). Each canary is
+inserted independently with probability ½; the non-inserted ones are the held-out canaries.
+:func:`canary_result` turns (statistics, inserted) into three figures:
+
+* the one-run audit's ε lower bound (Steinke, Nasr, Jagielski 2023), confidence 95 %;
+* a Clopper–Pearson ε lower bound (95 %) at a threshold chosen on a random half of the
+  canaries and counted on the other half;
+* the Gaussian-fit ε estimate with its bootstrap interval (Andrew et al. 2024).
+
+Canaries from several runs are pooled: each canary sits in one run, so the product of the
+runs is as private towards it as one run is.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+import torch
+
+from attacks.base import Attack, AttackResult, membership_metrics
+from audit.seeding import numpy_rng
+from reports.empirical_epsilon import gaussian_fit_epsilon, one_run_audit
+from reports.metrics import Estimate, held_out_epsilon_lower_bound
+
+if TYPE_CHECKING:
+    from defenses.base import Defense
+    from defenses.engine import TrainingConfig
+    from defenses.flat import ParamLayout
+
+
+@dataclass
+class CanaryContext:
+    """What an audit needs to know about the experiment it audits."""
+
+    key: str
+    defense: Defense
+    training: TrainingConfig
+    pool_x: torch.Tensor
+    pool_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    num_classes: int
+    layout: ParamLayout
+    seed: int
+    delta: float
+    clients: int  # clients of a run
+
+
+@dataclass
+class CanaryInjection:
+    """The canaries of one audit run; only the ``inserted`` ones take part in training."""
+
+    inserted: np.ndarray  # bool [m]
+    records_x: torch.Tensor | None = None  # canary records [m, ...]
+    records_y: torch.Tensor | None = None
+    record_clients: np.ndarray | None = None  # client (position in the run's client list) of each canary record
+    directions: torch.Tensor | None = None  # canary clients' unit update directions [m, d]
+
+
+@dataclass
+class CanaryRun:
+    """A trained audit run, as the audit reads it back."""
+
+    injection: CanaryInjection
+    final: torch.Tensor  # final global model, flat
+    initial: torch.Tensor  # initial global model, flat
+    params: dict[str, torch.Tensor]
+
+
+class CanaryAudit(Attack):
+    kind = "canary"
+    unit: ClassVar[str] = "record"  # what one canary stands for
+
+    def not_applicable(self, defense: Defense) -> str | None:
+        """Why this audit cannot run on ``defense`` (None when it can)."""
+        return None
+
+    def injection(self, context: CanaryContext, run: int) -> CanaryInjection:
+        raise NotImplementedError
+
+    def statistics(self, context: CanaryContext, run: CanaryRun, model: torch.nn.Module) -> np.ndarray:
+        """One number per canary, higher = more likely inserted."""
+        raise NotImplementedError
+
+    def inclusion(self, context: CanaryContext, run: int, count: int) -> np.ndarray:
+        return numpy_rng(context.seed, "canaries", self.label, run, "inserted").random(count) < 0.5
+
+    def evaluate(self, context: CanaryContext, runs: list[CanaryRun], model: torch.nn.Module) -> AttackResult:
+        statistics = np.stack([self.statistics(context, run, model) for run in runs])
+        inserted = np.stack([run.injection.inserted for run in runs])
+        return canary_result(self.label, self.unit, statistics, inserted, context.delta, context.seed, self.describe(runs))
+
+    def describe(self, runs: list[CanaryRun]) -> str:
+        m = sum(len(r.injection.inserted) for r in runs)
+        inside = sum(int(r.injection.inserted.sum()) for r in runs)
+        return f"{m} canaries over {len(runs)} run(s), {inside} inserted"
+
+
+def canary_result(attack: str, unit: str, statistics: np.ndarray, inserted: np.ndarray, delta: float, seed: int,
+                  notes: str, confidence: float = 0.95) -> AttackResult:
+    """Metrics and the three ε figures of a canary audit; statistics/inserted are [runs, canaries]."""
+    flat, truth = statistics.ravel().astype(np.float64), inserted.ravel().astype(bool)
+    if not np.isfinite(flat).all():
+        flat = np.nan_to_num(flat, nan=0.0, posinf=1e300, neginf=-1e300)
+    metrics: dict[str, Estimate] = {}
+    roc: tuple[list[float], list[float]] = ([], [])
+    both = truth.any() and (~truth).any()
+    if both:
+        metrics, roc = membership_metrics(flat[None, :], truth[None, :], confidence)
+        metrics.pop("accuracy", None)
+        audit = one_run_audit(flat, truth, delta=delta, alpha=1 - confidence)
+        metrics["epsilon_one_run"] = audit.as_estimate()
+        notes += f"; one-run audit: {audit.correct} of {audit.guesses} guesses right"
+        half = numpy_rng(seed, "canaries", attack, "split").random(len(flat)) < 0.5
+        if truth[half].any() and (~truth[half]).any() and truth[~half].any() and (~truth[~half]).any():
+            metrics["epsilon_lower_bound"] = held_out_epsilon_lower_bound(flat[half], truth[half], flat[~half], truth[~half],
+                                                                          confidence, delta)
+        else:
+            metrics["epsilon_lower_bound"] = Estimate(math.nan)
+        if truth.sum() >= 2 and (~truth).sum() >= 2:
+            metrics["epsilon_gaussian_fit"] = gaussian_fit_epsilon(flat[truth], flat[~truth], delta, confidence, seed=seed)
+    kinds = {"epsilon_one_run": "lower_bound", "epsilon_lower_bound": "lower_bound", "epsilon_gaussian_fit": "estimate"}
+    return AttackResult(attack, "", unit, statistics, inserted.astype(bool), metrics, roc, notes,
+                        {k: v for k, v in kinds.items() if k in metrics})
+
