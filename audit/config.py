@@ -62,12 +62,15 @@ class DefenseEntry:
 class MembershipConfig:
     runs: int = field(default=16, metadata={"min": 2, "help": "runs N; each includes every pool record with probability `inclusion`"})
     inclusion: float = field(default=0.5, metadata={"min": 0.0, "max": 1.0, "min_exclusive": True, "max_exclusive": True})
+    unit: Literal["auto", "record", "client"] = field(default="auto", metadata={
+        "help": "what a run includes at random: records, or whole clients (auto: client when a defense claims client-level DP)"})
 
 
 @dataclass(frozen=True)
 class AttackEntry:
     name: str = field(metadata={"help": "registry name (see `dpfl-audit list`)"})
     params: dict = field(default_factory=dict)
+    label: str | None = field(default=None, metadata={"help": "name in the report (default: the attack's name)"})
 
 
 @dataclass(frozen=True)
@@ -107,7 +110,8 @@ def _default_defenses() -> list[DefenseEntry]:
 
 
 def _default_attacks() -> list[AttackEntry]:
-    return [AttackEntry("lira")]
+    return [AttackEntry("lira"), AttackEntry("shokri"), AttackEntry("loss-threshold"), AttackEntry("record-canaries"),
+            AttackEntry("client-canaries")]
 
 
 @dataclass(frozen=True)

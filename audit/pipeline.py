@@ -23,7 +23,8 @@ from tqdm import tqdm
 
 import attacks.catalog  # noqa: F401  (registers the attacks)
 import defenses.catalog  # noqa: F401  (registers the defenses)
-from attacks.base import ATTACKS, AttackResult, MembershipAttack, MembershipExperiment
+from attacks.base import ATTACKS, Attack, AttackResult, MembershipExperiment
+from attacks.canary_audit import CanaryAudit, CanaryContext, CanaryRun
 from audit import __version__, provenance
 from audit.atomic import write_json, write_text
 from audit.config import AuditConfig, config_to_yaml, merge
@@ -31,12 +32,13 @@ from audit.errors import UserInputError
 from audit.schema import from_mapping, to_mapping
 from audit.seeding import derive_seed, numpy_rng
 from audit.store import RunStore
-from audit.tasks import Task, build_task, keep_matrix, run_clients
+from audit.tasks import Membership, Task, build_task, client_membership, record_membership
 from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
-from defenses.engine import RecordSpec, TrainingConfig, TrainingJob
+from defenses.engine import RecordSpec, TrainingConfig, TrainingJob, initial_vector
 from defenses.flat import ParamLayout
+from reports.soundness import measurement_delta
 
-STORE_FORMAT = 1  # bump when a change makes stored runs incompatible
+STORE_FORMAT = 2  # bump when a change makes stored runs incompatible
 
 
 @dataclass
@@ -57,12 +59,31 @@ class Plan:
     config: AuditConfig
     task: Task
     experiments: list[Experiment]
-    attacks: list[MembershipAttack]
-    keep: np.ndarray
-    clients: list[list[np.ndarray]]
+    attacks: list[Attack]
+    membership: Membership
     accounting: AccountingSettings
     record: RecordSpec
     run_ids: dict[str, list[str]] = field(default_factory=dict)
+    #: (experiment key, audit label) → the audit's own runs
+    canary_ids: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+    #: experiment key → [{"attack", "reason"}] for audits that cannot run on that defense
+    skipped: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+
+    @property
+    def keep(self) -> np.ndarray:
+        return self.membership.keep
+
+    @property
+    def clients(self) -> list[list[np.ndarray]]:
+        return self.membership.clients
+
+    @property
+    def membership_attacks(self) -> list[Attack]:
+        return [a for a in self.attacks if a.kind == "membership"]
+
+    @property
+    def canary_audits(self) -> list[CanaryAudit]:
+        return [a for a in self.attacks if isinstance(a, CanaryAudit)]
 
 
 def _format_epsilon(value: float) -> str:
@@ -76,11 +97,25 @@ def _defense_class(name: str, field_path: str) -> type[Defense]:
     return entry
 
 
-def _record_spec(config: AuditConfig) -> RecordSpec:
+def _union_rounds(first: str | tuple[int, ...], second: str | tuple[int, ...]) -> str | tuple[int, ...]:
+    """Rounds stored for either request ("final" adds nothing: the final model is always stored)."""
+    if "all" in (first, second):
+        return "all"
+    listed = sorted({int(r) for r in (first, second) if isinstance(r, tuple) for r in r})
+    if listed:
+        return tuple(listed)
+    return "final" if "final" in (first, second) else "none"
+
+
+def _record_spec(config: AuditConfig, attacks: list[Attack]) -> RecordSpec:
+    """What the runs store: the config's ``record`` plus the global models the attacks score."""
     def norm(value):
         return tuple(value) if isinstance(value, list) else value
 
-    return RecordSpec(norm(config.record.global_rounds), norm(config.record.upload_rounds), norm(config.record.upload_clients))
+    global_rounds = norm(config.record.global_rounds)
+    for attack in attacks:
+        global_rounds = _union_rounds(global_rounds, attack.rounds_needed(config.training.rounds))
+    return RecordSpec(global_rounds, norm(config.record.upload_rounds), norm(config.record.upload_clients))
 
 
 def check_device(device: str) -> None:
@@ -94,7 +129,7 @@ def check_device(device: str) -> None:
         raise UserInputError(f"device: '{device}' requested but MPS is not available; use cpu")
 
 
-def resolve_entries(config: AuditConfig) -> tuple[list[tuple], list[MembershipAttack]]:
+def resolve_entries(config: AuditConfig) -> tuple[list[tuple], list[Attack]]:
     """Check every defense and attack entry (names, hyper-parameters, training overrides) without data."""
     check_device(config.device)
     defense_specs = []
@@ -105,12 +140,15 @@ def resolve_entries(config: AuditConfig) -> tuple[list[tuple], list[MembershipAt
         if entry.epsilons and not cls.private:
             raise UserInputError(f"defenses[{i}].epsilons: '{entry.name}' is not a DP defense; remove 'epsilons'")
         defense_specs.append((i, entry, cls, params, training))
-    attack_list = []
+    attack_list: list[Attack] = []
     for i, entry in enumerate(config.attacks):
         cls = ATTACKS.get(entry.name, f"attacks[{i}].name")
-        if config.membership.runs < cls.min_runs:
+        if cls.kind == "membership" and config.membership.runs < cls.min_runs:
             raise UserInputError(f"membership.runs: attack '{entry.name}' needs at least {cls.min_runs} runs, got {config.membership.runs}")
-        attack_list.append(cls(from_mapping(cls.Params, entry.params, f"attacks[{i}].params")))
+        attack = cls(from_mapping(cls.Params, entry.params, f"attacks[{i}].params"), entry.label)
+        if attack.label in {a.label for a in attack_list}:
+            raise UserInputError(f"attacks[{i}].label: two attacks are named '{attack.label}'; give one a different label")
+        attack_list.append(attack)
     if not config.defenses:
         raise UserInputError("defenses: the list is empty; name at least one defense")
     return defense_specs, attack_list
@@ -122,9 +160,6 @@ def plan_audit(config: AuditConfig) -> Plan:
     defense_specs, attack_list = resolve_entries(config)
 
     task = build_task(config)
-    keep = keep_matrix(len(task.pool), config.membership, config.seed)
-    pool_labels = task.pool.labels.numpy()
-    clients = [run_clients(pool_labels, keep[r], config.partition, config.seed, r) for r in range(config.membership.runs)]
     num_clients = config.partition.clients
     layout = ParamLayout.of(task.model_factory())
 
@@ -146,7 +181,26 @@ def plan_audit(config: AuditConfig) -> Plan:
                 label = f"{label} (ε={_format_epsilon(target)})"
             claim = defense.privacy_claim(training, num_clients, training.rounds, entry.delta, accounting)
             experiments.append(Experiment(key, label, defense, training, entry.delta, target, claim))
-    return Plan(config, task, experiments, attack_list, keep, clients, accounting, _record_spec(config))
+    unit = config.membership.unit
+    if unit == "auto":  # audit whole clients when a defense protects whole clients
+        unit = "client" if any(e.claim.unit == "client" for e in experiments) else "record"
+    _check_attack_targets(attack_list, unit, experiments)
+    build = client_membership if unit == "client" else record_membership
+    membership = build(task.pool.labels.numpy(), config.membership, config.partition, config.seed)
+    return Plan(config, task, experiments, attack_list, membership, accounting, _record_spec(config, attack_list))
+
+
+def _check_attack_targets(attacks: list[Attack], unit: str, experiments: list[Experiment]) -> None:
+    for i, attack in enumerate(attacks):
+        if getattr(attack.params, "unit", None) == "client" and unit != "client":
+            raise UserInputError(f"attacks[{i}].params.unit: 'client' needs runs that include whole clients; "
+                                 "set membership.unit: client")
+        rounds = getattr(attack.params, "rounds", "final")
+        if isinstance(rounds, list):
+            for experiment in experiments:
+                if max(rounds) > experiment.training.rounds:
+                    raise UserInputError(f"attacks[{i}].params.rounds: round {max(rounds)} exceeds the "
+                                         f"{experiment.training.rounds} rounds of '{experiment.label}'")
 
 
 def run_id(plan: Plan, experiment: Experiment, run_index: int) -> str:
@@ -164,13 +218,29 @@ def run_id(plan: Plan, experiment: Experiment, run_index: int) -> str:
         "params": to_mapping(asdict(experiment.defense.params)),
         "delta": experiment.delta,
         "accounting": asdict(plan.accounting),
-        "record": to_mapping(config.record),
+        "record": asdict(plan.record),
         "run": run_index,
         "keep": hashlib.sha256(np.packbits(plan.keep[run_index]).tobytes()).hexdigest(),
+        "clients": _clients_digest(plan.clients[run_index]),
         "device": config.device,
     }
     digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True, default=str).encode()).hexdigest()[:12]
     return f"{experiment.key}-r{run_index:03d}-{digest}"
+
+
+def _clients_digest(clients: list[np.ndarray]) -> str:
+    digest = hashlib.sha256()
+    for part in clients:
+        digest.update(np.asarray(part, dtype=np.int64).tobytes() + b"|")
+    return digest.hexdigest()
+
+
+def canary_run_id(plan: Plan, experiment: Experiment, audit: CanaryAudit, index: int) -> str:
+    base = run_id(plan, experiment, index % plan.config.membership.runs)
+    fingerprint = {"base": base, "audit": audit.name, "label": audit.label, "params": to_mapping(asdict(audit.params)),
+                   "index": index}
+    digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return f"{experiment.key}-{audit.label}-c{index:03d}-{digest}"
 
 
 def _bar(total: int, desc: str, quiet: bool) -> tqdm:
@@ -178,12 +248,59 @@ def _bar(total: int, desc: str, quiet: bool) -> tqdm:
                 mininterval=0.5, bar_format="{desc}: {n_fmt}/{total_fmt} |{bar}| {elapsed}<{remaining}{postfix}")
 
 
+def _manifest(plan: Plan, experiment: Experiment, rid: str, run_index: int, job: TrainingJob, outcome, seconds: float,
+              members: np.ndarray) -> dict[str, Any]:
+    last = outcome.metrics[-1] if outcome.metrics else {}
+    return {
+        "run_id": rid,
+        "experiment": experiment.key,
+        "label": experiment.label,
+        "run_index": run_index,
+        "config_seed": plan.config.seed,
+        "run_seed": job.seed,
+        "dataset": plan.config.dataset.name,
+        "model": plan.config.model.name,
+        "defense": {"name": experiment.defense.name, "params": to_mapping(asdict(experiment.defense.params))},
+        "training": to_mapping(experiment.training),
+        "target_epsilon": experiment.target_epsilon,
+        "claim": outcome.claim.as_dict(),
+        "membership_unit": plan.membership.unit,
+        "members": int(len(members)),
+        "client_sizes": [int(len(c)) for c in job.clients],
+        "utility": {"test_accuracy": last.get("test_accuracy"), "test_loss": last.get("test_loss")},
+        "layout": {"names": list(outcome.layout.names), "shapes": [list(s) for s in outcome.layout.shapes]},
+        "server_view": {"observes": experiment.defense.observes},
+        "timings": {"train_seconds": seconds},
+        "versions": provenance.versions(),
+    }
+
+
+def _train_one(plan: Plan, store: RunStore, experiment: Experiment, rid: str, run_index: int, job: TrainingJob,
+               members: np.ndarray, extra: dict[str, Any] | None = None) -> float | None:
+    """Train and store one run; returns its final test accuracy."""
+    started = time.perf_counter()
+    outcome = experiment.defense.train(job)
+    manifest = _manifest(plan, experiment, rid, run_index, job, outcome, time.perf_counter() - started, members)
+    manifest.update(extra or {})
+    store.save_run(rid, manifest, outcome.final_params, members, outcome.metrics, outcome.server_view, outcome.global_models)
+    return manifest["utility"]["test_accuracy"]
+
+
+def _job(plan: Plan, experiment: Experiment, clients: list[np.ndarray], seed: int, pool_x=None, pool_y=None,
+         update_canaries: torch.Tensor | None = None) -> TrainingJob:
+    task, device = plan.task, plan.config.device
+    pool_x = task.pool.features if pool_x is None else pool_x
+    pool_y = task.pool.labels if pool_y is None else pool_y
+    return TrainingJob(task.model_factory, pool_x.to(device), pool_y.to(device), clients, task.test.features.to(device),
+                       task.test.labels.to(device), experiment.training, seed=seed, delta=experiment.delta,
+                       accounting=plan.accounting, record=plan.record, device=device,
+                       update_canaries=None if update_canaries is None else update_canaries.to(device))
+
+
 def train_runs(plan: Plan, store: RunStore, quiet: bool = False) -> dict[str, float]:
-    """Train every run of every experiment not yet in the store; returns seconds per experiment."""
-    config, task = plan.config, plan.task
-    device = config.device
-    pool_x, pool_y = task.pool.features.to(device), task.pool.labels.to(device)
-    test_x, test_y = task.test.features.to(device), task.test.labels.to(device)
+    """Train every run of every experiment not yet in the store — the membership runs, then each
+    canary audit's own runs; returns seconds per experiment."""
+    config = plan.config
     timings: dict[str, float] = {}
     for experiment in plan.experiments:
         ids = [run_id(plan, experiment, r) for r in range(config.membership.runs)]
@@ -193,60 +310,118 @@ def train_runs(plan: Plan, store: RunStore, quiet: bool = False) -> dict[str, fl
         for r, rid in enumerate(ids):
             if store.is_complete(rid):
                 bar.set_postfix_str("resumed", refresh=False)
-                bar.update(1)
-                continue
-            job = TrainingJob(task.model_factory, pool_x, pool_y, plan.clients[r], test_x, test_y, experiment.training,
-                              seed=derive_seed(config.seed, "run", r), delta=experiment.delta,
-                              accounting=plan.accounting, record=plan.record, device=device)
-            run_started = time.perf_counter()
-            outcome = experiment.defense.train(job)
-            seconds = time.perf_counter() - run_started
-            last = outcome.metrics[-1] if outcome.metrics else {}
-            manifest = {
-                "run_id": rid,
-                "experiment": experiment.key,
-                "label": experiment.label,
-                "run_index": r,
-                "config_seed": config.seed,
-                "run_seed": job.seed,
-                "dataset": config.dataset.name,
-                "model": config.model.name,
-                "defense": {"name": experiment.defense.name, "params": to_mapping(asdict(experiment.defense.params))},
-                "training": to_mapping(experiment.training),
-                "target_epsilon": experiment.target_epsilon,
-                "claim": outcome.claim.as_dict(),
-                "members": int(plan.keep[r].sum()),
-                "client_sizes": [int(len(c)) for c in plan.clients[r]],
-                "utility": {"test_accuracy": last.get("test_accuracy"), "test_loss": last.get("test_loss")},
-                "layout": {"names": list(outcome.layout.names), "shapes": [list(s) for s in outcome.layout.shapes]},
-                "server_view": {"observes": experiment.defense.observes},
-                "timings": {"train_seconds": seconds},
-                "versions": provenance.versions(),
-            }
-            store.save_run(rid, manifest, outcome.final_params, np.flatnonzero(plan.keep[r]), outcome.metrics,
-                           outcome.server_view, outcome.global_models)
-            accuracy = last.get("test_accuracy")
-            bar.set_postfix_str(f"acc {accuracy:.3f}" if isinstance(accuracy, float) else "", refresh=False)
+            else:
+                job = _job(plan, experiment, plan.clients[r], derive_seed(config.seed, "run", r))
+                accuracy = _train_one(plan, store, experiment, rid, r, job, np.flatnonzero(plan.keep[r]))
+                bar.set_postfix_str(f"acc {accuracy:.3f}" if isinstance(accuracy, float) else "", refresh=False)
             bar.update(1)
         bar.close()
+        for audit in plan.canary_audits:
+            train_canary_runs(plan, store, experiment, audit, quiet)
         timings[experiment.key] = time.perf_counter() - started
     return timings
+
+
+def trained_claim(plan: Plan, store: RunStore, experiment: Experiment) -> dict[str, Any]:
+    """The claim of the trained runs (some depend on the run's clients, e.g. NbAFL's smallest client)."""
+    ids = plan.run_ids.get(experiment.key)
+    return store.load_manifest(ids[0])["claim"] if ids else experiment.claim.as_dict()
+
+
+def canary_context(plan: Plan, experiment: Experiment, delta: float | None = None) -> CanaryContext:
+    task = plan.task
+    return CanaryContext(experiment.key, experiment.defense, experiment.training, task.pool.features, task.pool.labels,
+                         task.test.features, task.test.labels, task.dataset.num_classes, ParamLayout.of(task.model_factory()),
+                         plan.config.seed, experiment.delta if delta is None else delta, plan.config.partition.clients)
+
+
+def train_canary_runs(plan: Plan, store: RunStore, experiment: Experiment, audit: CanaryAudit, quiet: bool = False) -> None:
+    """An audit's runs: membership run i's clients plus the inserted canaries (records joined to
+    clients' data, or canary clients), with a seed of their own."""
+    reason = audit.not_applicable(experiment.defense)
+    if reason is not None:
+        plan.skipped.setdefault(experiment.key, []).append({"attack": audit.label, "reason": reason})
+        return
+    context = canary_context(plan, experiment)
+    ids = [canary_run_id(plan, experiment, audit, i) for i in range(audit.params.runs)]
+    plan.canary_ids[(experiment.key, audit.label)] = ids
+    bar = _bar(len(ids), f"{audit.label} {experiment.label}", quiet)
+    for i, rid in enumerate(ids):
+        if not store.is_complete(rid):
+            injection = audit.injection(context, i)
+            chosen = np.flatnonzero(injection.inserted)
+            base = plan.clients[i % plan.config.membership.runs]
+            clients = [np.asarray(c).copy() for c in base]
+            pool_x, pool_y = plan.task.pool.features, plan.task.pool.labels
+            if injection.records_x is not None:
+                extra = len(pool_y) + np.arange(len(chosen))
+                pool_x = torch.cat([pool_x, injection.records_x[torch.as_tensor(chosen)]])
+                pool_y = torch.cat([pool_y, injection.records_y[torch.as_tensor(chosen)]])
+                for client, index in zip(injection.record_clients[chosen], extra):
+                    clients[int(client)] = np.append(clients[int(client)], index)
+            directions = None if injection.directions is None else injection.directions[torch.as_tensor(chosen)]
+            job = _job(plan, experiment, clients, derive_seed(plan.config.seed, "canary-run", audit.label, i), pool_x, pool_y,
+                       directions)
+            members = np.concatenate([np.asarray(c) for c in base]) if base else np.array([], dtype=np.int64)
+            _train_one(plan, store, experiment, rid, i, job, np.sort(members),
+                       {"canaries": {"audit": audit.label, "kind": audit.name, "index": i, "count": int(len(injection.inserted)),
+                                     "inserted": chosen.tolist()}})
+        bar.update(1)
+    bar.close()
+
+
+def evaluate_canaries(plan: Plan, store: RunStore, experiment: Experiment, audit: CanaryAudit) -> AttackResult | None:
+    ids = plan.canary_ids.get((experiment.key, audit.label))
+    if not ids:
+        return None
+    device = plan.config.device
+    delta = measurement_delta(trained_claim(plan, store, experiment), audit.unit, experiment.delta)
+    context = canary_context(plan, experiment, delta)
+    model = plan.task.model_factory().to(device)
+    runs = []
+    for i, rid in enumerate(ids):
+        params = store.load_params(rid, device=device)
+        _, layout, initial = initial_vector(plan.task.model_factory, derive_seed(plan.config.seed, "canary-run", audit.label, i))
+        runs.append(CanaryRun(audit.injection(context, i), layout.flatten(params).cpu(), initial, params))
+    return audit.evaluate(context, runs, model)
 
 
 def membership_experiment(plan: Plan, store: RunStore, experiment: Experiment) -> MembershipExperiment:
     ids = plan.run_ids[experiment.key]
     device = plan.config.device
+    model = plan.task.model_factory().to(device)
+    layout = ParamLayout.of(model)
+    membership = plan.membership
+    claim = trained_claim(plan, store, experiment)
+
+    def load_round(r: int, round_number: int) -> dict[str, torch.Tensor]:
+        return layout.unflatten(store.load_tensor(ids[r], "global_models", f"round_{round_number:04d}", device))
+
     return MembershipExperiment(
         key=experiment.key,
-        keep=plan.keep,
+        keep=membership.keep,
         features=plan.task.pool.features,
         labels=plan.task.pool.labels,
         kind=plan.task.kind,
-        model=plan.task.model_factory().to(device),
+        model=model,
         load_params=lambda r: store.load_params(ids[r], device=device),
         seed=derive_seed(plan.config.seed, "attack", experiment.key),
         device=device,
+        unit=membership.unit,
+        owners=membership.owners,
+        client_keep=membership.client_keep,
+        load_round=load_round,
+        rounds=experiment.training.rounds,
+        deltas={unit: measurement_delta(claim, unit, experiment.delta) for unit in ("record", "client")},
     )
+
+
+def _save_scores(out: Path, experiment: Experiment, result: AttackResult) -> None:
+    folder = out / "attacks" / experiment.key
+    folder.mkdir(parents=True, exist_ok=True)
+    temporary = folder / f".{result.name}.tmp.npz"
+    np.savez_compressed(temporary, scores=result.scores, truth=result.truth)
+    temporary.replace(folder / f"{result.name}.npz")
 
 
 def attack_runs(plan: Plan, store: RunStore, out: Path, quiet: bool = False) -> tuple[dict[str, list[AttackResult]], dict[str, float]]:
@@ -258,22 +433,23 @@ def attack_runs(plan: Plan, store: RunStore, out: Path, quiet: bool = False) -> 
         results[experiment.key] = []
         for attack in plan.attacks:
             started = time.perf_counter()
-            bar = _bar(target.runs, f"{attack.name} {experiment.label}", quiet)
+            if isinstance(attack, CanaryAudit):
+                result = evaluate_canaries(plan, store, experiment, attack)
+                produced = [] if result is None else [result]
+            else:
+                bar = _bar(target.runs, f"{attack.label} {experiment.label}", quiet)
 
-            def progress(done: int, total: int, bar: tqdm = bar) -> None:
-                bar.n = done
-                bar.refresh()
+                def progress(done: int, total: int, bar: tqdm = bar) -> None:
+                    bar.total = total
+                    bar.n = done
+                    bar.refresh()
 
-            produced = attack.run(target, progress)
-            bar.close()
+                produced = attack.run(target, progress)
+                bar.close()
             for result in produced:
-                folder = out / "attacks" / experiment.key
-                folder.mkdir(parents=True, exist_ok=True)
-                temporary = folder / f".{result.name}.tmp.npz"
-                np.savez_compressed(temporary, scores=result.scores, truth=result.truth)
-                temporary.replace(folder / f"{result.name}.npz")
+                _save_scores(out, experiment, result)
             results[experiment.key].extend(produced)
-            timings[f"{experiment.key}/{attack.name}"] = time.perf_counter() - started
+            timings[f"{experiment.key}/{attack.label}"] = time.perf_counter() - started
     return results, timings
 
 

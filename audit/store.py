@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from audit.atomic import dumps
@@ -96,6 +97,11 @@ class RunStore:
     def load_tensors(self, run_id: str, name: str) -> dict[str, torch.Tensor]:
         path = self.path(run_id) / f"{name}.safetensors"
         return load_file(str(path)) if path.is_file() else {}
+
+    def load_tensor(self, run_id: str, name: str, key: str, device: str = "cpu") -> torch.Tensor:
+        """One tensor of a stored file, read without loading the others (e.g. one round's global model)."""
+        with safe_open(str(self.path(run_id) / f"{name}.safetensors"), framework="pt", device=device) as handle:
+            return handle.get_tensor(key)
 
     def clean_staging(self) -> None:
         """Remove directories left by killed runs."""

@@ -20,6 +20,7 @@ from audit.schema import to_mapping
 from audit.store import RunStore
 from defenses.accounting import dp_accounting_version
 from reports.results import SCHEMA_VERSION, rows_from_results
+from reports.soundness import attack_verdicts, experiment_sentence, experiment_verdict
 
 if TYPE_CHECKING:
     from audit.pipeline import Plan
@@ -60,8 +61,20 @@ def _attack_entry(result: AttackResult) -> dict[str, Any]:
         "unit": result.unit,
         "notes": result.notes,
         "metrics": {name: {"value": e.value, "ci_low": e.low, "ci_high": e.high} for name, e in result.metrics.items()},
+        "epsilon_kind": dict(result.epsilon_kind),
         "roc": {"fpr": list(result.roc[0]), "tpr": list(result.roc[1])},
     }
+
+
+def _with_verdicts(claim: dict[str, Any], attacks: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str, str]:
+    """Each attack entry gets its verdicts (reports.soundness); the experiment its overall status
+    and the sentence behind it."""
+    everything, names = [], []
+    for entry in attacks:
+        entry["verdicts"] = attack_verdicts(claim, entry)
+        everything += entry["verdicts"]
+        names += [entry["attack"]] * len(entry["verdicts"])
+    return attacks, experiment_verdict(everything), experiment_sentence(everything, names)
 
 
 def _mean_curves(entries: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, list[float]]:
@@ -109,12 +122,16 @@ def diagnostics_summary(manifests: list[dict], metrics: list[list[dict]], landsc
 
 def build_results(plan: Plan, store: RunStore, attack_results: dict[str, list[AttackResult]],
                   landscape: dict[str, list[dict]] | None = None) -> dict[str, Any]:
+    from audit.pipeline import trained_claim
+
     config, task = plan.config, plan.task
     experiments = []
     for experiment in plan.experiments:
         ids = plan.run_ids[experiment.key]
         manifests = [store.load_manifest(rid) for rid in ids]
         metrics = [store.load_metrics(rid) for rid in ids]
+        claim = trained_claim(plan, store, experiment)
+        attacks, soundness, soundness_text = _with_verdicts(claim, [_attack_entry(r) for r in attack_results.get(experiment.key, [])])
         experiments.append({
             "key": experiment.key,
             "label": experiment.label,
@@ -123,8 +140,7 @@ def build_results(plan: Plan, store: RunStore, attack_results: dict[str, list[At
             "params": to_mapping(asdict(experiment.defense.params)),
             "training": to_mapping(experiment.training),
             "target_epsilon": experiment.target_epsilon,
-            # the trained run's claim: some depend on the run's clients (e.g. NbAFL's smallest client)
-            "claim": manifests[0]["claim"] if manifests else experiment.claim.as_dict(),
+            "claim": claim,
             "server_view": experiment.defense.observes,
             "utility": {
                 "test_accuracy": mean_interval([m["utility"]["test_accuracy"] for m in manifests]),
@@ -132,8 +148,12 @@ def build_results(plan: Plan, store: RunStore, attack_results: dict[str, list[At
             },
             "rounds": _round_curves(metrics),
             "diagnostics": diagnostics_summary(manifests, metrics, (landscape or {}).get(experiment.key, [])),
-            "attacks": [_attack_entry(r) for r in attack_results.get(experiment.key, [])],
+            "attacks": attacks,
+            "soundness": soundness,
+            "soundness_text": soundness_text,
+            "skipped_attacks": plan.skipped.get(experiment.key, []),
             "runs": ids,
+            "canary_runs": {label: runs for (key, label), runs in plan.canary_ids.items() if key == experiment.key},
         })
     model = task.model_factory()
     document = {
@@ -152,6 +172,7 @@ def build_results(plan: Plan, store: RunStore, attack_results: dict[str, list[At
             "model": config.model.name,
             "model_parameters": sum(p.numel() for p in model.parameters()),
             "membership_runs": config.membership.runs,
+            "membership_unit": plan.membership.unit,
             "accounting": asdict(plan.accounting),
             "metric_definitions": MEMBERSHIP_METRICS,
         },

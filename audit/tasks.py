@@ -2,10 +2,16 @@
 
 * The pool is the dataset's training split (or, without an official test split, the part not
   held out); it is the set of candidate units of the membership experiment.
-* Membership: run r includes each pool record independently with probability ``inclusion``
-  (``keep[r, i]``), as DESIGN.md prescribes, and partitions its included records into the
-  configured clients. Keep matrix and partitions derive from the config seed, so every defense
-  of an audit trains on the same runs — comparisons between defenses are paired.
+* Membership by **record**: run r includes each pool record independently with probability
+  ``inclusion`` (``keep[r, i]``), as DESIGN.md prescribes, and partitions its included records
+  into the configured clients.
+* Membership by **client** (for client-level DP): the pool is partitioned once into
+  C = round(N / inclusion) candidate clients; run r trains on a uniformly random N of them
+  (``client_keep[r, c]``), so each candidate is in a run with probability N/C and a record is
+  in exactly when its client is. The attacks then ask "was this client in the run?".
+
+Keep matrices and partitions derive from the config seed, so every defense of an audit trains
+on the same runs — comparisons between defenses are paired.
 """
 
 from __future__ import annotations
@@ -73,6 +79,43 @@ def keep_matrix(pool_size: int, membership: MembershipConfig, seed: int) -> np.n
     """keep[r, i]: run r trains on pool record i; independent Bernoulli(inclusion) entries."""
     rng = numpy_rng(seed, "membership", "keep")
     return rng.random((membership.runs, pool_size)) < membership.inclusion
+
+
+@dataclass
+class Membership:
+    """Who trains in which membership run."""
+
+    unit: str  # "record" or "client"
+    keep: np.ndarray  # bool [runs, pool records]
+    clients: list[list[np.ndarray]]  # per run, the pool indices of each of its clients
+    owners: np.ndarray | None = None  # candidate client of each pool record (client unit)
+    client_keep: np.ndarray | None = None  # bool [runs, candidate clients] (client unit)
+
+    def truth(self, unit: str) -> np.ndarray:
+        """Membership of every unit in every run: bool [runs, records or candidate clients]."""
+        return self.keep if unit == "record" else self.client_keep
+
+
+def client_membership(pool_labels: np.ndarray, membership: MembershipConfig, spec: PartitionConfig, seed: int) -> Membership:
+    """Candidate clients fixed once; each run trains on a random ``spec.clients`` of them."""
+    candidates = max(spec.clients + 1, int(round(spec.clients / membership.inclusion)))
+    parts = partition(pool_labels, spec.name, candidates, seed, alpha=spec.alpha, classes_per_client=spec.classes_per_client,
+                      min_client_size=spec.min_client_size, stream=("candidates",))
+    owners = np.empty(len(pool_labels), dtype=np.int64)
+    for c, part in enumerate(parts):
+        owners[part] = c
+    client_keep = np.zeros((membership.runs, candidates), dtype=bool)
+    clients = []
+    for r in range(membership.runs):
+        chosen = np.sort(numpy_rng(seed, "membership", "clients", r).choice(candidates, size=spec.clients, replace=False))
+        client_keep[r, chosen] = True
+        clients.append([parts[c] for c in chosen])
+    return Membership("client", client_keep[:, owners], clients, owners, client_keep)
+
+
+def record_membership(pool_labels: np.ndarray, membership: MembershipConfig, spec: PartitionConfig, seed: int) -> Membership:
+    keep = keep_matrix(len(pool_labels), membership, seed)
+    return Membership("record", keep, [run_clients(pool_labels, keep[r], spec, seed, r) for r in range(membership.runs)])
 
 
 def run_clients(pool_labels: np.ndarray, keep_row: np.ndarray, spec: PartitionConfig, seed: int, run_index: int) -> list[np.ndarray]:

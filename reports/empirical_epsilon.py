@@ -156,7 +156,11 @@ def gaussian_pair_delta(epsilon: float, mean_p: float, std_p: float, mean_q: flo
     def mass(mean: float, std: float) -> float:
         return sum(float(stats.norm.cdf(hi, mean, std) - stats.norm.cdf(lo, mean, std)) for lo, hi in intervals)
 
-    return max(0.0, mass(mean_p, std_p) - math.exp(epsilon) * mass(mean_q, std_q))
+    inside_p, inside_q = mass(mean_p, std_p), mass(mean_q, std_q)
+    if inside_q <= 0.0:
+        return max(0.0, inside_p)
+    scaled_q = epsilon + math.log(inside_q)  # log(e^ε·Q(S)), kept in logs: e^ε overflows for large ε
+    return 0.0 if scaled_q > 1.0 else max(0.0, inside_p - math.exp(scaled_q))
 
 
 def gaussian_pair_epsilon(delta: float, mean_p: float, std_p: float, mean_q: float, std_q: float) -> float:

@@ -18,6 +18,8 @@ from reports import plots
 
 TEMPLATES = Path(__file__).with_name("templates")
 MAIN_ATTACK_ORDER = ("lira-online", "lira-offline")
+#: short names of the ε figures in the attack tables
+EPSILON_NAMES = {"epsilon_lower_bound": "Clopper–Pearson", "epsilon_one_run": "one-run", "epsilon_gaussian_fit": "Gaussian fit"}
 
 
 def _percent(value: Any) -> str:
@@ -47,6 +49,16 @@ def summary_lines(document: dict[str, Any]) -> list[str]:
     """The verdicts in words, most important first."""
     lines = []
     experiments = document["experiments"]
+    violated = [e for e in experiments if e.get("soundness") == "violation"]
+    warned = [e for e in experiments if e.get("soundness") == "estimate above claim"]
+    for experiment in violated:
+        lines.append(f"Soundness VIOLATION — {experiment['label']}: {experiment['soundness_text']}.")
+    for experiment in warned:
+        lines.append(f"Soundness warning — {experiment['label']}: {experiment['soundness_text']}.")
+    checked = [e for e in experiments if e.get("soundness") == "consistent"]
+    if not violated and checked:
+        lines.append(f"No measured ε lower bound contradicts a claim: {len(checked)} of {len(experiments)} "
+                     "configurations checked and consistent.")
     leaks = [(e, _leak_metric(e)) for e in experiments]
     leaks = [(e, m) for e, m in leaks if m is not None]
     if leaks:
@@ -59,7 +71,9 @@ def summary_lines(document: dict[str, Any]) -> list[str]:
         acc_text = "accuracy n/a" if accuracy["value"] is None else f"test accuracy {100 * accuracy['value']:.1f} %"
         leak = _leak_metric(experiment)
         leak_text = "" if leak is None else f"; {leak[0]} AUC {leak[1]:.3f}"
-        lines.append(f"{experiment['label']}: {acc_text}, {claim_text}{leak_text}.")
+        soundness = experiment.get("soundness")
+        soundness_text = f"; soundness: {soundness}" if soundness else ""
+        lines.append(f"{experiment['label']}: {acc_text}, {claim_text}{leak_text}{soundness_text}.")
         if claim["epsilon"] is not None and claim["unit"] == "client":
             lines.append(f"{experiment['label']}: the claim protects whole clients; a single record is covered through "
                          f"group privacy (one record changes one client's data: at most 2ε = {2 * claim['epsilon']:.3g}).")
@@ -99,6 +113,7 @@ def render_report(document: dict[str, Any], manifest_extra: dict[str, Any] | Non
         audit=document["audit"],
         experiments=experiments,
         summary=summary_lines(document),
+        epsilon_names=EPSILON_NAMES,
         figures=figures,
         config_yaml=yaml.safe_dump(document["config"], sort_keys=False, allow_unicode=True),
         versions=extra.get("versions", document.get("versions", {})),
