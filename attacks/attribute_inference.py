@@ -1,0 +1,445 @@
+"""Attribute inference: guess a record's sensitive attribute (sex, race) from a trained model,
+and measure how much the model helps compared with guessing it from the data alone.
+
+Setting. The attacker knows a target record's other features and, for the black-box attack,
+its true label; it holds auxiliary records (disjoint from the targets) with known attribute;
+it may query the target model (black-box) or read its parameters (white-box). Guesses per
+target record:
+
+* **black-box** (Fredrikson et al. 2014, "Privacy in Pharmacogenetics"; Fredrikson, Jha,
+  Ristenpart 2015, "Model Inversion Attacks that Exploit Confidence Information"; Yeom et al.
+  2018, "Privacy Risk in Machine Learning", attribute inference): put each candidate value v of
+  the attribute into the record's encoding, x_v, and guess
+
+      v̂ = argmax_v  log f(x_v)_y                        (rule "confidence", the default)
+      v̂ = argmax_v  log f(x_v)_y + log π(v)             (rule "map": Fredrikson 2014's MAP estimate)
+
+  where f(·)_y is the model's softmax probability of the record's true label y and π the
+  attribute's frequency in the auxiliary records. Ties (a model that ignores the attribute)
+  go to the value with the largest π. The encoding of v is read from the auxiliary records:
+  one-hot columns get v's one-hot, a standardised column gets the standardised value of v.
+* **black-box, Bayes** (the same queries): v̂ = argmax_v log f(x_v)_y + log p̂(v | x₋ₐ), the MAP
+  estimate with the baseline's posterior p̂(v | x₋ₐ) (below) in place of the marginal π. If the
+  model's f(x_v)_y estimates p(y | x₋ₐ, v), this is Bayes' rule for p(v | x₋ₐ, y). The plain
+  rules above ignore how the other features predict the attribute, so they usually fall *below*
+  the no-model baseline even against a leaky model; this one starts from the baseline and moves
+  only where the model's evidence outweighs it, so its advantage is what the model's outputs add
+  (≈ 0 for a model that carries no information on the attribute).
+* **white-box** (ML-Doctor, Liu et al. 2022, attribute inference; paper 001 §5.5 and Table 8): a scikit-learn
+  MLP trained on the target model's penultimate-layer embeddings (the input of its last
+  ``nn.Linear``) of the auxiliary records, labelled with their attribute, then applied to the
+  target records' embeddings.
+* **baseline** (no model; ART's ``AttributeInferenceBaseline``): a classifier trained on the
+  auxiliary records' *other* features x₋ₐ (the attribute's columns removed), applied to the
+  target records. It says how much of the attribute the population data already gives away.
+* **prior**: the auxiliary majority value for every record.
+
+Neutralised queries. In tabular datasets the model's input contains the attribute itself, and
+the white-box embeddings of a record carry it straight through the first layer, so an MLP on
+them would "infer" the attribute by reading the input back — a property of the encoding, not
+of what the model learned. To measure what the *model* adds, the white-box attack queries every
+record (auxiliary and target alike) with its attribute columns set to their auxiliary mean (for
+one-hot columns: the attribute's auxiliary frequencies, a "soft" one-hot; for a standardised
+column: its mean). The black-box attack never reads the true value either: it substitutes
+every candidate.
+
+Metrics, per attack (on the target records): accuracy with a Clopper–Pearson interval;
+macro-F1 (over the values present in the truth or the guesses) with a percentile bootstrap
+interval; and the **advantage** = accuracy − baseline accuracy. Both guesses concern the same
+records, so the advantage interval is a *paired* bootstrap: each resample of records counts
+the difference of the two correct-indicators on the same records, so the records' common
+difficulty cancels (an attack equal to the baseline gets exactly [0, 0]). The same resamples
+(one seed) serve every attack.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import torch
+from sklearn.ensemble import HistGradientBoostingClassifier
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.linear_model import LogisticRegression
+from sklearn.neural_network import MLPClassifier
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+from torch import nn
+from torch.func import functional_call
+
+from audit.datasets import Dataset
+from audit.seeding import derive_seed, numpy_rng
+from defenses.evaluation import logits_of
+from reports.metrics import Estimate, clopper_pearson
+
+#: ties between candidate scores closer than this (log-probability units) go to the prior
+TIE_TOLERANCE = 1e-6
+#: the guesses an :class:`AttributeInferenceResult` scores
+GUESSES = ("black_box", "black_box_bayes", "white_box", "baseline", "prior")
+#: bootstrap resamples are drawn in blocks of at most this many (resample × record) counts
+_BOOTSTRAP_BLOCK = 4_000_000
+
+
+@dataclass(frozen=True)
+class AttributeAttackScores:
+    """How well one guess of the attribute did on the target records."""
+
+    accuracy: Estimate  # Clopper–Pearson interval
+    macro_f1: Estimate  # percentile bootstrap interval
+    advantage: Estimate  # accuracy − baseline accuracy, paired percentile bootstrap interval
+    predictions: np.ndarray = field(repr=False)  # guessed attribute code per target record
+
+
+@dataclass
+class AttributeInferenceResult:
+    attribute: str
+    values: list[str]  # value name of each code
+    truth: np.ndarray  # true code per target record
+    black_box: AttributeAttackScores  # Fredrikson/Yeom: the rule chosen by ``black_box_rule``
+    black_box_bayes: AttributeAttackScores  # the same queries weighed by the baseline's posterior
+    white_box: AttributeAttackScores
+    baseline: AttributeAttackScores  # the no-model classifier (its advantage is 0 by definition)
+    prior: AttributeAttackScores  # always the auxiliary majority value
+    notes: str = ""
+
+    def metrics(self) -> dict[str, Estimate]:
+        """Flat ``"<guess>.<metric>"`` → Estimate, e.g. ``"black_box.advantage"``."""
+        out = {}
+        for guess in GUESSES:
+            scores: AttributeAttackScores = getattr(self, guess)
+            for metric in ("accuracy", "macro_f1", "advantage"):
+                out[f"{guess}.{metric}"] = getattr(scores, metric)
+        return out
+
+
+# --------------------------------------------------------------------------- encodings
+
+
+def attribute_encodings(column_values: np.ndarray, codes: np.ndarray, num_values: int) -> np.ndarray:
+    """The attribute columns' values for each code, [num_values, columns], read from records with
+    known attribute (``column_values`` [records, columns], ``codes`` [records]).
+
+    Every record of one code has the same encoding (a one-hot row, or one standardised number),
+    so the mean over the code's records is that encoding. A code absent from the records can
+    only be filled in for a one-hot layout (one column per value); otherwise it is an error.
+    """
+    column_values = np.asarray(column_values, dtype=np.float64)
+    codes = np.asarray(codes, dtype=np.int64)
+    columns = column_values.shape[1]
+    one_hot_layout = columns == num_values and np.isin(column_values, (0.0, 1.0)).all()
+    encodings = np.zeros((num_values, columns))
+    for code in range(num_values):
+        chosen = codes == code
+        if chosen.any():
+            encodings[code] = column_values[chosen].mean(0)
+        elif one_hot_layout:
+            encodings[code, code] = 1.0
+        else:
+            raise ValueError(f"attribute code {code} has no auxiliary record, so its encoding is unknown; "
+                             f"pass encodings= explicitly")
+    return encodings
+
+
+def with_attribute_columns(features: torch.Tensor, columns: Sequence[int], values: np.ndarray) -> torch.Tensor:
+    """A copy of ``features`` whose attribute columns (indices into the flattened record) hold
+    ``values`` — one row for all records [columns], or one per record [records, columns]."""
+    flat = features.reshape(len(features), -1).clone()
+    index = torch.as_tensor(list(columns), dtype=torch.long, device=flat.device)
+    filler = torch.as_tensor(np.asarray(values), dtype=flat.dtype, device=flat.device)
+    flat[:, index] = filler.expand(len(flat), len(index)) if filler.ndim == 1 else filler
+    return flat.reshape(features.shape)
+
+
+# --------------------------------------------------------------------------- the model's views
+
+
+def last_linear(model: nn.Module) -> nn.Linear:
+    """The last ``nn.Linear`` registered in ``model`` — the classifier head in every model of
+    :mod:`audit.models` (``nn.Sequential`` ends with it; torchvision's ResNet registers ``fc``
+    last). A model whose head is registered before other layers needs its own hook."""
+    linears = [module for module in model.modules() if isinstance(module, nn.Linear)]
+    if not linears:
+        raise ValueError("white-box attribute inference needs a model with an nn.Linear head")
+    return linears[-1]
+
+
+@torch.no_grad()
+def penultimate_embeddings(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor,
+                           batch_size: int = 4096) -> np.ndarray:
+    """The input of the model's last linear layer for each record, float64 [records, width]
+    (ML-Doctor's white-box attribute-inference features), via a forward hook in eval mode."""
+    captured: list[torch.Tensor] = []
+    handle = last_linear(model).register_forward_hook(
+        lambda _module, inputs, _output: captured.append(inputs[0].detach().reshape(len(inputs[0]), -1)))
+    was_training = model.training
+    model.eval()
+    try:
+        for start in range(0, len(x), batch_size):
+            functional_call(model, params, (x[start:start + batch_size],))
+    finally:
+        handle.remove()
+        model.train(was_training)
+    if not captured:
+        return np.zeros((0, 0))
+    return torch.cat(captured).cpu().double().numpy()
+
+
+def label_log_probabilities(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor,
+                            y: torch.Tensor) -> np.ndarray:
+    """log f(x)_y per record (float64): the model's log-confidence in each record's true label."""
+    logits = logits_of(model, params, x).double()
+    return torch.log_softmax(logits, 1).gather(1, y.to(logits.device).view(-1, 1)).squeeze(1).cpu().numpy()
+
+
+# --------------------------------------------------------------------------- the guesses
+
+
+def candidate_log_likelihoods(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+                              columns: Sequence[int], encodings: np.ndarray) -> np.ndarray:
+    """log f(x_v)_y for every record and candidate value v, [records, values]: the model's
+    log-confidence in the true label with the attribute columns set to v's encoding."""
+    return np.stack([label_log_probabilities(model, params, with_attribute_columns(x, columns, encoding), y)
+                     for encoding in encodings], axis=1)
+
+
+def decide(scores: np.ndarray, prior: np.ndarray) -> np.ndarray:
+    """argmax over candidates [records, values]; candidates within :data:`TIE_TOLERANCE` of the
+    best count as tied and the most frequent value among them wins (lowest code on equal priors)."""
+    tied = scores >= scores.max(1, keepdims=True) - TIE_TOLERANCE
+    return np.argmax(np.where(tied, prior[None, :], -np.inf), axis=1)
+
+
+def black_box_guesses(log_likelihoods: np.ndarray, prior: np.ndarray,
+                      rule: Literal["confidence", "map"] = "confidence") -> np.ndarray:
+    """Fredrikson et al.'s guess: the candidate under which the model is most confident in the
+    true label (plus log π(v) for rule "map"); ties go to the most frequent value."""
+    if rule == "map":
+        return decide(log_likelihoods + np.log(np.maximum(prior, 1e-300)), prior)
+    if rule != "confidence":
+        raise ValueError(f"black-box rule must be 'confidence' or 'map', got {rule!r}")
+    return decide(log_likelihoods, prior)
+
+
+def bayes_guesses(log_likelihoods: np.ndarray, posterior: np.ndarray, prior: np.ndarray) -> np.ndarray:
+    """argmax_v log f(x_v)_y + log p̂(v | x₋ₐ): the model's evidence on top of the baseline's posterior."""
+    return decide(log_likelihoods + np.log(np.maximum(posterior, 1e-300)), prior)
+
+
+def _posterior(classifier, inputs: np.ndarray, codes: np.ndarray, targets: np.ndarray, num_values: int) -> np.ndarray:
+    """Fit and return the predicted distribution over all codes [targets, values]; a point mass
+    on the only value when the auxiliary records hold one value."""
+    posterior = np.zeros((len(targets), num_values))
+    values = np.unique(codes)
+    if len(values) < 2:
+        posterior[:, values[0] if len(values) else 0] = 1.0
+        return posterior
+    classifier.fit(inputs, codes)
+    posterior[:, np.asarray(classifier.classes_, dtype=np.int64)] = classifier.predict_proba(targets)
+    return posterior
+
+
+def white_box_posterior(aux_embeddings: np.ndarray, aux_codes: np.ndarray, target_embeddings: np.ndarray,
+                        num_values: int, seed: int, hidden: Sequence[int] = (64,)) -> np.ndarray:
+    """ML-Doctor's attack model: a standardised MLP from embeddings to the attribute. Early
+    stopping on a stratified 10 % of the auxiliary records when every value has ≥ 10 of them."""
+    counts = np.bincount(aux_codes)
+    early_stopping = bool(counts[counts > 0].min() >= 10) if len(aux_codes) else False
+    classifier = make_pipeline(StandardScaler(), MLPClassifier(
+        hidden_layer_sizes=tuple(int(h) for h in hidden), alpha=1e-3, max_iter=300, early_stopping=early_stopping,
+        n_iter_no_change=10, random_state=seed % (2 ** 32)))
+    with warnings.catch_warnings():
+        # 300 epochs is the attack's fixed budget (without early stopping it always ends there)
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return _posterior(classifier, aux_embeddings, aux_codes, target_embeddings, num_values)
+
+
+def baseline_posterior(aux_inputs: np.ndarray, aux_codes: np.ndarray, target_inputs: np.ndarray, num_values: int,
+                       seed: int, classifier: Literal["logistic", "gradient-boosting"] = "logistic") -> np.ndarray:
+    """The no-model attacker's p̂(v | x₋ₐ): a classifier from the other features to the attribute."""
+    if classifier == "logistic":
+        model = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000))
+    elif classifier == "gradient-boosting":
+        model = HistGradientBoostingClassifier(max_iter=200, random_state=seed % (2 ** 32))
+    else:
+        raise ValueError(f"baseline classifier must be 'logistic' or 'gradient-boosting', got {classifier!r}")
+    return _posterior(model, aux_inputs, aux_codes, target_inputs, num_values)
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def _bootstrap_blocks(records: int, resamples: int, seed: int):
+    """Multinomial resampling counts [block, records] (how often each record is drawn), in
+    blocks; the same seed gives the same resamples, which is what pairs the attacks."""
+    rng = numpy_rng(seed, "attribute-inference", "bootstrap")
+    block = max(1, _BOOTSTRAP_BLOCK // max(records, 1))
+    done = 0
+    while done < resamples:
+        size = min(block, resamples - done)
+        yield rng.multinomial(records, np.full(records, 1.0 / records), size=size).astype(np.float64)
+        done += size
+
+
+def _macro_f1(weights: np.ndarray, truth: np.ndarray, predictions: np.ndarray, num_values: int) -> np.ndarray:
+    """Macro-F1 for each row of record weights [resamples, records] (all ones: the plain value),
+    averaged over the values that occur in the (resampled) truth or guesses, as scikit-learn does."""
+    f1 = np.zeros((weights.shape[0], num_values))
+    present = np.zeros_like(f1, dtype=bool)
+    for value in range(num_values):
+        hit, guessed = truth == value, predictions == value
+        tp = weights @ (hit & guessed)
+        fp = weights @ (~hit & guessed)
+        fn = weights @ (hit & ~guessed)
+        denominator = 2 * tp + fp + fn
+        present[:, value] = denominator > 0
+        f1[:, value] = np.divide(2 * tp, denominator, out=np.zeros_like(tp), where=denominator > 0)
+    return (f1 * present).sum(1) / np.maximum(present.sum(1), 1)
+
+
+def score_guesses(truth: np.ndarray, predictions: np.ndarray, reference: np.ndarray, num_values: int,
+                  seed: int, resamples: int = 2000, confidence: float = 0.95) -> AttributeAttackScores:
+    """Accuracy (Clopper–Pearson), macro-F1 (percentile bootstrap) and the advantage over the
+    ``reference`` guesses on the same records (paired percentile bootstrap, same seed ⇒ same
+    resamples for every attack)."""
+    truth, predictions, reference = (np.asarray(a, dtype=np.int64) for a in (truth, predictions, reference))
+    if not (truth.shape == predictions.shape == reference.shape) or truth.ndim != 1:
+        raise ValueError("truth, predictions and reference must be 1-D arrays of one length")
+    records = len(truth)
+    correct, reference_correct = predictions == truth, reference == truth
+    hits = int(correct.sum())
+    accuracy = Estimate(hits / records if records else float("nan"), *clopper_pearson(hits, records, confidence))
+    difference = correct.astype(np.float64) - reference_correct
+    f1_samples, advantage_samples = [], []
+    if records:
+        for weights in _bootstrap_blocks(records, resamples, seed):
+            f1_samples.append(_macro_f1(weights, truth, predictions, num_values))
+            advantage_samples.append(weights @ difference / records)
+    tail = 100 * (1 - confidence) / 2
+
+    def interval(value: float, samples: list[np.ndarray]) -> Estimate:
+        if not samples:
+            return Estimate(value)
+        pooled = np.concatenate(samples)
+        return Estimate(value, float(np.percentile(pooled, tail)), float(np.percentile(pooled, 100 - tail)))
+
+    f1 = float(_macro_f1(np.ones((1, records)), truth, predictions, num_values)[0]) if records else float("nan")
+    advantage = float(difference.mean()) if records else float("nan")
+    return AttributeAttackScores(accuracy, interval(f1, f1_samples), interval(advantage, advantage_samples), predictions)
+
+
+# --------------------------------------------------------------------------- the attack
+
+
+def attribute_inference(
+    model: nn.Module,
+    params: dict[str, torch.Tensor],
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    attribute_codes: np.ndarray,
+    attribute_columns: Sequence[int],
+    attribute_values: Sequence[str],
+    target_index: np.ndarray,
+    auxiliary_index: np.ndarray,
+    seed: int,
+    *,
+    attribute: str = "",
+    black_box_rule: Literal["confidence", "map"] = "confidence",
+    white_box_hidden: Sequence[int] = (64,),
+    baseline_classifier: Literal["logistic", "gradient-boosting"] = "logistic",
+    encodings: np.ndarray | None = None,
+    resamples: int = 2000,
+    confidence: float = 0.95,
+    device: str = "cpu",
+) -> AttributeInferenceResult:
+    """Black-box, white-box and no-model attribute inference on the target records.
+
+    ``features``/``labels`` hold at least the target and auxiliary records (rows picked by
+    ``target_index`` and ``auxiliary_index``, which must not overlap); ``attribute_codes`` the
+    attribute's code per row (only the auxiliary rows' codes are shown to the attacks, the
+    targets' are the truth); ``attribute_columns`` the indices, in the flattened record, of the
+    columns that encode the attribute (``Dataset.attribute_columns``); ``model`` the architecture
+    template, run with ``params``. ``encodings`` [values, columns] overrides the encodings read
+    from the auxiliary records. Every advantage is over the baseline on the other features
+    (without the label, which only the black-box attacks use). Deterministic in ``seed``.
+    """
+    target_index = np.asarray(target_index, dtype=np.int64)
+    auxiliary_index = np.asarray(auxiliary_index, dtype=np.int64)
+    if np.intersect1d(target_index, auxiliary_index).size:
+        raise ValueError("target and auxiliary records overlap: the attacker would know the targets' attribute")
+    if len(target_index) == 0 or len(auxiliary_index) == 0:
+        raise ValueError("attribute inference needs target and auxiliary records")
+    codes = np.asarray(attribute_codes, dtype=np.int64)
+    num_values = len(attribute_values)
+    columns = [int(c) for c in attribute_columns]
+    flat = features.reshape(len(features), -1)
+    aux_rows, target_rows = torch.as_tensor(auxiliary_index), torch.as_tensor(target_index)
+    aux_x, target_x, target_y = features[aux_rows], features[target_rows], labels[target_rows]
+    aux_codes, truth = codes[auxiliary_index], codes[target_index]
+
+    prior = np.bincount(aux_codes, minlength=num_values).astype(np.float64) / len(aux_codes)
+    if encodings is None:
+        encodings = attribute_encodings(flat[aux_rows][:, columns].cpu().numpy(), aux_codes, num_values)
+    encodings = np.asarray(encodings, dtype=np.float64)
+    neutral = prior @ encodings  # the auxiliary mean of the attribute columns
+
+    params = {name: value.to(device) for name, value in params.items()}
+    model = model.to(device)
+    log_likelihoods = candidate_log_likelihoods(model, params, target_x.to(device), target_y, columns, encodings)
+
+    others = np.setdiff1d(np.arange(flat.shape[1]), columns)
+    posterior = baseline_posterior(flat[aux_rows][:, others].double().cpu().numpy(), aux_codes,
+                                   flat[target_rows][:, others].double().cpu().numpy(), num_values,
+                                   derive_seed(seed, "attribute-inference", "baseline"), baseline_classifier)
+
+    aux_embeddings = penultimate_embeddings(model, params, with_attribute_columns(aux_x, columns, neutral).to(device))
+    target_embeddings = penultimate_embeddings(model, params, with_attribute_columns(target_x, columns, neutral).to(device))
+    white_box = white_box_posterior(aux_embeddings, aux_codes, target_embeddings, num_values,
+                                    derive_seed(seed, "attribute-inference", "white-box"), white_box_hidden)
+
+    guesses = {
+        "black_box": black_box_guesses(log_likelihoods, prior, black_box_rule),
+        "black_box_bayes": bayes_guesses(log_likelihoods, posterior, prior),
+        "white_box": decide(white_box, prior),
+        "baseline": decide(posterior, prior),
+        "prior": np.full(len(truth), int(np.argmax(prior)), dtype=np.int64),
+    }
+    baseline = guesses["baseline"]
+
+    def scored(predictions: np.ndarray) -> AttributeAttackScores:
+        return score_guesses(truth, predictions, baseline, num_values, seed, resamples, confidence)
+
+    notes = (f"{len(target_index)} target and {len(auxiliary_index)} auxiliary records; black-box rule "
+             f"'{black_box_rule}' over {num_values} candidate values (Bayes: weighed by the baseline's posterior); "
+             f"white-box MLP {tuple(white_box_hidden)} on {aux_embeddings.shape[1]}-dim penultimate embeddings of "
+             f"neutralised queries; baseline {baseline_classifier} on {len(others)} other features; "
+             f"advantage = accuracy − baseline accuracy (paired bootstrap, {resamples} resamples)")
+    return AttributeInferenceResult(attribute=attribute, values=list(attribute_values), truth=truth,
+                                    notes=notes, **{name: scored(g) for name, g in guesses.items()})
+
+
+def attribute_inference_on_dataset(
+    model: nn.Module,
+    params: dict[str, torch.Tensor],
+    dataset: Dataset,
+    attribute: str,
+    target_index: np.ndarray,
+    auxiliary_index: np.ndarray,
+    seed: int,
+    split: Literal["train", "test"] = "train",
+    **options,
+) -> AttributeInferenceResult:
+    """:func:`attribute_inference` on the records of ``dataset.<split>``, with the attribute's
+    codes, columns and value names taken from the dataset."""
+    records = dataset.train if split == "train" else dataset.test
+    if records is None:
+        raise ValueError(f"dataset {dataset.name} has no {split} split")
+    if attribute not in records.attributes or attribute not in dataset.attribute_columns:
+        known = ", ".join(sorted(dataset.attribute_columns)) or "none"
+        raise ValueError(f"dataset {dataset.name} has no sensitive attribute {attribute!r} (it has: {known})")
+    return attribute_inference(
+        model, params, records.features, records.labels, records.attributes[attribute],
+        dataset.attribute_columns[attribute], dataset.attribute_values[attribute],
+        target_index, auxiliary_index, seed, attribute=attribute, **options)

@@ -1,0 +1,253 @@
+"""Property inference against clients' uploads (Melis, Song, De Cristofaro, Shmatikov 2019,
+"Exploiting Unintended Feature Leakage in Collaborative Learning", S&P 2019: passive property
+inference from batch updates; see also Ganju et al. 2018 for whole-model property inference).
+
+A property is a predicate on records that the model's task does not ask about: "is of class c",
+"has attribute value v". A client's data *has* the property when at least one of its records
+does. The server (or anyone who sees an upload) wants to tell, from a client's update alone,
+whether its data has the property.
+
+The attack of Melis et al.:
+
+1. At the global model the clients start from, the attacker computes *shadow updates* on
+   batches of its auxiliary data: some batches with the property (a fraction of their records
+   drawn from the auxiliary records that have it) and some without (all records drawn from
+   those that do not). The caller's ``update_of(x, y) -> flat tensor`` computes an upload from
+   a batch exactly as a client would (the loss gradient at the global model, the model delta
+   after local steps, and with the defense's clipping and noise applied), so the shadow updates
+   are privatised like the real ones.
+2. A binary classifier learns "has the property" from the shadow updates: by default a random
+   forest, which is insensitive to the coordinates' scales and picks out the few informative
+   ones among thousands; standardised logistic regression is the alternative, but with
+   more features than shadow updates it overfits (on digits at a trained model, presence of a
+   class: AUC ≈ 0.6–0.7 against ≈ 0.95 for the forest).
+3. The classifier scores each target client's upload.
+
+Updates of large models are compressed before the classifier with a count sketch (feature
+hashing; Weinberger et al. 2009): coordinate i is added, with a random sign s(i) ∈ {±1}, to
+bucket h(i) ∈ {0, …, k−1}. It keeps inner products in expectation, needs O(d) time and memory
+per update (a dense Gaussian projection would need d·k), and is seeded like everything else.
+
+Metrics over the target clients: ROC AUC of the classifier's score with DeLong's interval
+(:func:`reports.metrics.auc`) and the accuracy of its 0.5-probability decision with a
+Clopper–Pearson interval. Chance is AUC 0.5 (and the accuracy of guessing the majority).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from sklearn.ensemble import RandomForestClassifier
+from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+from torch import nn
+from torch.func import functional_call, grad
+
+from audit.seeding import derive_seed, numpy_rng
+from reports.metrics import Estimate, auc, clopper_pearson
+
+UpdateFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class PropertyInferenceResult:
+    auc: Estimate  # DeLong interval
+    accuracy: Estimate  # decision at probability 0.5; Clopper–Pearson interval
+    scores: np.ndarray = field(repr=False)  # the classifier's probability of "has the property", per target client
+    truth: np.ndarray = field(repr=False)  # bool per target client
+    majority_accuracy: float = float("nan")  # accuracy of always guessing the more common truth
+    shadow_updates: int = 0
+    update_dimension: int = 0
+    feature_dimension: int = 0  # after the count sketch
+    notes: str = ""
+
+    def metrics(self) -> dict[str, Estimate]:
+        return {"auc": self.auc, "accuracy": self.accuracy}
+
+
+# --------------------------------------------------------------------------- what clients upload
+
+
+def flat_gradient(model: nn.Module, params: dict[str, torch.Tensor],
+                  loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy) -> UpdateFunction:
+    """``update_of`` for FedSGD-style uploads: the gradient of the mean loss over the client's
+    batch at the global model ``params``, flattened in ``params``' order."""
+    names = list(params)
+    detached = {name: value.detach() for name, value in params.items()}
+
+    def batch_loss(trainable: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return loss(functional_call(model, trainable, (x,)), y)
+
+    gradient = grad(batch_loss)
+
+    def update_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        grads = gradient(detached, x, y)
+        return torch.cat([grads[name].reshape(-1) for name in names]).detach()
+
+    return update_of
+
+
+def local_sgd_delta(model: nn.Module, params: dict[str, torch.Tensor], steps: int, lr: float,
+                    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy) -> UpdateFunction:
+    """``update_of`` for FedAvg-style uploads: the model delta (local − global) after ``steps``
+    full-batch gradient-descent steps of size ``lr`` on the client's records (deterministic)."""
+    names = list(params)
+
+    def batch_loss(trainable: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return loss(functional_call(model, trainable, (x,)), y)
+
+    gradient = grad(batch_loss)
+
+    def update_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        local = {name: value.detach().clone() for name, value in params.items()}
+        for _ in range(steps):
+            grads = gradient(local, x, y)
+            local = {name: local[name] - lr * grads[name] for name in names}
+        return torch.cat([(local[name] - params[name]).reshape(-1) for name in names]).detach()
+
+    return update_of
+
+
+def client_has_property(record_property: np.ndarray, clients: Sequence[np.ndarray]) -> np.ndarray:
+    """bool per client: does any of its records (indices into ``record_property``) have the property."""
+    record_property = np.asarray(record_property, dtype=bool)
+    return np.array([bool(record_property[np.asarray(c, dtype=np.int64)].any()) for c in clients])
+
+
+# --------------------------------------------------------------------------- features
+
+
+class CountSketch:
+    """x ↦ S x with S ∈ {0, ±1}^{k×d} having one nonzero per column (bucket h(i), sign s(i))."""
+
+    def __init__(self, dimension: int, width: int, seed: int):
+        rng = numpy_rng(seed, "property-inference", "sketch")
+        self.width = int(width)
+        self.bucket = torch.as_tensor(rng.integers(0, self.width, dimension), dtype=torch.long)
+        self.sign = torch.as_tensor(rng.choice(np.array([-1.0, 1.0]), dimension), dtype=torch.float64)
+
+    def __call__(self, update: torch.Tensor) -> np.ndarray:
+        sketched = torch.zeros(self.width, dtype=torch.float64)
+        sketched.index_add_(0, self.bucket, self.sign * update.detach().to("cpu", torch.float64))
+        return sketched.numpy()
+
+
+# --------------------------------------------------------------------------- shadow batches
+
+
+def shadow_batches(auxiliary_property: np.ndarray, count: int, batch_size: int,
+                   property_fraction: tuple[float, float], seed: int) -> tuple[list[np.ndarray], np.ndarray]:
+    """``count`` batches of auxiliary record indices, alternating with (even positions) and
+    without the property. A batch with the property draws round(f·size) ≥ 1 of its records from
+    those with it, f ~ Uniform(property_fraction), the rest from those without; a batch without
+    draws all from those without. Records within a batch are distinct when there are enough."""
+    auxiliary_property = np.asarray(auxiliary_property, dtype=bool)
+    having, lacking = np.flatnonzero(auxiliary_property), np.flatnonzero(~auxiliary_property)
+    if len(having) == 0 or len(lacking) == 0:
+        raise ValueError("the auxiliary records need some with and some without the property")
+    low, high = property_fraction
+    if not 0.0 < low <= high <= 1.0:
+        raise ValueError(f"property_fraction must satisfy 0 < low <= high <= 1, got {property_fraction}")
+    rng = numpy_rng(seed, "property-inference", "shadow-batches")
+
+    def draw(pool: np.ndarray, size: int) -> np.ndarray:
+        return rng.choice(pool, size, replace=size > len(pool))
+
+    batches, truth = [], np.zeros(count, dtype=bool)
+    for index in range(count):
+        if index % 2 == 0:
+            with_property = min(batch_size, max(1, int(round(rng.uniform(low, high) * batch_size))))
+            batch = np.concatenate([draw(having, with_property), draw(lacking, batch_size - with_property)])
+            truth[index] = True
+        else:
+            batch = draw(lacking, batch_size)
+        batches.append(rng.permutation(batch))
+    return batches, truth
+
+
+# --------------------------------------------------------------------------- the attack
+
+
+def property_inference(
+    update_of: UpdateFunction,
+    target_clients: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    target_truth: np.ndarray,
+    auxiliary_x: torch.Tensor,
+    auxiliary_y: torch.Tensor,
+    auxiliary_property: np.ndarray,
+    seed: int,
+    *,
+    shadow_updates: int = 200,
+    batch_size: int | None = None,
+    property_fraction: tuple[float, float] = (0.1, 0.5),
+    classifier: Literal["random-forest", "logistic"] = "random-forest",
+    sketch_width: int = 2048,
+    confidence: float = 0.95,
+) -> PropertyInferenceResult:
+    """Melis et al.'s batch property inference on the target clients' uploads.
+
+    ``target_clients``: each client's (features, labels), from which ``update_of`` computes
+    the upload the attacker sees; ``target_truth``: bool per client, whether its data has the
+    property (the ground truth, never shown to the attack). ``auxiliary_*``: the attacker's
+    records, disjoint from the clients', and the property of each. Shadow batches have
+    ``batch_size`` records (default: the median client size) and ``shadow_updates`` of them are
+    made, half with the property. Updates longer than ``sketch_width`` are count-sketched to
+    that width. Deterministic in ``seed`` (given a deterministic ``update_of``).
+    """
+    target_truth = np.asarray(target_truth, dtype=bool)
+    if len(target_truth) != len(target_clients):
+        raise ValueError("target_truth needs one entry per target client")
+    if target_truth.all() or not target_truth.any():
+        raise ValueError("the target clients need some with and some without the property")
+    if shadow_updates < 4:
+        raise ValueError("property inference needs at least 4 shadow updates")
+    if batch_size is None:
+        batch_size = int(np.median([len(y) for _, y in target_clients]))
+    batches, shadow_truth = shadow_batches(auxiliary_property, shadow_updates, batch_size, property_fraction, seed)
+
+    # the first upload fixes the dimension; the sketch is identity when it is already small
+    first = update_of(auxiliary_x[torch.as_tensor(batches[0])], auxiliary_y[torch.as_tensor(batches[0])]).reshape(-1)
+    dimension = int(first.numel())
+    sketch = CountSketch(dimension, sketch_width, seed) if dimension > sketch_width else None
+
+    def features_of(update: torch.Tensor) -> np.ndarray:
+        update = update.reshape(-1)
+        if update.numel() != dimension:
+            raise ValueError(f"update_of returned {update.numel()} numbers, earlier {dimension}")
+        return sketch(update) if sketch is not None else update.detach().to("cpu", torch.float64).numpy()
+
+    shadow = [features_of(first)]
+    for batch in batches[1:]:
+        index = torch.as_tensor(batch)
+        shadow.append(features_of(update_of(auxiliary_x[index], auxiliary_y[index])))
+    targets = np.stack([features_of(update_of(x, y)) for x, y in target_clients])
+
+    classifier_seed = derive_seed(seed, "property-inference", "classifier") % (2 ** 32)
+    if classifier == "logistic":
+        model = make_pipeline(StandardScaler(), LogisticRegression(max_iter=5000))
+    elif classifier == "random-forest":
+        model = RandomForestClassifier(n_estimators=200, random_state=classifier_seed, n_jobs=1)
+    else:
+        raise ValueError(f"classifier must be 'logistic' or 'random-forest', got {classifier!r}")
+    model.fit(np.stack(shadow), shadow_truth)
+    scores = model.predict_proba(targets)[:, list(model.classes_).index(True)]
+
+    correct = int(((scores >= 0.5) == target_truth).sum())
+    clients = len(target_truth)
+    accuracy = Estimate(correct / clients, *clopper_pearson(correct, clients, confidence))
+    majority = float(max(target_truth.mean(), 1.0 - target_truth.mean()))
+    notes = (f"{shadow_updates} shadow updates (half with the property, fraction {property_fraction[0]:g}–"
+             f"{property_fraction[1]:g} of {batch_size} records) → {classifier} on "
+             + (f"a {sketch_width}-bucket count sketch of the {dimension}-dim updates" if sketch else f"the {dimension}-dim updates")
+             + f"; {clients} target clients ({int(target_truth.sum())} with the property)")
+    return PropertyInferenceResult(
+        auc=auc(scores, target_truth, confidence), accuracy=accuracy, scores=scores, truth=target_truth,
+        majority_accuracy=majority, shadow_updates=shadow_updates, update_dimension=dimension,
+        feature_dimension=sketch_width if sketch is not None else dimension, notes=notes)
+
