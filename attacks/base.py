@@ -7,12 +7,14 @@ Each run serves in turn as the target, the others as reference runs (leave-one-o
 LiRA's own evaluation), so an attack scores every (target run, unit) pair. Client-level
 scores are the mean of the client's record scores.
 
-Two kinds of attack share one registry:
+Three kinds of attack share one registry:
 
 * :class:`MembershipAttack` scores the units of a membership experiment (LiRA, Shokri,
   threshold attacks, canary queries);
 * :class:`attacks.canary_audit.CanaryAudit` trains its own runs with canaries inserted and
-  turns the canaries' statistics into empirical ε (one-run audit, Gaussian fit).
+  turns the canaries' statistics into empirical ε (one-run audit, Gaussian fit);
+* :class:`RunAttack` attacks one trained run as the server holds it (:class:`TargetRun`):
+  reconstruction from uploads, model inversion, attribute and property inference.
 
 An :class:`AttackResult` holds the scores and ground truth — member = positive class, higher
 score = more likely member — and the metrics computed from them.
@@ -150,6 +152,10 @@ class AttackResult:
     notes: str = ""
     #: what the ε figures of this result bound: "lower_bound" (a confidence bound) or "estimate"
     epsilon_kind: dict[str, str] = field(default_factory=dict)
+    #: images for the report: {"title", "png" (base64), "caption"} — e.g. reconstruction grids
+    figures: list[dict[str, str]] = field(default_factory=list)
+    #: "membership" (scores per unit, ROC metrics), "canary" or "run" (metrics of their own)
+    kind: str = "membership"
 
     @property
     def name(self) -> str:
@@ -219,6 +225,10 @@ class Attack:
             return "none" if rounds == "final" else "all"
         return tuple(int(r) for r in rounds)
 
+    def uploads_needed(self, total_rounds: int) -> str | tuple[int, ...]:
+        """Rounds whose server view (uploads, aggregate) the runs must store."""
+        return "none"
+
 
 class MembershipAttack(Attack):
     """A membership-inference attack over a :class:`MembershipExperiment`."""
@@ -253,3 +263,64 @@ def rounds_note(experiment: MembershipExperiment, rounds: str | list[int]) -> st
 
 
 ATTACKS: Registry[type[Attack]] = Registry("attack")
+
+
+@dataclass
+class SideRun:
+    """The audited defense trained once more on another dataset (e.g. a tabular one with a
+    sensitive attribute, when the audit's own data have none), by the same pipeline."""
+
+    dataset: Any  # audit.datasets.Dataset
+    pool: Any  # audit.datasets.Split: the candidate records
+    members: np.ndarray  # pool indices the run trained on
+    model: nn.Module
+    params: dict[str, torch.Tensor]
+    test_accuracy: float | None = None
+
+
+@dataclass
+class TargetRun:
+    """One trained run as an honest-but-curious server holds it, plus the data an evaluation
+    needs to score an attack (the clients' records, the test split, attribute codes)."""
+
+    key: str
+    defense: Any  # defenses.base.Defense
+    training: Any  # defenses.engine.TrainingConfig
+    model: nn.Module  # architecture template
+    params: dict[str, torch.Tensor]  # final global model
+    initial: dict[str, torch.Tensor]  # global model before round 1
+    load_global: Callable[[int], dict[str, torch.Tensor] | None]  # global model after round t (None: not stored)
+    server_view: dict[str, torch.Tensor]  # recorded uploads/aggregates, "round_0001/client_00003" → flat tensor
+    pool_x: torch.Tensor
+    pool_y: torch.Tensor
+    clients: list[np.ndarray]  # pool indices per client
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    dataset: Any  # audit.datasets.Dataset (attributes, value names, attribute columns)
+    kind: str  # "image" or "tabular"
+    seed: int
+    device: str = "cpu"
+    #: members of run 0 (pool indices) — the records it trained on
+    members: np.ndarray | None = None
+    #: sensitive attribute → code per pool record (datasets that have them)
+    pool_attributes: dict[str, np.ndarray] = field(default_factory=dict)
+    #: train the same defense configuration on another dataset: (dataset name, data root) → SideRun
+    train_side: Callable[[str, str | None], SideRun] | None = None
+
+    def global_before(self, round_number: int) -> dict[str, torch.Tensor] | None:
+        """The model the clients of ``round_number`` started from."""
+        return self.initial if round_number == 1 else self.load_global(round_number - 1)
+
+
+class RunAttack(Attack):
+    """An attack on one trained run (:class:`TargetRun`); see the module docstring."""
+
+    kind = "run"
+    min_runs = 1
+
+    def not_applicable(self, defense: Any, dataset: Any) -> str | None:
+        """Why this attack cannot run on ``defense`` with ``dataset`` (None when it can)."""
+        return None
+
+    def evaluate(self, run: TargetRun) -> list[AttackResult]:
+        raise NotImplementedError

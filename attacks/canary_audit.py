@@ -129,5 +129,5 @@ def canary_result(attack: str, unit: str, statistics: np.ndarray, inserted: np.n
             metrics["epsilon_gaussian_fit"] = gaussian_fit_epsilon(flat[truth], flat[~truth], delta, confidence, seed=seed)
     kinds = {"epsilon_one_run": "lower_bound", "epsilon_lower_bound": "lower_bound", "epsilon_gaussian_fit": "estimate"}
     return AttackResult(attack, "", unit, statistics, inserted.astype(bool), metrics, roc, notes,
-                        {k: v for k, v in kinds.items() if k in metrics})
+                        {k: v for k, v in kinds.items() if k in metrics}, kind="canary")
 

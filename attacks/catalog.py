@@ -3,7 +3,9 @@
 from attacks import (  # noqa: F401  (each module registers its attacks)
     canary_queries,
     lira,
+    reconstruction,
     record_canaries,
+    run_inference,
     shokri,
     threshold,
     update_canaries,

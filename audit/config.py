@@ -111,7 +111,7 @@ def _default_defenses() -> list[DefenseEntry]:
 
 def _default_attacks() -> list[AttackEntry]:
     return [AttackEntry("lira"), AttackEntry("shokri"), AttackEntry("loss-threshold"), AttackEntry("record-canaries"),
-            AttackEntry("client-canaries")]
+            AttackEntry("client-canaries"), AttackEntry("gradient-inversion"), AttackEntry("attribute-inference")]
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import hashlib
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +23,19 @@ from tqdm import tqdm
 
 import attacks.catalog  # noqa: F401  (registers the attacks)
 import defenses.catalog  # noqa: F401  (registers the defenses)
-from attacks.base import ATTACKS, Attack, AttackResult, MembershipExperiment
+from attacks.base import (
+    ATTACKS,
+    Attack,
+    AttackResult,
+    MembershipExperiment,
+    RunAttack,
+    SideRun,
+    TargetRun,
+)
 from attacks.canary_audit import CanaryAudit, CanaryContext, CanaryRun
 from audit import __version__, provenance
 from audit.atomic import write_json, write_text
-from audit.config import AuditConfig, config_to_yaml, merge
+from audit.config import AuditConfig, DatasetConfig, ModelConfig, config_to_yaml, merge
 from audit.errors import UserInputError
 from audit.schema import from_mapping, to_mapping
 from audit.seeding import derive_seed, numpy_rng
@@ -68,6 +76,11 @@ class Plan:
     canary_ids: dict[tuple[str, str], list[str]] = field(default_factory=dict)
     #: experiment key → [{"attack", "reason"}] for audits that cannot run on that defense
     skipped: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+    #: what run 0 stores: ``record`` plus the uploads the run attacks replay (None: as ``record``)
+    target_record: RecordSpec | None = None
+
+    def record_for(self, run_index: int) -> RecordSpec:
+        return self.target_record if run_index == 0 and self.target_record is not None else self.record
 
     @property
     def keep(self) -> np.ndarray:
@@ -107,15 +120,18 @@ def _union_rounds(first: str | tuple[int, ...], second: str | tuple[int, ...]) -
     return "final" if "final" in (first, second) else "none"
 
 
-def _record_spec(config: AuditConfig, attacks: list[Attack]) -> RecordSpec:
-    """What the runs store: the config's ``record`` plus the global models the attacks score."""
+def _record_spec(config: AuditConfig, attacks: list[Attack], target: bool = False) -> RecordSpec:
+    """What the runs store: the config's ``record`` plus the global models the attacks score; the
+    ``target`` run (run 0, which the run attacks read) also the uploads they replay."""
     def norm(value):
         return tuple(value) if isinstance(value, list) else value
 
-    global_rounds = norm(config.record.global_rounds)
+    global_rounds, upload_rounds = norm(config.record.global_rounds), norm(config.record.upload_rounds)
     for attack in attacks:
         global_rounds = _union_rounds(global_rounds, attack.rounds_needed(config.training.rounds))
-    return RecordSpec(global_rounds, norm(config.record.upload_rounds), norm(config.record.upload_clients))
+        if target:
+            upload_rounds = _union_rounds(upload_rounds, attack.uploads_needed(config.training.rounds))
+    return RecordSpec(global_rounds, upload_rounds, norm(config.record.upload_clients))
 
 
 def check_device(device: str) -> None:
@@ -187,7 +203,8 @@ def plan_audit(config: AuditConfig) -> Plan:
     _check_attack_targets(attack_list, unit, experiments)
     build = client_membership if unit == "client" else record_membership
     membership = build(task.pool.labels.numpy(), config.membership, config.partition, config.seed)
-    return Plan(config, task, experiments, attack_list, membership, accounting, _record_spec(config, attack_list))
+    return Plan(config, task, experiments, attack_list, membership, accounting, _record_spec(config, attack_list),
+                target_record=_record_spec(config, attack_list, target=True))
 
 
 def _check_attack_targets(attacks: list[Attack], unit: str, experiments: list[Experiment]) -> None:
@@ -218,7 +235,7 @@ def run_id(plan: Plan, experiment: Experiment, run_index: int) -> str:
         "params": to_mapping(asdict(experiment.defense.params)),
         "delta": experiment.delta,
         "accounting": asdict(plan.accounting),
-        "record": asdict(plan.record),
+        "record": asdict(plan.record_for(run_index)),
         "run": run_index,
         "keep": hashlib.sha256(np.packbits(plan.keep[run_index]).tobytes()).hexdigest(),
         "clients": _clients_digest(plan.clients[run_index]),
@@ -287,13 +304,13 @@ def _train_one(plan: Plan, store: RunStore, experiment: Experiment, rid: str, ru
 
 
 def _job(plan: Plan, experiment: Experiment, clients: list[np.ndarray], seed: int, pool_x=None, pool_y=None,
-         update_canaries: torch.Tensor | None = None) -> TrainingJob:
+         update_canaries: torch.Tensor | None = None, record: RecordSpec | None = None) -> TrainingJob:
     task, device = plan.task, plan.config.device
     pool_x = task.pool.features if pool_x is None else pool_x
     pool_y = task.pool.labels if pool_y is None else pool_y
     return TrainingJob(task.model_factory, pool_x.to(device), pool_y.to(device), clients, task.test.features.to(device),
                        task.test.labels.to(device), experiment.training, seed=seed, delta=experiment.delta,
-                       accounting=plan.accounting, record=plan.record, device=device,
+                       accounting=plan.accounting, record=record or plan.record, device=device,
                        update_canaries=None if update_canaries is None else update_canaries.to(device))
 
 
@@ -311,7 +328,7 @@ def train_runs(plan: Plan, store: RunStore, quiet: bool = False) -> dict[str, fl
             if store.is_complete(rid):
                 bar.set_postfix_str("resumed", refresh=False)
             else:
-                job = _job(plan, experiment, plan.clients[r], derive_seed(config.seed, "run", r))
+                job = _job(plan, experiment, plan.clients[r], derive_seed(config.seed, "run", r), record=plan.record_for(r))
                 accuracy = _train_one(plan, store, experiment, rid, r, job, np.flatnonzero(plan.keep[r]))
                 bar.set_postfix_str(f"acc {accuracy:.3f}" if isinstance(accuracy, float) else "", refresh=False)
             bar.update(1)
@@ -416,7 +433,65 @@ def membership_experiment(plan: Plan, store: RunStore, experiment: Experiment) -
     )
 
 
+def target_run(plan: Plan, store: RunStore, experiment: Experiment) -> TargetRun:
+    """Run 0 of an experiment as the server holds it, for the run attacks."""
+    rid = plan.run_ids[experiment.key][0]
+    device, task = plan.config.device, plan.task
+    model, layout, initial = initial_vector(task.model_factory, derive_seed(plan.config.seed, "run", 0))
+    stored = plan.record_for(0)
+
+    def load_global(round_number: int) -> dict[str, torch.Tensor] | None:
+        if not stored.wants_global(round_number, experiment.training.rounds):
+            return None
+        return layout.unflatten(store.load_tensor(rid, "global_models", f"round_{round_number:04d}", device))
+
+    def train_side(dataset: str, root: str | None) -> SideRun:
+        return side_run(plan, store, experiment, dataset, root)
+
+    return TargetRun(
+        key=experiment.key, defense=experiment.defense, training=experiment.training, model=model.to(device),
+        params=store.load_params(rid, device=device), initial=layout.unflatten(initial.to(device)), load_global=load_global,
+        server_view=store.load_tensors(rid, "server_view"), pool_x=task.pool.features, pool_y=task.pool.labels,
+        clients=plan.clients[0], test_x=task.test.features, test_y=task.test.labels, dataset=task.dataset, kind=task.kind,
+        seed=derive_seed(plan.config.seed, "run-attack", experiment.key), device=device,
+        members=np.flatnonzero(plan.keep[0]), pool_attributes=task.pool.attributes, train_side=train_side)
+
+
+def side_run(plan: Plan, store: RunStore, experiment: Experiment, dataset: str, root: str | None) -> SideRun:
+    """The experiment's defense trained on ``dataset`` with an MLP — same clients, training and
+    target ε — for attacks its own data cannot serve. Stored like every run (resumable)."""
+    config = plan.config
+    side_config = replace(config, dataset=DatasetConfig(name=dataset, root=root), model=ModelConfig(name="mlp"))
+    task = build_task(side_config)
+    layout = ParamLayout.of(task.model_factory())
+    membership = record_membership(task.pool.labels.numpy(), replace(config.membership, runs=1, unit="record"),
+                                   config.partition, derive_seed(config.seed, "side-run", dataset))
+    fingerprint = {"base": run_id(plan, experiment, 0), "dataset": dataset, "root": root,
+                   "clients": _clients_digest(membership.clients[0])}
+    digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    rid = f"{experiment.key}-side-{dataset}-{digest}"
+    if not store.is_complete(rid):
+        defense = type(experiment.defense)(experiment.defense.params, layout)
+        if experiment.target_epsilon is not None:
+            defense = defense.calibrate(experiment.target_epsilon, experiment.delta, experiment.training,
+                                        config.partition.clients, plan.accounting)
+        job = TrainingJob(task.model_factory, task.pool.features.to(config.device), task.pool.labels.to(config.device),
+                          membership.clients[0], task.test.features.to(config.device), task.test.labels.to(config.device),
+                          experiment.training, seed=derive_seed(config.seed, "side-run", experiment.key, dataset),
+                          delta=experiment.delta, accounting=plan.accounting, device=config.device)
+        outcome = defense.train(job)
+        last = next((row for row in reversed(outcome.metrics) if "test_accuracy" in row), {})
+        store.save_run(rid, {"run_id": rid, "side_run": fingerprint, "claim": outcome.claim.as_dict(),
+                             "utility": {"test_accuracy": last.get("test_accuracy")}},
+                       outcome.final_params, np.flatnonzero(membership.keep[0]), outcome.metrics)
+    manifest = store.load_manifest(rid)
+    return SideRun(task.dataset, task.pool, store.load_membership(rid), task.model_factory().to(config.device),
+                   store.load_params(rid, device=config.device), manifest["utility"]["test_accuracy"])
+
+
 def _save_scores(out: Path, experiment: Experiment, result: AttackResult) -> None:
+    if result.scores is None or not np.size(result.scores):
+        return  # run attacks have metrics, not scores per unit
     folder = out / "attacks" / experiment.key
     folder.mkdir(parents=True, exist_ok=True)
     temporary = folder / f".{result.name}.tmp.npz"
@@ -436,6 +511,13 @@ def attack_runs(plan: Plan, store: RunStore, out: Path, quiet: bool = False) -> 
             if isinstance(attack, CanaryAudit):
                 result = evaluate_canaries(plan, store, experiment, attack)
                 produced = [] if result is None else [result]
+            elif isinstance(attack, RunAttack):
+                reason = attack.not_applicable(experiment.defense, plan.task.dataset)
+                if reason is not None:
+                    plan.skipped.setdefault(experiment.key, []).append({"attack": attack.label, "reason": reason})
+                    produced = []
+                else:
+                    produced = attack.evaluate(target_run(plan, store, experiment))
             else:
                 bar = _bar(target.runs, f"{attack.label} {experiment.label}", quiet)
 

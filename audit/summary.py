@@ -63,6 +63,8 @@ def _attack_entry(result: AttackResult) -> dict[str, Any]:
         "metrics": {name: {"value": e.value, "ci_low": e.low, "ci_high": e.high} for name, e in result.metrics.items()},
         "epsilon_kind": dict(result.epsilon_kind),
         "roc": {"fpr": list(result.roc[0]), "tpr": list(result.roc[1])},
+        "kind": result.kind,
+        "figures": list(result.figures),
     }
 
 

@@ -85,7 +85,7 @@ def render_report(document: dict[str, Any], manifest_extra: dict[str, Any] | Non
     attack_names = []
     for experiment in experiments:
         for attack in experiment["attacks"]:
-            if attack["attack"] not in attack_names:
+            if attack.get("roc", {}).get("fpr") and attack["attack"] not in attack_names:
                 attack_names.append(attack["attack"])
     figures = []
     accuracy_plot = plots.accuracy_vs_epsilon(experiments)

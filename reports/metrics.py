@@ -232,3 +232,15 @@ def roc_points_for_plot(scores, labels, max_points: int = 400) -> tuple[list[flo
     index = np.searchsorted(fpr, grid, side="right") - 1
     index = np.unique(np.clip(index, 0, len(fpr) - 1))
     return [float(v) for v in fpr[index]], [float(v) for v in tpr[index]]
+
+
+def mean_estimate(values, confidence: float = 0.95) -> Estimate:
+    """Mean of per-item values with a Student-t interval (NaN bounds below two finite values)."""
+    finite = np.asarray([v for v in values if math.isfinite(v)], dtype=np.float64)
+    if len(finite) == 0:
+        return Estimate(math.nan)
+    mean = float(finite.mean())
+    if len(finite) < 2:
+        return Estimate(mean)
+    half = float(stats.t.ppf(0.5 + confidence / 2, len(finite) - 1) * finite.std(ddof=1) / math.sqrt(len(finite)))
+    return Estimate(mean, mean - half, mean + half)

@@ -47,11 +47,19 @@ def test_outputs_exist_and_rows_are_tidy(smoke_runs):
     assert float(dp["epsilon"]) <= 8.0 and dp["unit"] == "client" and "rdp-improved" in dp["accountant"]
     document = json.loads((out / "results.json").read_text())
     assert document["schema_version"] and len(document["experiments"]) == 2
-    assert len(list((out / "runs").iterdir())) == 16 + 2 * 2  # 8 membership runs each, one run per canary audit
+    # 8 membership runs each, one run per canary audit, one side run on diabetes for attribute inference
+    assert len(list((out / "runs").iterdir())) == 16 + 2 * 2 + 2
     for experiment in document["experiments"]:  # the default report: LiRA, Shokri, a threshold and two canary audits
         names = {a["attack"] for a in experiment["attacks"]}
         assert {"lira-online", "lira-offline", "shokri", "loss-threshold", "record-canaries", "client-canaries"} <= names
-        assert all(a["verdicts"] for a in experiment["attacks"])
+        assert all(a["verdicts"] for a in experiment["attacks"] if a["kind"] != "run")
+        # issue 7's rows: a reconstruction grid and attribute inference (digits has no attribute: the defense is
+        # retrained on diabetes, whose sensitive attribute is sex)
+        inversion = next(a for a in experiment["attacks"] if a["attack"] == "gradient-inversion")
+        assert inversion["figures"] and 0.0 <= inversion["metrics"]["ssim"]["value"] <= 1.0
+        attribute = next(a for a in experiment["attacks"] if a["attack"] == "attribute-inference-sex")
+        advantage = attribute["metrics"]["white_box.advantage"]
+        assert advantage["ci_low"] <= advantage["value"] <= advantage["ci_high"] and "diabetes" in attribute["notes"]
     assert document["experiments"][0]["soundness"] == "no claim"
     assert document["experiments"][1]["soundness"] == "consistent"
     assert document["audit"]["membership_unit"] == "client"  # dp-fedavg claims client-level DP
@@ -134,6 +142,8 @@ def test_every_defense_runs_end_to_end(tmp_path):
         "dataset: {name: digits, max_pool: 160, max_test: 100}\npartition: {clients: 4}\n"
         "training: {rounds: 2, local_steps: 1, batch_size: 10, lr: 0.1}\nmembership: {runs: 4}\n"
         "diagnostics: {sharpness_directions: 1, perturbation_repeats: 1, max_records: 50}\n"
+        "attacks: [{name: lira}, {name: shokri}, {name: loss-threshold}, {name: record-canaries}, {name: client-canaries},\n"
+        "          {name: gradient-inversion, params: {iterations: 20, batch_size: 1}}, {name: attribute-inference}]\n"
         f"defenses:\n{entries}\n")
     assert main(["run", str(config), "--out", str(tmp_path / "out"), "--quiet"]) == 0
     document = json.loads((tmp_path / "out" / "results.json").read_text())
@@ -147,11 +157,15 @@ def test_every_defense_runs_end_to_end(tmp_path):
             assert experiment["claim"]["unit"] == unit
     mechanisms = [e["claim"]["mechanism"].split(" noise")[0] for e in document["experiments"] if e["defense"] == "udp-fl"]
     assert [m.split("with ")[1].split("(")[0] for m in mechanisms] == ["GaussianNoise", "LaplaceNoise", "StaircaseNoise"]
-    default = {"lira-online", "lira-offline", "shokri", "loss-threshold", "record-canaries", "client-canaries"}
+    default = {"lira-online", "lira-offline", "shokri", "loss-threshold", "record-canaries", "client-canaries",
+               "gradient-inversion", "attribute-inference-sex"}
     no_update_canaries = {"dp-fedavg-lus", "dp-fedavg-blur-lus", "ae-dpfl"}  # their uploads are not a clipped sum
+    replayed_uploads = {"fedavg", "fedsam", "dp-fedavg"}  # attacks.server_view
     for experiment in document["experiments"]:
         skipped = {entry["attack"] for entry in experiment["skipped_attacks"]}
-        assert skipped == ({"client-canaries"} if experiment["defense"] in no_update_canaries else set())
+        expected = ({"client-canaries"} if experiment["defense"] in no_update_canaries else set()) | \
+            (set() if experiment["defense"] in replayed_uploads else {"gradient-inversion"})
+        assert skipped == expected, experiment["label"]
         assert {a["attack"] for a in experiment["attacks"]} == default - skipped
         allowed = {"consistent", "no claim", "not covered"}
         if experiment["defense"] in {"dp-fedsam-topk", "fed-smp-topk"}:
