@@ -1,0 +1,46 @@
+"""JUnit XML for ``dpfl-audit check``, so CI systems show each rule's outcome as a test.
+
+One ``<testsuite name="dpfl-audit check">`` holds one ``<testcase>`` per outcome: its
+``classname`` is the rule's name, its ``name`` the target (experiment/attack/metric), a failing
+outcome carries ``<failure message="...">`` and a skipped one ``<skipped message="...">``, each
+with the outcome's sentence. There are no timestamps, durations or host names, so the same
+results and policy give the same bytes — the file can be diffed and cached.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from reports.policy import Outcome
+
+SUITE_NAME = "dpfl-audit check"
+
+
+def _details(outcome: Outcome) -> str:
+    """The body of a failure/skip element: the numbers compared, then the sentence."""
+    def cell(number, basis: str) -> str:
+        text = "—" if number is None else number if isinstance(number, str) else f"{number:.6g}"
+        return f"{text} ({basis})" if basis else text
+
+    return (f"rule: {outcome.rule} ({outcome.kind})\ntarget: {outcome.target}\n"
+            f"value: {cell(outcome.value, outcome.value_basis)}\n"
+            f"threshold: {outcome.relation} {cell(outcome.threshold, outcome.threshold_basis)}".rstrip()
+            + f"\n{outcome.sentence}")
+
+
+def junit_xml(outcomes: list[Outcome], suite_name: str = SUITE_NAME) -> str:
+    """The outcomes as a JUnit XML document (a string with an XML declaration)."""
+    failures = sum(o.verdict == "fail" for o in outcomes)
+    skipped = sum(o.verdict == "skip" for o in outcomes)
+    suite = ET.Element("testsuite", {"name": suite_name, "tests": str(len(outcomes)), "failures": str(failures),
+                                     "errors": "0", "skipped": str(skipped)})
+    for outcome in outcomes:
+        case = ET.SubElement(suite, "testcase", {"classname": outcome.rule, "name": outcome.target})
+        if outcome.verdict == "fail":
+            ET.SubElement(case, "failure", {"message": outcome.sentence, "type": outcome.kind}).text = _details(outcome)
+        elif outcome.verdict == "skip":
+            ET.SubElement(case, "skipped", {"message": outcome.sentence})
+    ET.indent(suite)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"

@@ -1,0 +1,366 @@
+"""``dpfl-audit check``: policies, rule outcomes, baselines, JUnit XML and exit codes.
+
+The results documents are synthetic but shaped like a real ``results.json`` (the fields the
+checker reads: experiments with key, label, defense, claim, utility, attacks with metrics and
+intervals, soundness), so every test runs in milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import yaml
+
+from audit.cli import main
+from audit.errors import UserInputError
+from reports.junit import junit_xml
+from reports.policy import (
+    FAIL,
+    PASS,
+    SKIP,
+    evaluate_policy,
+    load_policy,
+    load_results,
+    parse_policy,
+)
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+# --------------------------------------------------------------------------- synthetic results
+
+
+def estimate(value, ci_low=None, ci_high=None) -> dict:
+    return {"value": value, "ci_low": ci_low, "ci_high": ci_high}
+
+
+def membership_attack(name: str, auc: tuple, tpr: tuple = (0.02, 0.0, 0.08), epsilon_lb: float = 0.0) -> dict:
+    return {"attack": name, "unit": "client", "kind": "membership", "notes": "",
+            "metrics": {"auc": estimate(*auc), "tpr_at_fpr_1%": estimate(*tpr),
+                        "balanced_accuracy": estimate(0.55), "epsilon_lower_bound": estimate(epsilon_lb, epsilon_lb, None)},
+            "epsilon_kind": {"epsilon_lower_bound": "lower_bound"}, "verdicts": []}
+
+
+def experiment(key: str, defense: str, *, label: str | None = None, epsilon: float | None = None,
+               accuracy: tuple = (0.9, 0.88, 0.92), auc: tuple = (0.55, 0.52, 0.58), epsilon_lb: float = 0.0,
+               soundness: str = "consistent", soundness_text: str = "", attacks: list | None = None) -> dict:
+    """One experiment entry of results.json with a lira-online and a shokri attack."""
+    return {
+        "key": key, "label": label or key, "defense": defense, "target_epsilon": epsilon,
+        "claim": {"epsilon": epsilon, "delta": 1e-5 if epsilon else 0.0, "unit": "client" if epsilon else "none",
+                  "accountant": "rdp" if epsilon else "none"},
+        "utility": {"test_accuracy": estimate(*accuracy), "test_loss": estimate(0.4, 0.35, 0.45)},
+        "attacks": attacks if attacks is not None else [
+            membership_attack("lira-online", auc, epsilon_lb=epsilon_lb),
+            membership_attack("shokri", (0.52, 0.45, 0.59)),
+        ],
+        "soundness": soundness, "soundness_text": soundness_text, "skipped_attacks": [],
+    }
+
+
+def default_experiments() -> list[dict]:
+    return [experiment("fedavg", "fedavg", accuracy=(0.94, 0.93, 0.95), auc=(0.59, 0.56, 0.62), soundness="no claim"),
+            experiment("dp-fedavg-eps1", "dp-fedavg", label="dp-fedavg (ε=1)", epsilon=1.0, accuracy=(0.15, 0.1, 0.2),
+                       auc=(0.504, 0.47, 0.54)),
+            experiment("dp-fedavg-eps8", "dp-fedavg", label="dp-fedavg (ε=8)", epsilon=8.0, accuracy=(0.62, 0.58, 0.66),
+                       auc=(0.507, 0.47, 0.54))]
+
+
+def write_results(folder: Path, experiments: list[dict]) -> Path:
+    """A results directory holding a minimal valid results.json."""
+    folder.mkdir(parents=True, exist_ok=True)
+    document = {"schema_version": "1.0", "tool": {"name": "dpfl-audit", "version": "0.1.0"},
+                "audit": {"name": "test", "seed": 0, "dataset": "digits"}, "config": {}, "experiments": experiments,
+                "rows": []}
+    (folder / "results.json").write_text(json.dumps(document, indent=2), encoding="utf-8")
+    return folder
+
+
+def write_policy(path: Path, rules: list[dict] | str) -> Path:
+    path.write_text(rules if isinstance(rules, str) else yaml.safe_dump({"version": 1, "rules": rules}, allow_unicode=True),
+                    encoding="utf-8")
+    return path
+
+
+def outcomes_of(rules: list[dict], experiments: list[dict], baseline: list[dict] | None = None):
+    policy = parse_policy({"rules": rules})
+    return evaluate_policy(policy, {"experiments": experiments},
+                           None if baseline is None else {"experiments": baseline})
+
+
+HOLDING_RULES = [
+    {"kind": "no-violation"},
+    {"kind": "max", "name": "dp-fedavg resists LiRA at ε=1", "experiment": "dp-fedavg-eps1", "attack": "lira-online",
+     "metric": "auc", "value": 0.6},
+    {"kind": "min", "defense": "fedavg", "metric": "test_accuracy", "value": 0.9},
+]
+
+
+# --------------------------------------------------------------------------- exit codes and output
+
+
+def test_policy_that_holds_exits_0(tmp_path, capsys):
+    results = write_results(tmp_path / "out", default_experiments())
+    policy = write_policy(tmp_path / "policy.yaml", HOLDING_RULES)
+    assert main(["check", str(results), "--policy", str(policy)]) == 0
+    out = capsys.readouterr().out
+    assert "dp-fedavg resists LiRA at ε=1" in out and "FAIL" not in out
+    assert out.strip().splitlines()[-1] == "check passed: all 5 checks hold"
+
+
+def test_policy_that_fails_exits_1_and_names_the_rule(tmp_path, capsys):
+    experiments = default_experiments()
+    experiments[1]["attacks"][0]["metrics"]["auc"] = estimate(0.75, 0.71, 0.79)  # ε=1 suddenly leaks
+    results = write_results(tmp_path / "out", experiments)
+    policy = write_policy(tmp_path / "policy.yaml", HOLDING_RULES)
+    assert main(["check", str(results / "results.json"), "--policy", str(policy)]) == 1
+    out = capsys.readouterr().out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("check FAILED: 1 of 5 checks fail") and "'dp-fedavg resists LiRA at ε=1'" in last
+    assert "dp-fedavg-eps1/lira-online/auc" in out and "0.75, above the maximum 0.6" in out
+
+
+def test_json_output_matches_the_exit_code(tmp_path, capsys):
+    results = write_results(tmp_path / "out", default_experiments())
+    policy = write_policy(tmp_path / "policy.yaml", HOLDING_RULES + [{"kind": "max", "metric": "auc", "value": 0.58}])
+    assert main(["check", str(results), "--policy", str(policy), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["passed"] is False and report["counts"] == {"pass": 10, "fail": 1, "skip": 0}
+    assert report["failing_rules"] == ["auc ≤ 0.58"]
+    failing = [o for o in report["outcomes"] if o["verdict"] == FAIL]
+    assert [o["target"] for o in failing] == ["fedavg/lira-online/auc"] and failing[0]["value"] == 0.59
+
+
+@pytest.mark.parametrize("policy_text, expected", [
+    ("rules:\n  - kind: max\n    metric: [auc\n", "is not valid YAML"),
+    ("rules:\n  - {kind: no-violation}\n  - {kind: no-violation}\n  - {kind: maxx, metric: auc, value: 0.6}\n",
+     "rules[2].kind: unknown rule 'maxx'; allowed: max, min, no-violation, no-regression"),
+    ("rules:\n  - {kind: max, attack: lira-online, metric: auc}\n", "rules[0].value: missing"),
+    ("rules:\n  - {kind: max, metric: auc, value: high}\n", "rules[0].value: expected a finite number"),
+    ("rules:\n  - {kind: max, metric: auc, value: 0.6, use: median}\n", "rules[0].use: 'median' is not allowed; allowed: value, ci_low, ci_high"),
+    ("rules:\n  - {kind: min, metirc: auc, metric: auc, value: 0.6}\n", "rules[0].metirc: unknown field for a min rule; allowed:"),
+    ("rules:\n  - {kind: no-regression, require: 'yes'}\n", "rules[0].require: expected true or false"),
+    ("rules:\n  - {kind: no-regression, tolerance: -1}\n", "rules[0].tolerance: must be >= 0"),
+    ("rules:\n  - {kind: no-violation, warnings: loud}\n", "rules[0].warnings: 'loud' is not allowed; allowed: ignore, fail"),
+    ("rules:\n  - {name: a, kind: no-violation}\n  - {name: a, kind: no-violation}\n", "rules[1].name: 'a' is already"),
+    ("version: 2\nrules:\n  - {kind: no-violation}\n", "version: 2 is not supported; allowed: 1"),
+    ("rules: []\n", "rules: expected a non-empty list"),
+    ("rule:\n  - {kind: no-violation}\n", "rule: unknown field; allowed: version, rules"),
+    ("rules:\n  - no-violation\n", "rules[0]: expected a mapping"),
+])
+def test_malformed_policy_exits_2_with_one_line_and_writes_nothing(tmp_path, capsys, policy_text, expected):
+    results = write_results(tmp_path / "out", default_experiments())
+    policy = write_policy(tmp_path / "policy.yaml", policy_text)
+    junit = tmp_path / "junit.xml"
+    assert main(["check", str(results), "--policy", str(policy), "--junit", str(junit)]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dpfl-audit: error: ") and expected in lines[0], lines
+    assert captured.out == "" and not junit.exists()
+
+
+def test_missing_inputs_exit_2(tmp_path, capsys):
+    results = write_results(tmp_path / "out", default_experiments())
+    policy = write_policy(tmp_path / "policy.yaml", HOLDING_RULES)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "not-results.json").write_text('{"hello": 1}')
+    for argv, expected in [
+        (["check", str(results), "--policy", str(tmp_path / "nope.yaml")], "--policy: file"),
+        (["check", str(tmp_path / "empty"), "--policy", str(policy)], "RESULTS: no results.json in directory"),
+        (["check", str(tmp_path / "not-results.json"), "--policy", str(policy)], "has no 'experiments' list"),
+        (["check", str(results), "--policy", str(policy), "--baseline", str(tmp_path / "old")], "--baseline: "),
+        (["check", str(results), "--policy", str(policy), "--junit", str(tmp_path)], "--junit: "),
+    ]:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and expected in err[0], err
+
+
+# --------------------------------------------------------------------------- rules
+
+
+def test_max_and_min_use_the_chosen_number_and_fail_without_it():
+    experiments = default_experiments()
+    experiments[1]["attacks"][0]["metrics"]["auc"] = estimate(0.55, None, None)
+    outcomes = outcomes_of([
+        {"kind": "max", "experiment": "dp-fedavg (ε=8)", "attack": "lira-online", "metric": "auc", "value": 0.53, "use": "ci_high"},
+        {"kind": "max", "experiment": "dp-fedavg-eps1", "attack": "lira-online", "metric": "auc", "value": 0.6, "use": "ci_high"},
+        {"kind": "min", "attack": "none", "metric": "test_accuracy", "value": 0.6, "defense": "dp-fedavg"},
+    ], experiments)
+    by_rule = [(o.target, o.verdict, o.value) for o in outcomes]
+    assert by_rule == [("dp-fedavg-eps8/lira-online/auc", FAIL, 0.54),  # experiment matched by label
+                       ("dp-fedavg-eps1/lira-online/auc", FAIL, None),  # no interval: cannot vouch for it
+                       ("dp-fedavg-eps1/utility/test_accuracy", FAIL, 0.15),
+                       ("dp-fedavg-eps8/utility/test_accuracy", PASS, 0.62)]
+    assert "no ci_high (no interval)" in outcomes[1].sentence
+    assert [o.rule for o in outcomes] == ["lira-online auc ci_high ≤ 0.53 on dp-fedavg (ε=8)",
+                                          "lira-online auc ci_high ≤ 0.6 on dp-fedavg-eps1",
+                                          "utility test_accuracy ≥ 0.6 on dp-fedavg", "utility test_accuracy ≥ 0.6 on dp-fedavg"]
+
+
+def test_no_violation_fails_on_violations_and_on_warnings_only_when_asked():
+    experiments = default_experiments()
+    experiments[1]["soundness"], experiments[1]["soundness_text"] = "violation", "record-canaries: VIOLATION: ε_LB = 3 > 1"
+    experiments[2]["soundness"] = "estimate above claim"
+    default = outcomes_of([{"kind": "no-violation"}], experiments)
+    assert [(o.target, o.verdict) for o in default] == [("fedavg", PASS), ("dp-fedavg-eps1", FAIL), ("dp-fedavg-eps8", PASS)]
+    assert "ε_LB = 3 > 1" in default[1].sentence
+    strict = outcomes_of([{"kind": "no-violation", "warnings": "fail", "defense": "dp-fedavg"}], experiments)
+    assert [(o.target, o.verdict) for o in strict] == [("dp-fedavg-eps1", FAIL), ("dp-fedavg-eps8", FAIL)]
+
+
+@pytest.mark.parametrize("rule, reason", [
+    ({"kind": "max", "defense": "dp-fedavgg", "attack": "lira-online", "metric": "auc", "value": 0.6}, "matched no experiment"),
+    ({"kind": "max", "experiment": "dp-fedavg-eps2", "metric": "auc", "value": 0.6}, "matched no experiment"),
+    ({"kind": "max", "attack": "lira-onlin", "metric": "auc", "value": 0.6}, "matched no attack 'lira-onlin'"),
+    ({"kind": "max", "attack": "lira-online", "metric": "acu", "value": 0.6}, "matched no metric acu"),
+    ({"kind": "min", "metric": "test_acc", "value": 0.6}, "matched no metric test_acc"),
+    ({"kind": "no-violation", "defense": "dpfedavg"}, "matched no experiment"),
+    ({"kind": "no-regression", "metrics": ["aucc"]}, "matched no metric aucc"),
+])
+def test_a_rule_that_matches_nothing_fails(rule, reason):
+    experiments = default_experiments()
+    outcomes = outcomes_of([rule], experiments, baseline=experiments)
+    assert len(outcomes) == 1 and outcomes[0].verdict == FAIL and reason in outcomes[0].sentence
+
+
+# --------------------------------------------------------------------------- baseline
+
+
+def regression_outcome(old_auc: tuple, new_auc: tuple, **rule):
+    old = [experiment("dp-fedavg-eps1", "dp-fedavg", epsilon=1.0, auc=old_auc)]
+    new = [experiment("dp-fedavg-eps1", "dp-fedavg", epsilon=1.0, auc=new_auc)]
+    outcomes = outcomes_of([{"kind": "no-regression", "attack": "lira-online", "metric": "auc", **rule}], new, old)
+    assert len(outcomes) == 1
+    return outcomes[0]
+
+
+def test_baseline_flags_a_regression_beyond_the_intervals():
+    outcome = regression_outcome((0.55, 0.52, 0.58), (0.75, 0.71, 0.79))
+    assert outcome.verdict == FAIL and outcome.value == 0.71 and outcome.threshold == 0.58
+    assert "95 % intervals compared" in outcome.sentence and "regression beyond statistical noise" in outcome.sentence
+
+
+def test_baseline_ignores_a_difference_within_noise():
+    outcome = regression_outcome((0.55, 0.50, 0.60), (0.57, 0.52, 0.62))
+    assert outcome.verdict == PASS and "no regression beyond statistical noise" in outcome.sentence
+    assert regression_outcome((0.75, 0.71, 0.79), (0.55, 0.52, 0.58)).verdict == PASS  # an improvement
+
+
+def test_lower_is_worse_for_accuracy():
+    old = [experiment("fedavg", "fedavg", accuracy=(0.94, 0.93, 0.95))]
+    rule = {"kind": "no-regression", "attack": "none", "metric": "test_accuracy"}
+    dropped = outcomes_of([rule], [experiment("fedavg", "fedavg", accuracy=(0.80, 0.78, 0.82))], old)[0]
+    assert dropped.verdict == FAIL and dropped.relation == "≥" and dropped.threshold == 0.93
+    risen = outcomes_of([rule], [experiment("fedavg", "fedavg", accuracy=(0.99, 0.98, 1.0))], old)[0]
+    assert risen.verdict == PASS
+
+
+def test_without_an_interval_the_tolerance_decides():
+    old = [experiment("e", "dp-fedavg", epsilon=1.0, epsilon_lb=1.0)]
+    rule = {"kind": "no-regression", "attack": "lira-online", "metric": "epsilon_lower_bound"}
+    within = outcomes_of([rule], [experiment("e", "dp-fedavg", epsilon=1.0, epsilon_lb=1.015)], old)[0]
+    beyond = outcomes_of([rule], [experiment("e", "dp-fedavg", epsilon=1.0, epsilon_lb=1.5)], old)[0]
+    loose = outcomes_of([{**rule, "tolerance": 0.6}], [experiment("e", "dp-fedavg", epsilon=1.0, epsilon_lb=1.5)], old)[0]
+    assert (within.verdict, beyond.verdict, loose.verdict) == (PASS, FAIL, PASS)
+    assert "absolute tolerance 0.02 was used" in beyond.sentence and beyond.threshold == pytest.approx(1.02)
+
+
+def test_missing_baseline_data_is_skipped_unless_required():
+    old = [experiment("dp-fedavg-eps1", "dp-fedavg", epsilon=1.0, attacks=[membership_attack("lira-online", (0.5, 0.47, 0.53))])]
+    new = [experiment("dp-fedavg-eps1", "dp-fedavg", epsilon=1.0), experiment("new-defense", "dp-fedsam", epsilon=1.0)]
+    rule = {"kind": "no-regression", "metric": "auc"}
+    skipped = outcomes_of([rule], new, old)
+    assert [(o.target, o.verdict) for o in skipped] == [
+        ("dp-fedavg-eps1/lira-online/auc", PASS), ("dp-fedavg-eps1/shokri/auc", SKIP),
+        ("new-defense/lira-online/auc", SKIP), ("new-defense/shokri/auc", SKIP)]
+    assert "not in baseline" in skipped[1].sentence and "not in baseline" in skipped[2].sentence
+    required = outcomes_of([{**rule, "require": True}], new, old)
+    assert [o.verdict for o in required] == [PASS, FAIL, FAIL, FAIL]
+    no_baseline = outcomes_of([rule], new)  # no --baseline at all: one outcome for the rule
+    assert [o.verdict for o in no_baseline] == [SKIP] and "no --baseline given: 4 comparisons not made" in no_baseline[0].sentence
+    assert [o.verdict for o in outcomes_of([{**rule, "require": True}], new)] == [FAIL]
+
+
+def test_cli_baseline_regression_exits_1(tmp_path, capsys):
+    old = write_results(tmp_path / "old", default_experiments())
+    experiments = default_experiments()
+    experiments[1]["attacks"][0]["metrics"]["auc"] = estimate(0.75, 0.71, 0.79)
+    new = write_results(tmp_path / "new", experiments)
+    policy = write_policy(tmp_path / "policy.yaml", [{"kind": "no-regression", "name": "no leakage regression"}])
+    assert main(["check", str(new), "--policy", str(policy), "--baseline", str(old)]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL no leakage regression — dp-fedavg-eps1/lira-online/auc" in out
+    assert main(["check", str(old), "--policy", str(policy), "--baseline", str(old)]) == 0
+
+
+# --------------------------------------------------------------------------- JUnit and determinism
+
+
+def test_junit_is_well_formed_with_one_testcase_per_outcome(tmp_path, capsys):
+    experiments = default_experiments()
+    results = write_results(tmp_path / "out", experiments)
+    rules = HOLDING_RULES + [{"kind": "max", "metric": "auc", "value": 0.58},  # fails once (fedavg lira-online)
+                             {"kind": "max", "attack": "lira-onlin", "metric": "auc", "value": 0.6},  # fails: typo
+                             {"kind": "no-regression", "metric": "auc"}]  # one skipped outcome: no baseline
+    policy = write_policy(tmp_path / "policy.yaml", rules)
+    junit = tmp_path / "reports" / "junit.xml"
+    assert main(["check", str(results), "--policy", str(policy), "--junit", str(junit)]) == 1
+    suite = ET.parse(junit).getroot()
+    cases = suite.findall("testcase")
+    assert suite.tag == "testsuite" and suite.get("name") == "dpfl-audit check"
+    assert len(cases) == int(suite.get("tests")) == 5 + 6 + 1 + 1
+    failures = [c for c in cases if c.find("failure") is not None]
+    assert len(failures) == int(suite.get("failures")) == 2
+    assert len([c for c in cases if c.find("skipped") is not None]) == int(suite.get("skipped")) == 1
+    assert {c.get("classname") for c in failures} == {"auc ≤ 0.58", "lira-onlin auc ≤ 0.6"}
+    assert "matched no attack" in failures[1].find("failure").get("message")
+    capsys.readouterr()
+
+
+def test_output_is_deterministic(tmp_path, capsys):
+    results = write_results(tmp_path / "out", default_experiments())
+    baseline = write_results(tmp_path / "old", default_experiments())
+    policy = write_policy(tmp_path / "policy.yaml", HOLDING_RULES + [{"kind": "no-regression"}])
+    runs = []
+    for attempt in range(2):
+        junit = tmp_path / f"junit{attempt}.xml"
+        assert main(["check", str(results), "--policy", str(policy), "--baseline", str(baseline), "--junit", str(junit)]) == 0
+        runs.append((capsys.readouterr().out, junit.read_bytes()))
+    assert runs[0] == runs[1]
+    policy_document = load_policy(policy)
+    outcomes = evaluate_policy(policy_document, load_results(results), load_results(baseline))
+    assert junit_xml(outcomes).encode("utf-8") == runs[0][1]
+
+
+def test_cli_subprocess_exit_codes(tmp_path):
+    results = write_results(tmp_path / "out", default_experiments())
+    failing = write_policy(tmp_path / "failing.yaml", [{"kind": "min", "name": "dp utility", "defense": "dp-fedavg",
+                                                        "metric": "test_accuracy", "value": 0.5}])
+    result = subprocess.run([sys.executable, "-m", "audit", "check", str(results), "--policy", str(failing)],
+                            capture_output=True, text=True, cwd=REPOSITORY, timeout=120)
+    assert result.returncode == 1 and "'dp utility'" in result.stdout and result.stderr == ""
+
+
+# --------------------------------------------------------------------------- shipped examples
+
+
+def test_example_policy_and_workflow_are_valid():
+    policy = load_policy(REPOSITORY / "examples" / "policy.yaml")
+    kinds = {rule.kind for rule in policy.rules}
+    assert kinds == {"max", "min", "no-violation", "no-regression"}
+    outcomes = evaluate_policy(policy, {"experiments": default_experiments()})
+    assert not [o for o in outcomes if "matched no" in o.sentence]  # every rule finds its target in the default audit
+    workflow = yaml.safe_load((REPOSITORY / "examples" / "ci" / "github-workflow.yml").read_text(encoding="utf-8"))
+    commands = "\n".join(step.get("run", "") for job in workflow["jobs"].values() for step in job["steps"])
+    assert "dpfl-audit check" in commands and "--policy examples/policy.yaml" in commands and "--junit" in commands
+
+
+def test_parse_policy_rejects_a_non_mapping():
+    with pytest.raises(UserInputError, match="expected a mapping"):
+        parse_policy(["kind: max"])
