@@ -8,6 +8,8 @@
     dpfl-audit reproduce STUDY [--quick]           a paper's comparison on a CPU proxy, claims checked
     dpfl-audit audit-mechanism --mechanism M ...   the optimal test on one noised step: ε lower bound vs claim
     dpfl-audit invert --attack A ...               gradient inversion of one client's (noisy) gradient: SSIM, PSNR, MSE
+    dpfl-audit report RESULTS_DIR [--out FILE]     regenerate report.html from stored results
+    dpfl-audit check RESULTS --policy P.yaml       CI gate: exit 1 when a policy rule fails
 
 Bad input — an unknown field, a bad value, a missing dataset — prints one line
 ``dpfl-audit: error: ...`` on stderr and exits with code 2, before anything is written.
@@ -113,6 +115,17 @@ def build_parser() -> argparse.ArgumentParser:
     invert.add_argument("--data-root", help="directory of the dataset's files (for mnist, cifar10, ...)")
     invert.add_argument("--out", default="invert-out", help="where grid.png and results.json go (default: %(default)s)")
     invert.add_argument("--json", action="store_true", help="machine-readable output")
+
+    report = commands.add_parser("report", help="regenerate report.html from a results directory (no retraining)")
+    report.add_argument("results", help="a results directory (with results.json) or a results.json file")
+    report.add_argument("--out", help="report file to write (default: RESULTS_DIR/report.html)")
+
+    check = commands.add_parser("check", help="CI gate: hold results to a policy of leakage/utility rules; exit 1 when one fails")
+    check.add_argument("results", metavar="RESULTS", help="results directory of `dpfl-audit run` (holding results.json) or its results.json")
+    check.add_argument("--policy", required=True, metavar="POLICY.yaml", help="policy YAML file of rules (see examples/policy.yaml)")
+    check.add_argument("--baseline", metavar="OLD_RESULTS", help="results of an earlier audit (directory or results.json) for no-regression rules")
+    check.add_argument("--junit", metavar="FILE", help="also write the outcomes as JUnit XML to this file")
+    check.add_argument("--json", action="store_true", help="machine-readable output")
 
     config = commands.add_parser("config", help="print the resolved configuration as YAML")
     config.add_argument("config", nargs="?", help="YAML configuration file")
@@ -339,6 +352,17 @@ def command_invert(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def command_report(args: argparse.Namespace) -> int:
+    from reports.html import write_report
+    from reports.results import load_results
+
+    document, manifest, folder = load_results(args.results)
+    extra = {"versions": manifest.get("versions", {}), "machine": manifest.get("machine", {})}
+    path = write_report(document, Path(args.out) if args.out else folder / "report.html", manifest_extra=extra)
+    print(f"report: {path}")
+    return EXIT_OK
+
+
 def command_config(args: argparse.Namespace) -> int:
     from audit.config import config_to_yaml, load_config
 
@@ -365,6 +389,12 @@ def main(argv: list[str] | None = None) -> int:
             return command_audit_mechanism(args)
         if args.command == "invert":
             return command_invert(args)
+        if args.command == "check":
+            from reports.policy import check_command
+
+            return EXIT_OK if check_command(args.results, args.policy, args.baseline, args.junit, args.json) else EXIT_FAILURE
+        if args.command == "report":
+            return command_report(args)
     except UserInputError as exc:
         print(f"dpfl-audit: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

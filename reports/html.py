@@ -45,6 +45,22 @@ def _leak_metric(experiment: dict[str, Any]) -> tuple[str, float] | None:
     return None
 
 
+def _best_trade_off(experiments: list[dict[str, Any]]) -> str | None:
+    """The private configuration with the best accuracy among those whose claim no measurement
+    contradicts, and the smallest claimed ε that reaches within 1 point of it."""
+    private = [e for e in experiments if e["claim"]["epsilon"] is not None and e["utility"]["test_accuracy"]["value"] is not None
+               and e.get("soundness") != "violation"]
+    if not private:
+        return None
+    best = max(e["utility"]["test_accuracy"]["value"] for e in private)
+    near = [e for e in private if e["utility"]["test_accuracy"]["value"] >= best - 0.01]
+    choice = min(near, key=lambda e: e["claim"]["epsilon"])
+    return (f"Best privacy–utility trade-off: {choice['label']} — test accuracy "
+            f"{100 * choice['utility']['test_accuracy']['value']:.1f} % at claimed ε = {choice['claim']['epsilon']:.3g} "
+            f"per {choice['claim']['unit']} (the smallest ε within 1 point of the best private accuracy, "
+            "among claims no measurement contradicts).")
+
+
 def summary_lines(document: dict[str, Any]) -> list[str]:
     """The verdicts in words, most important first."""
     lines = []
@@ -64,6 +80,9 @@ def summary_lines(document: dict[str, Any]) -> list[str]:
     if leaks:
         worst, (attack, value) = max(leaks, key=lambda item: item[1][1])
         lines.append(f"Most leaky configuration: {worst['label']} ({attack} AUC {value:.3f}; 0.5 is chance).")
+    trade_off = _best_trade_off(experiments)
+    if trade_off:
+        lines.append(trade_off)
     for experiment in experiments:
         claim, accuracy = experiment["claim"], experiment["utility"]["test_accuracy"]
         claim_text = ("no DP claim" if claim["epsilon"] is None else
@@ -92,6 +111,15 @@ def render_report(document: dict[str, Any], manifest_extra: dict[str, Any] | Non
     if accuracy_plot:
         figures.append({"title": "Accuracy vs claimed ε", "png": accuracy_plot,
                         "caption": "Mean test accuracy over the membership runs with 95 % intervals; dashed lines: non-private defenses."})
+    for metric in ("auc", "tpr_at_fpr_1%"):
+        png = plots.leakage_vs_epsilon(experiments, metric)
+        if png:
+            figures.append({"title": f"Membership leakage vs claimed ε ({'AUC' if metric == 'auc' else 'TPR at 1 % FPR'})",
+                            "png": png, "caption": "Each membership attack per defense, 95 % intervals; dashed: non-private."})
+    empirical = plots.empirical_vs_claimed(experiments)
+    if empirical:
+        figures.append({"title": "Empirical vs claimed ε", "png": empirical,
+                        "caption": "Every ε figure against what the claim allows for its unit; above the diagonal (red) is a violation."})
     for name in attack_names:
         png = plots.roc_plot(experiments, name)
         if png:

@@ -125,3 +125,80 @@ def round_curves(experiments: list[dict[str, Any]], metric: str, title: str, yla
     axis.legend(fontsize=6, loc="best")
     axis.grid(True, alpha=0.3)
     return _png(figure)
+
+
+def _epsilon_ticks(axis, epsilons: list[float]) -> None:
+    axis.set_xscale("log")
+    ticks = sorted(set(epsilons))
+    axis.set_xticks(ticks, [f"{t:.3g}" for t in ticks])
+    axis.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+
+
+def leakage_vs_epsilon(experiments: list[dict[str, Any]], metric: str = "auc") -> str | None:
+    """An attack metric (AUC or TPR at 1 % FPR, with 95 % intervals) against the claimed ε, one line
+    per (defense, attack) for the membership attacks; non-private defenses as dashed lines."""
+    figure, axis = plt.subplots(figsize=(5.2, 4.0))
+    lines: dict[tuple[str, str], list[tuple[float, dict]]] = {}
+    baselines = []
+    for experiment in experiments:
+        for attack in experiment["attacks"]:
+            if attack.get("kind", "membership") != "membership" or metric not in attack["metrics"]:
+                continue
+            estimate = attack["metrics"][metric]
+            if estimate["value"] is None:
+                continue
+            if experiment["claim"]["epsilon"] is None:
+                baselines.append((f"{experiment['label']}: {attack['attack']}", estimate["value"]))
+            else:
+                lines.setdefault((experiment["defense"], attack["attack"]), []).append((experiment["claim"]["epsilon"], estimate))
+    if not lines:
+        plt.close(figure)
+        return None
+    for i, ((defense, attack), points) in enumerate(sorted(lines.items())):
+        points.sort(key=lambda p: p[0])
+        values = [p[1]["value"] for p in points]
+        lows = [v - (p[1]["ci_low"] if p[1]["ci_low"] is not None else v) for v, p in zip(values, points)]
+        highs = [(p[1]["ci_high"] if p[1]["ci_high"] is not None else v) - v for v, p in zip(values, points)]
+        axis.errorbar([p[0] for p in points], values, yerr=[lows, highs], marker="o", capsize=3,
+                      color=COLORS[i % len(COLORS)], label=f"{defense}: {attack}")
+    for j, (label, value) in enumerate(baselines):
+        axis.axhline(value, linestyle="--", linewidth=1, color=COLORS[(len(lines) + j) % len(COLORS)], label=f"{label} (no DP)")
+    if metric == "auc":
+        axis.axhline(0.5, color="grey", linewidth=1, linestyle=":", label="chance")
+    _epsilon_ticks(axis, [p[0] for points in lines.values() for p in points])
+    name = "AUC" if metric == "auc" else "TPR at 1 % FPR"
+    axis.set(xlabel="claimed ε", ylabel=name, title=f"membership leakage ({name}) vs claimed ε")
+    axis.legend(fontsize=6, loc="best")
+    axis.grid(True, alpha=0.3)
+    return _png(figure)
+
+
+def empirical_vs_claimed(experiments: list[dict[str, Any]]) -> str | None:
+    """Every measured ε lower bound (and Gaussian-fit interval) against what the claim allows for
+    its unit, with the diagonal: a point above the diagonal is a violation (or, for an estimate,
+    a warning)."""
+    figure, axis = plt.subplots(figsize=(5.2, 4.4))
+    markers = {"lower_bound": "o", "estimate": "s"}
+    labelled: set[int] = set()  # one legend entry per experiment
+    largest = 0.0
+    for i, experiment in enumerate(experiments):
+        for attack in experiment["attacks"]:
+            for verdict in attack.get("verdicts", []):
+                bound, measured = verdict.get("bound"), verdict.get("measured")
+                if bound is None or measured is None or not math.isfinite(measured):
+                    continue
+                color = "#b00020" if verdict["status"] == "violation" else COLORS[i % len(COLORS)]
+                axis.scatter([bound], [measured], marker=markers[verdict["kind"]], color=color, s=22,
+                             label=None if i in labelled else experiment["label"])
+                labelled.add(i)
+                largest = max(largest, bound, measured)
+    if not labelled:
+        plt.close(figure)
+        return None
+    top = largest * 1.1 + 0.1
+    axis.plot([0, top], [0, top], color="grey", linestyle="--", linewidth=1, label="measured = claimed")
+    axis.set(xlim=(0, top), ylim=(0, top), xlabel="ε the claim allows (2ε for a record under a client claim)",
+             ylabel="measured ε (lower bound ●, lower end of the estimate ■)", title="empirical vs claimed ε")
+    axis.legend(fontsize=6, loc="upper left")
+    axis.grid(True, alpha=0.3)
+    return _png(figure)

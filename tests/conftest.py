@@ -36,3 +36,18 @@ def digits_job(digits):
                            digits.train.features[test], digits.train.labels[test], TrainingConfig(**defaults), seed=11)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def smoke_runs(tmp_path_factory):
+    """The smoke preset, named with markup, run twice into two fresh directories."""
+    from audit.cli import main
+    from tests.helpers import HOSTILE
+
+    base = tmp_path_factory.mktemp("smoke")
+    config = base / "smoke.yaml"
+    config.write_text(f"preset: smoke\nname: '{HOSTILE}'\n")
+    outs = [base / "first", base / "second"]
+    for out in outs:
+        assert main(["run", str(config), "--out", str(out), "--quiet"]) == 0
+    return config, outs

@@ -6,6 +6,9 @@ from pathlib import Path
 
 import pytest
 
+#: a run name that would execute if the report did not escape it
+HOSTILE = "<script>alert(1)</script>"
+
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 

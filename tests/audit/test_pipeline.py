@@ -8,25 +8,12 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from audit.cli import main
 from defenses.base import Defense
+from tests.helpers import HOSTILE
 
 REPO = Path(__file__).resolve().parents[2]
-HOSTILE = "<script>alert(1)</script>"
-
-
-@pytest.fixture(scope="module")
-def smoke_runs(tmp_path_factory):
-    """The smoke preset, named with markup, run twice into two fresh directories."""
-    base = tmp_path_factory.mktemp("smoke")
-    config = base / "smoke.yaml"
-    config.write_text(f"preset: smoke\nname: '{HOSTILE}'\n")
-    outs = [base / "first", base / "second"]
-    for out in outs:
-        assert main(["run", str(config), "--out", str(out), "--quiet"]) == 0
-    return config, outs
 
 
 def test_outputs_exist_and_rows_are_tidy(smoke_runs):
