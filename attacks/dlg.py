@@ -46,6 +46,7 @@ from attacks.gradient_matching import (
     Params,
     Reconstruction,
     ThreatModel,
+    attack_setup,
     check_attack_inputs,
     l2_distance,
     labels_for,
@@ -149,12 +150,10 @@ def idlg(model: nn.Module, params: Params, observed: Params, threat: ThreatModel
     ``torch.rand``) from the stream (seed, "idlg", "restart", r). Returns images clipped to the
     data range, the labels and the ℓ2 distance of the best restart.
     """
-    check_attack_inputs(iterations, restarts, data_range)
+    params, observed, labels = attack_setup(model, params, observed, threat, image_shape, labels, iterations, restarts,
+                                            data_range, seed)
     low, high = data_range
-    device = next(iter(params.values())).device
-    params = {name: value.detach() for name, value in params.items()}
-    observed = {name: value.detach() for name, value in observed.items()}
-    labels = labels_for(model, params, observed, threat, image_shape, labels, data_range, seed).to(device)
+    device = labels.device
     best = Reconstruction(torch.empty(0), labels.cpu(), float("inf"))
     for restart in range(restarts):
         generator = torch_generator(seed, "idlg", "restart", restart)

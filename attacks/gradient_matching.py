@@ -406,6 +406,19 @@ def labels_for(model: nn.Module, params: Params, observed: Params, threat: Threa
     return labels
 
 
+def attack_setup(model: nn.Module, params: Params, observed: Params, threat: ThreatModel, image_shape: Sequence[int],
+                 labels: torch.Tensor | None, iterations: int, restarts: int, data_range: tuple[float, float],
+                 seed: int) -> tuple[Params, Params, torch.Tensor]:
+    """What every reconstruction attack does first: check its settings, detach the model and the
+    observation from any graph, and fix the labels (given, or recovered from the observation)."""
+    check_attack_inputs(iterations, restarts, data_range)
+    device = next(iter(params.values())).device
+    params = {name: value.detach() for name, value in params.items()}
+    observed = {name: value.detach() for name, value in observed.items()}
+    labels = labels_for(model, params, observed, threat, image_shape, labels, data_range, seed).to(device)
+    return params, observed, labels
+
+
 def check_attack_inputs(iterations: int, restarts: int, data_range: tuple[float, float]) -> None:
     if int(iterations) < 1:
         raise UserInputError(f"iterations: must be >= 1, got {iterations}")

@@ -42,9 +42,8 @@ from attacks.gradient_matching import (
     Params,
     Reconstruction,
     ThreatModel,
-    check_attack_inputs,
+    attack_setup,
     cosine_distance,
-    labels_for,
     total_variation,
 )
 from audit.seeding import torch_generator
@@ -85,12 +84,10 @@ def reconstruct(model: nn.Module, params: Params, observed: Params, threat: Thre
     Returns the best restart's images (in the data range), the labels used and its cosine
     distance.
     """
-    check_attack_inputs(iterations, restarts, data_range)
+    params, observed, labels = attack_setup(model, params, observed, threat, image_shape, labels, iterations, restarts,
+                                            data_range, seed)
     low, high = data_range
-    device = next(iter(params.values())).device
-    params = {name: value.detach() for name, value in params.items()}
-    observed = {name: value.detach() for name, value in observed.items()}
-    labels = labels_for(model, params, observed, threat, image_shape, labels, data_range, seed).to(device)
+    device = labels.device
     shape = (threat.examples, *image_shape)
 
     best = Reconstruction(torch.empty(0), labels.cpu(), float("inf"))
