@@ -46,6 +46,8 @@ def _add_run_options(parser: argparse.ArgumentParser, config_required: bool) -> 
     parser.add_argument("--seed", type=int, help="override the config's seed")
     parser.add_argument("--device", help="torch device, e.g. cpu or cuda (default: the config's, cpu)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument("--executor", default="local", help="where membership runs train: local (default) or process (a pool)")
+    parser.add_argument("--workers", type=int, help="processes of the process executor (default: the CPU count)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -161,11 +163,14 @@ def _print_summary(summary: dict[str, Any]) -> None:
 
 
 def command_run(args: argparse.Namespace, attack: bool) -> int:
+    from audit.executors import check_executor
     from audit.pipeline import plan_audit, run_audit
 
+    check_executor(args.executor, args.workers)
     config = _load(args)
     plan = plan_audit(config)  # every check happens here, before the output directory exists
-    result = run_audit(config, Path(args.out), attack=attack, quiet=args.quiet, plan=plan)
+    result = run_audit(config, Path(args.out), attack=attack, quiet=args.quiet, plan=plan, executor=args.executor,
+                       workers=args.workers)
     paths = result["paths"]
     if attack:
         _print_summary(result["summary"])

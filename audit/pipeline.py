@@ -314,23 +314,35 @@ def _job(plan: Plan, experiment: Experiment, clients: list[np.ndarray], seed: in
                        update_canaries=None if update_canaries is None else update_canaries.to(device))
 
 
-def train_runs(plan: Plan, store: RunStore, quiet: bool = False) -> dict[str, float]:
-    """Train every run of every experiment not yet in the store — the membership runs, then each
-    canary audit's own runs; returns seconds per experiment."""
+def train_membership_run(plan: Plan, store: RunStore, experiment: Experiment, r: int) -> str:
+    """Membership run ``r`` of ``experiment``, trained unless the store has it; returns its id."""
+    rid = run_id(plan, experiment, r)
+    if not store.is_complete(rid):
+        job = _job(plan, experiment, plan.clients[r], derive_seed(plan.config.seed, "run", r), record=plan.record_for(r))
+        _train_one(plan, store, experiment, rid, r, job, np.flatnonzero(plan.keep[r]))
+    return rid
+
+
+def train_runs(plan: Plan, store: RunStore, quiet: bool = False, executor: str = "local",
+               workers: int | None = None) -> dict[str, float]:
+    """Train every run of every experiment not yet in the store — the membership runs (here, or in
+    worker processes: :mod:`audit.executors`), then each canary audit's own runs; returns seconds
+    per experiment."""
     config = plan.config
     timings: dict[str, float] = {}
+    if executor == "process":
+        from audit.executors import train_in_processes
+
+        train_in_processes(plan, store, workers, quiet)
     for experiment in plan.experiments:
-        ids = [run_id(plan, experiment, r) for r in range(config.membership.runs)]
-        plan.run_ids[experiment.key] = ids
+        plan.run_ids[experiment.key] = [run_id(plan, experiment, r) for r in range(config.membership.runs)]
         started = time.perf_counter()
-        bar = _bar(len(ids), f"train {experiment.label}", quiet)
-        for r, rid in enumerate(ids):
-            if store.is_complete(rid):
+        bar = _bar(config.membership.runs, f"train {experiment.label}", quiet)
+        for r in range(config.membership.runs):
+            if store.is_complete(run_id(plan, experiment, r)):
                 bar.set_postfix_str("resumed", refresh=False)
             else:
-                job = _job(plan, experiment, plan.clients[r], derive_seed(config.seed, "run", r), record=plan.record_for(r))
-                accuracy = _train_one(plan, store, experiment, rid, r, job, np.flatnonzero(plan.keep[r]))
-                bar.set_postfix_str(f"acc {accuracy:.3f}" if isinstance(accuracy, float) else "", refresh=False)
+                train_membership_run(plan, store, experiment, r)
             bar.update(1)
         bar.close()
         for audit in plan.canary_audits:
@@ -577,7 +589,7 @@ def diagnose_runs(plan: Plan, store: RunStore, out: Path, quiet: bool = False) -
 
 
 def run_audit(config: AuditConfig, out: str | Path, *, attack: bool = True, quiet: bool = False,
-              plan: Plan | None = None) -> dict[str, Any]:
+              plan: Plan | None = None, executor: str = "local", workers: int | None = None) -> dict[str, Any]:
     """Plan (unless given), train, attack and report. Returns paths and the results summary."""
     from audit.summary import build_results
     from reports.html import write_report
@@ -590,7 +602,7 @@ def run_audit(config: AuditConfig, out: str | Path, *, attack: bool = True, quie
     store = RunStore(out)
     store.clean_staging()
     write_text(out / "config.yaml", config_to_yaml(config))
-    train_seconds = train_runs(plan, store, quiet)
+    train_seconds = train_runs(plan, store, quiet, executor, workers)
     attack_results, attack_seconds = attack_runs(plan, store, out, quiet) if attack else ({}, {})
     diagnostics = diagnose_runs(plan, store, out, quiet) if attack else {}
     paths: dict[str, Any] = {"out": str(out), "runs": str(store.runs)}
