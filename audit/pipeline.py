@@ -517,6 +517,7 @@ def attack_runs(plan: Plan, store: RunStore, out: Path, quiet: bool = False) -> 
     timings: dict[str, float] = {}
     for experiment in plan.experiments:
         target = membership_experiment(plan, store, experiment)
+        run_target: TargetRun | None = None  # run 0 as the server holds it, loaded once for all run attacks
         results[experiment.key] = []
         for attack in plan.attacks:
             started = time.perf_counter()
@@ -529,7 +530,8 @@ def attack_runs(plan: Plan, store: RunStore, out: Path, quiet: bool = False) -> 
                     plan.skipped.setdefault(experiment.key, []).append({"attack": attack.label, "reason": reason})
                     produced = []
                 else:
-                    produced = attack.evaluate(target_run(plan, store, experiment))
+                    run_target = run_target or target_run(plan, store, experiment)
+                    produced = attack.evaluate(run_target)
             else:
                 bar = _bar(target.runs, f"{attack.label} {experiment.label}", quiet)
 

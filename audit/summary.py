@@ -12,13 +12,13 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scipy import stats
 
 from attacks.base import MEMBERSHIP_METRICS, AttackResult
 from audit import __version__, provenance
 from audit.schema import to_mapping
 from audit.store import RunStore
 from defenses.accounting import dp_accounting_version
+from reports.metrics import mean_estimate
 from reports.results import SCHEMA_VERSION, rows_from_results
 from reports.soundness import attack_verdicts, experiment_sentence, experiment_verdict
 
@@ -30,15 +30,16 @@ ROUND_METRICS = ("test_accuracy", "test_loss", "train_accuracy", "update_norm_me
 
 
 def mean_interval(values: list[float], confidence: float = 0.95) -> dict[str, Any]:
-    """Mean over runs with a Student-t interval (NaN bounds for fewer than two finite values)."""
-    finite = np.array([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64)
-    if len(finite) == 0:
+    """Mean over runs with a Student-t interval (:func:`reports.metrics.mean_estimate`) as a
+    results.json entry: null bounds below two finite values, the per-run values above."""
+    finite = [float(v) for v in values if v is not None and math.isfinite(v)]
+    if not finite:
         return {"value": None, "ci_low": None, "ci_high": None, "runs": len(values)}
-    mean = float(finite.mean())
+    estimate = mean_estimate(finite, confidence)
     if len(finite) < 2:
-        return {"value": mean, "ci_low": None, "ci_high": None, "runs": len(values)}
-    half = float(stats.t.ppf(0.5 + confidence / 2, len(finite) - 1) * finite.std(ddof=1) / math.sqrt(len(finite)))
-    return {"value": mean, "ci_low": mean - half, "ci_high": mean + half, "runs": len(values), "per_run": finite.tolist()}
+        return {"value": estimate.value, "ci_low": None, "ci_high": None, "runs": len(values)}
+    return {"value": estimate.value, "ci_low": estimate.low, "ci_high": estimate.high, "runs": len(values),
+            "per_run": finite}
 
 
 def _round_curves(metrics_per_run: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
