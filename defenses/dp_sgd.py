@@ -73,6 +73,10 @@ class DPSGDObjective(LocalObjective):
     give each client its noise and its expected batch size q·n_i; ``pull_of(client)`` optionally
     returns (strength, target) for UDP-FL's heterogeneous-ε penalty λ_k(w − w_max)."""
 
+    #: its noise streams are keyed by one run's seed and client ids: rows of other runs would
+    #: draw this run's noise, so each run trains its own clients
+    joins_runs = False
+
     def __init__(self, clip: float, clip_norm: str, mechanism_of: Callable[[int], Mechanism],
                  expected_batch_of: Callable[[int], float], seed: int,
                  pull_of: Callable[[int], tuple[float, Params] | None] | None = None):

@@ -173,6 +173,20 @@ class RoundContext:
 
 
 @dataclass
+class RunState:
+    """A run's state between rounds: its model skeleton, global model and what it has recorded."""
+
+    model: nn.Module
+    layout: ParamLayout
+    global_vector: torch.Tensor
+    members: torch.Tensor  # pool indices of every client's records (for the training-set metrics)
+    trajectory: list[float] | None
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    server_view: dict[str, torch.Tensor] = field(default_factory=dict)
+    global_models: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass
 class TrainingOutcome:
     final_params: dict[str, torch.Tensor]
     layout: ParamLayout
@@ -297,7 +311,8 @@ class FederatedEngine:
                       client_data=list(ctx.client_data) + [empty] * len(chosen))
         return torch.cat([updates, rows]), ctx
 
-    def run(self, on_round: Callable[[int, int, dict[str, Any]], None] | None = None) -> TrainingOutcome:
+    def start(self) -> RunState:
+        """Initialise the run: the initial global model, the bound defense, its ε trajectory."""
         job, training = self.job, self.job.training
         model, layout, _ = initial_vector(job.model_factory, job.seed)
         model = model.to(job.device)
@@ -305,60 +320,83 @@ class FederatedEngine:
         defense = self.defense = self.defense if self.defense.layout is not None else self.defense.bind(layout)
         global_vector = layout.flatten(parameters_of(model))
         defense.prepare(job, model, {n: v.clone() for n, v in layout.unflatten(global_vector).items()})
-        num_clients = len(job.clients)
         members = torch.as_tensor(np.concatenate(job.clients) if job.clients else np.array([], dtype=np.int64),
                                   device=job.pool_x.device)
-        defense.validate(training, num_clients)
-        trajectory = defense.epsilon_trajectory(training, num_clients, job.delta, job.accounting)
-        metrics: list[dict[str, Any]] = []
-        server_view: dict[str, torch.Tensor] = {}
-        global_models: dict[str, torch.Tensor] = {}
-        total = training.rounds
+        defense.validate(training, len(job.clients))
+        trajectory = defense.epsilon_trajectory(training, len(job.clients), job.delta, job.accounting)
+        return RunState(model, layout, global_vector, members, trajectory)
+
+    def begin_round(self, state: RunState, t: int) -> tuple[RoundContext | None, dict[str, Any]]:
+        """Round ``t``'s participants and context (None when the Poisson sample is empty)."""
+        job, training = self.job, self.job.training
+        participants = sample_participants(len(job.clients), training, job.seed, t)
+        lr = training.lr * training.lr_decay ** t
+        row: dict[str, Any] = {"round": t + 1, "participants": int(len(participants)), "lr": lr}
+        if not len(participants):
+            return None, row
+        return self.context(t, participants, state.model, state.layout, state.global_vector, lr), row
+
+    def finish_round(self, state: RunState, t: int, ctx: RoundContext | None, updates: torch.Tensor | None,
+                     row: dict[str, Any]) -> None:
+        """Privatise and aggregate the round's raw updates, step the global model, record metrics."""
+        job, training, defense = self.job, self.job.training, self.defense
+        round_number, total = t + 1, training.rounds
+        if ctx is not None:
+            participants = ctx.participants
+            if job.update_canaries is not None:
+                updates, ctx = self.add_canaries(updates, ctx, row)
+            uploads, diagnostics = defense.privatize(updates, ctx)
+            step = defense.aggregate(uploads, ctx)
+            state.global_vector = state.global_vector + training.server_lr * step
+            # the norms of what is clipped (after any pre-clip sparsification), else of the raw updates
+            norms = diagnostics.pop("clip_input_norms", None)
+            if norms is None:
+                norms = torch.linalg.vector_norm(updates.to(torch.float64), dim=1)
+            row.update(_norm_summary(norms))
+            row["update_norms"] = norm_list(norms)
+            row.update(diagnostics)
+            if job.record.wants_uploads(round_number, total):
+                if defense.observes == "uploads":
+                    for i, client in enumerate(participants):
+                        if job.record.wants_client(int(client)):
+                            state.server_view[f"round_{round_number:04d}/client_{int(client):05d}"] = uploads[i].clone()
+                elif defense.observes == "shuffled":  # uploads in random order, no identities
+                    for i in range(len(participants)):
+                        state.server_view[f"round_{round_number:04d}/upload_{i:05d}"] = uploads[i].clone()
+                state.server_view[f"round_{round_number:04d}/aggregate"] = step.clone()
+        else:
+            row["skipped"] = True  # an empty Poisson round still counts in the accounting
+        if state.trajectory is not None:
+            row["epsilon"] = state.trajectory[t]
+        if round_number % training.eval_every == 0 or round_number == total:
+            params = state.layout.unflatten(state.global_vector)
+            row["test_loss"], row["test_accuracy"] = evaluate(state.model, params, job.test_x, job.test_y)
+            if len(state.members):
+                row["train_loss"], row["train_accuracy"] = evaluate(state.model, params, job.pool_x[state.members],
+                                                                    job.pool_y[state.members])
+        if job.record.wants_global(round_number, total):
+            state.global_models[f"round_{round_number:04d}"] = state.global_vector.clone()
+        state.metrics.append(row)
+
+    def outcome(self, state: RunState) -> TrainingOutcome:
+        job, training = self.job, self.job.training
+        claim = self.defense.privacy_claim(training, len(job.clients), training.rounds, job.delta, job.accounting)
+        final = {n: v.clone() for n, v in state.layout.unflatten(state.global_vector).items()}
+        if not math.isfinite(float(state.global_vector.abs().max())):
+            state.metrics[-1]["diverged"] = True
+        return TrainingOutcome(final, state.layout, state.metrics, claim, state.server_view, state.global_models)
+
+    def run(self, on_round: Callable[[int, int, dict[str, Any]], None] | None = None) -> TrainingOutcome:
+        return self.train_from(self.start(), on_round)
+
+    def train_from(self, state: RunState, on_round: Callable[[int, int, dict[str, Any]], None] | None = None
+                   ) -> TrainingOutcome:
+        """Every round of a started run, then its outcome."""
+        total = self.job.training.rounds
         for t in range(total):
-            round_number = t + 1
-            participants = sample_participants(num_clients, training, job.seed, t)
-            lr = training.lr * training.lr_decay ** t
-            row: dict[str, Any] = {"round": round_number, "participants": int(len(participants)), "lr": lr}
-            if len(participants):
-                ctx = self.context(t, participants, model, layout, global_vector, lr)
-                updates = self.local_updates(ctx)
-                if job.update_canaries is not None:
-                    updates, ctx = self.add_canaries(updates, ctx, row)
-                uploads, diagnostics = defense.privatize(updates, ctx)
-                step = defense.aggregate(uploads, ctx)
-                global_vector = global_vector + training.server_lr * step
-                # the norms of what is clipped (after any pre-clip sparsification), else of the raw updates
-                norms = diagnostics.pop("clip_input_norms", None)
-                if norms is None:
-                    norms = torch.linalg.vector_norm(updates.to(torch.float64), dim=1)
-                row.update(_norm_summary(norms))
-                row["update_norms"] = norm_list(norms)
-                row.update(diagnostics)
-                if job.record.wants_uploads(round_number, total):
-                    if defense.observes == "uploads":
-                        for i, client in enumerate(participants):
-                            if job.record.wants_client(int(client)):
-                                server_view[f"round_{round_number:04d}/client_{int(client):05d}"] = uploads[i].clone()
-                    elif defense.observes == "shuffled":  # uploads in random order, no identities
-                        for i in range(len(participants)):
-                            server_view[f"round_{round_number:04d}/upload_{i:05d}"] = uploads[i].clone()
-                    server_view[f"round_{round_number:04d}/aggregate"] = step.clone()
-            else:
-                row["skipped"] = True  # an empty Poisson round still counts in the accounting
-            if trajectory is not None:
-                row["epsilon"] = trajectory[t]
-            if round_number % training.eval_every == 0 or round_number == total:
-                params = layout.unflatten(global_vector)
-                row["test_loss"], row["test_accuracy"] = evaluate(model, params, job.test_x, job.test_y)
-                if len(members):
-                    row["train_loss"], row["train_accuracy"] = evaluate(model, params, job.pool_x[members], job.pool_y[members])
-            if job.record.wants_global(round_number, total):
-                global_models[f"round_{round_number:04d}"] = global_vector.clone()
-            metrics.append(row)
+            ctx, row = self.begin_round(state, t)
+            updates = self.local_updates(ctx) if ctx is not None else None
+            self.finish_round(state, t, ctx, updates, row)
             if on_round is not None:
-                on_round(round_number, total, row)
-        claim = defense.privacy_claim(training, num_clients, total, job.delta, job.accounting)
-        final = {n: v.clone() for n, v in layout.unflatten(global_vector).items()}
-        if not math.isfinite(float(global_vector.abs().max())):
-            metrics[-1]["diverged"] = True
-        return TrainingOutcome(final, layout, metrics, claim, server_view, global_models)
+                on_round(t + 1, total, row)
+        return self.outcome(state)

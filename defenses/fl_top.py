@@ -113,6 +113,9 @@ class MaskedObjective(LocalObjective):
     """Top_k-SGD (Alg. 2): gradients outside the trainable coordinates are zero, so with plain SGD
     (no weight decay) those weights stay bit-identical; a defense sets the mask every round."""
 
+    #: the mask is chosen per run and round (:meth:`begin_round`): runs train their own clients
+    joins_runs = False
+
     def __init__(self, defense):
         self.defense = defense
         self.mask: dict[str, torch.Tensor] | None = None

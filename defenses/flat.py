@@ -52,6 +52,11 @@ class ParamLayout:
         """vector of length d → dict of tensors (views into the vector)."""
         return {n: vector[s].view(shape) for (n, s), shape in zip(self.slices().items(), self.shapes)}
 
+    def unflatten_stacked(self, matrix: torch.Tensor) -> dict[str, torch.Tensor]:
+        """matrix C×d → dict of [C, *shape] tensors (copies, contiguous)."""
+        return {n: matrix[:, s].reshape(matrix.shape[0], *shape)
+                for (n, s), shape in zip(self.slices().items(), self.shapes)}
+
 
 def parameters_of(model: nn.Module) -> dict[str, torch.Tensor]:
     """Detached copies of a model's trainable parameters."""

@@ -25,6 +25,7 @@ import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -71,6 +72,20 @@ class LocalSchedule:
     active: torch.Tensor  # bool [C, S], False for padded steps (a real step may have an empty batch)
     steps: list[int]  # real steps per client
     clients: np.ndarray | None = None  # the client id of each row, for per-client randomness
+
+    @classmethod
+    def concat(cls, schedules: list[LocalSchedule]) -> LocalSchedule:
+        """One schedule of the rows of several (padded to the longest run of steps and widest batch)."""
+        steps = max(s.indices.shape[1] for s in schedules)
+        width = max(s.indices.shape[2] for s in schedules)
+
+        def padded(tensor: torch.Tensor) -> torch.Tensor:  # zeros (False) after the real entries
+            out = tensor.new_zeros((tensor.shape[0], steps, width)[:tensor.dim()])
+            out[tuple(slice(0, n) for n in tensor.shape)] = tensor
+            return out
+
+        return cls(torch.cat([padded(s.indices) for s in schedules]), torch.cat([padded(s.mask) for s in schedules]),
+                   torch.cat([padded(s.active) for s in schedules]), [n for s in schedules for n in s.steps])
 
     @classmethod
     def build(cls, batches_per_client: list[list[np.ndarray]], member_indices: list[np.ndarray],
@@ -123,6 +138,11 @@ class LocalObjective:
     Defenses that change the local step (a penalty, a sharpness-aware step, per-example
     clipping) subclass it and override both methods consistently.
     """
+
+    #: whether clients of several independent runs may share one batched computation
+    #: (:mod:`defenses.run_batch`): true when the gradient depends only on the parameters, the
+    #: anchor and the batch — false for objectives with per-run state (a run's noise streams or masks)
+    joins_runs: ClassVar[bool] = True
 
     def batched_gradient(self, model: nn.Module, params: Params, anchor: Params,
                          x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> Params:
@@ -181,10 +201,16 @@ def _stack(params: Params, clients: int) -> Params:
 
 
 def train_batched(model: nn.Module, objective: LocalObjective, global_params: Params, schedule: LocalSchedule,
-                  pool_x: torch.Tensor, pool_y: torch.Tensor, opt: OptimizerSettings) -> Params:
-    """Train C clients as one vmapped computation; returns stacked parameters [C, *shape]."""
+                  pool_x: torch.Tensor, pool_y: torch.Tensor, opt: OptimizerSettings,
+                  per_client_start: bool = False) -> Params:
+    """Train C clients as one vmapped computation; returns stacked parameters [C, *shape].
+
+    With ``per_client_start``, ``global_params`` is already stacked [C, *shape]: each client's
+    own starting model (clients of several independent runs trained together,
+    :mod:`defenses.run_batch`), which is also the anchor the objective sees.
+    """
     clients, max_steps = schedule.active.shape
-    params = _stack(global_params, clients)
+    params = {n: p.clone() for n, p in global_params.items()} if per_client_start else _stack(global_params, clients)
     adam = opt.kind == "adam"
     first = {n: torch.zeros_like(p) for n, p in params.items()} if (opt.momentum or adam) else {}
     second = {n: torch.zeros_like(p) for n, p in params.items()} if adam else {}
@@ -204,7 +230,9 @@ def train_batched(model: nn.Module, objective: LocalObjective, global_params: Pa
             d_p = gradients[name]
             shape = (clients,) + (1,) * (p.dim() - 1)
             if opt.weight_decay:
-                d_p = d_p.add_(p, alpha=opt.weight_decay) if everyone else d_p + opt.weight_decay * p
+                # the same arithmetic on both branches (add with alpha), so a client's result does not
+                # depend on whether others in its batch have finished (runs trained together, chunks)
+                d_p = d_p.add_(p, alpha=opt.weight_decay) if everyone else d_p.add(p, alpha=opt.weight_decay)
             if adam:
                 beta1, beta2 = opt.betas
                 m = beta1 * first[name] + (1 - beta1) * d_p
@@ -226,7 +254,7 @@ def train_batched(model: nn.Module, objective: LocalObjective, global_params: Pa
             if everyone:
                 p.add_(step, alpha=-opt.lr)
             else:  # clients that have finished keep their state
-                params[name] = torch.where(active.view(shape), p - opt.lr * step, p)
+                params[name] = torch.where(active.view(shape), p.add(step, alpha=-opt.lr), p)
     return params
 
 

@@ -1,0 +1,96 @@
+"""Several independent runs of one defense trained together, as one batched computation.
+
+The reference runs of a membership experiment (LiRA, Shokri) share the model, the defense and
+the training settings and differ only in their clients' data and their seed. Trained one after
+another, each round of each run is a small batched computation whose fixed costs (Python,
+dispatch, vmap set-up) dominate on small models. Trained together, round t of all R runs is
+one computation: the participants of every run become rows of one :class:`LocalSchedule`, each
+row starting from its own run's global model (``train_batched(..., per_client_start=True)``).
+Everything else — participant sampling, privatisation, aggregation, metrics, the server view —
+stays per run, driven by each run's own :class:`FederatedEngine` with its own seed streams, so a
+run's result does not depend on which runs it was trained with (``tests/defenses/test_run_batch.py``).
+
+Runs fall back to training one after another when their defense trains outside the round
+engine (its own ``train``), when the engine is the per-client reference loop, or when the local
+objective keeps per-run state (:attr:`LocalObjective.joins_runs`: DP-SGD's noise streams,
+FL-TOP's masks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from defenses.base import Defense
+from defenses.engine import (
+    FederatedEngine,
+    RoundContext,
+    TrainingJob,
+    TrainingOutcome,
+    optimizer_settings,
+)
+from defenses.local_training import LocalSchedule, train_batched
+
+
+def joinable(defense: Defense, jobs: list[TrainingJob]) -> bool:
+    """Whether these runs may share batched computations as far as their jobs tell: the round
+    engine's batched path, the same training settings, model and data pool. (Whether the
+    defense's local objective allows it is known once a run has started:
+    :attr:`LocalObjective.joins_runs`.)"""
+    first = jobs[0]
+    return (len(jobs) > 1 and type(defense).train is Defense.train and first.training.engine == "batched"
+            and all(job.training == first.training and job.model_factory is first.model_factory
+                    and job.pool_x is first.pool_x and job.device == first.device for job in jobs))
+
+
+def joint_local_updates(engines: list[FederatedEngine], contexts: list[RoundContext | None]) -> list[torch.Tensor | None]:
+    """Every run's raw client updates Δ_i = w_i − w of one round, computed in shared batches.
+
+    Rows are ordered by their number of local steps (little padding per chunk) and cut into
+    chunks of the size one run would use, so the memory per computation is unchanged.
+    """
+    live = [(k, ctx) for k, ctx in enumerate(contexts) if ctx is not None]
+    if not live:
+        return [None] * len(contexts)
+    first = live[0][1]
+    job, layout = engines[live[0][0]].job, first.layout
+    schedule = LocalSchedule.concat([ctx.schedule for _, ctx in live])
+    starts = torch.cat([ctx.global_vector.expand(len(ctx.participants), -1) for _, ctx in live])
+    objective = engines[live[0][0]].defense.local_objective()
+    objective.begin_round(first)  # joinable objectives keep no per-run state
+    opt = optimizer_settings(job.training, first.lr)
+    order = sorted(range(len(schedule.steps)), key=lambda i: -schedule.steps[i])
+    updates = torch.empty_like(starts)
+    for i in range(0, len(order), first.chunk_size):
+        rows = torch.as_tensor(order[i:i + first.chunk_size], device=starts.device)
+        start = starts[rows]
+        local = train_batched(first.model, objective, layout.unflatten_stacked(start), schedule.select(rows.tolist()),
+                              job.pool_x, job.pool_y, opt, per_client_start=True)
+        updates[rows] = layout.flatten_stacked(local) - start
+    result: list[torch.Tensor | None] = [None] * len(contexts)
+    offset = 0
+    for k, ctx in live:
+        result[k] = updates[offset:offset + len(ctx.participants)]
+        offset += len(ctx.participants)
+    return result
+
+
+def train_together(defense: Defense, jobs: list[TrainingJob],
+                   on_round: Callable[[int, int], None] | None = None) -> list[TrainingOutcome]:
+    """Train the runs ``jobs`` of ``defense``; outcomes in the order of ``jobs``."""
+    if not joinable(defense, jobs):
+        return [defense.train(job) for job in jobs]
+    engines = [FederatedEngine(defense, job) for job in jobs]
+    states = [engine.start() for engine in engines]
+    if not engines[0].defense.local_objective().joins_runs:
+        return [engine.train_from(state) for engine, state in zip(engines, states)]
+    total = jobs[0].training.rounds
+    for t in range(total):
+        begun = [engine.begin_round(state, t) for engine, state in zip(engines, states)]
+        updates = joint_local_updates(engines, [ctx for ctx, _ in begun])
+        for engine, state, (ctx, row), delta in zip(engines, states, begun, updates):
+            engine.finish_round(state, t, ctx, delta, row)
+        if on_round is not None:
+            on_round(t + 1, total)
+    return [engine.outcome(state) for engine, state in zip(engines, states)]
