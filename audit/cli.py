@@ -46,8 +46,15 @@ def _add_run_options(parser: argparse.ArgumentParser, config_required: bool) -> 
     parser.add_argument("--seed", type=int, help="override the config's seed")
     parser.add_argument("--device", help="torch device, e.g. cpu or cuda (default: the config's, cpu)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    parser.add_argument("--executor", default="local", help="where membership runs train: local (default) or process (a pool)")
-    parser.add_argument("--workers", type=int, help="processes of the process executor (default: the CPU count)")
+    parser.add_argument("--executor", default="local",
+                        help="where membership runs train: local (default), process (a pool) or ray (Ray tasks)")
+    parser.add_argument("--workers", type=int,
+                        help="processes of the process executor, or Ray tasks at a time (default: the CPU count)")
+    parser.add_argument("--batch-runs", type=int, metavar="N",
+                        help="membership runs of an experiment trained together as one batched computation "
+                             "(default: as many as fit one; 1: one after another); results do not depend on it")
+    parser.add_argument("--ray-address", metavar="ADDRESS",
+                        help="with --executor ray: join this Ray cluster (default: start a local Ray instance)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -163,14 +170,15 @@ def _print_summary(summary: dict[str, Any]) -> None:
 
 
 def command_run(args: argparse.Namespace, attack: bool) -> int:
-    from audit.executors import check_executor
+    from audit.executors import check_executor, check_executor_plan
     from audit.pipeline import plan_audit, run_audit
 
-    check_executor(args.executor, args.workers)
+    check_executor(args.executor, args.workers, args.ray_address, args.batch_runs)  # for ray: that Ray is installed
     config = _load(args)
     plan = plan_audit(config)  # every check happens here, before the output directory exists
+    check_executor_plan(args.executor, plan)
     result = run_audit(config, Path(args.out), attack=attack, quiet=args.quiet, plan=plan, executor=args.executor,
-                       workers=args.workers)
+                       workers=args.workers, batch_runs=args.batch_runs, ray_address=args.ray_address)
     paths = result["paths"]
     if attack:
         _print_summary(result["summary"])

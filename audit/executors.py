@@ -8,14 +8,29 @@ atomically, so workers never see each other's half-written runs. The pool uses t
 start method (safe with torch's threads); each worker rebuilds the plan once from the config —
 planning is deterministic — gives torch one thread (the workers already fill the cores) and
 trains the runs it is sent. Canary-audit runs and the attacks stay in the parent process.
+
+``ray`` (optional: ``pip install 'dpfl-audit[distributed]'``) sends the same jobs to Ray tasks, on
+a local Ray instance or a cluster (``--ray-address``). No file system is assumed to be shared:
+each task trains its job into a temporary store on its node and returns the runs' files as bytes,
+and this process writes them into its own store, each run atomically. A worker process plans
+once per config (the plan is cached, keyed by a hash of the config) and gives torch one thread.
+Both pools train a job through :func:`train_job`, so they train the same runs to the same bytes.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import multiprocessing
 import os
-from pathlib import Path
-from typing import TYPE_CHECKING
+import shutil
+import tempfile
+import uuid
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
@@ -24,17 +39,24 @@ if TYPE_CHECKING:
     from audit.pipeline import Plan
     from audit.store import RunStore
 
-EXECUTORS = ("local", "process")
+EXECUTORS = ("local", "process", "ray")
+RAY_MISSING = "--executor ray needs Ray, which is not installed; install it with: pip install 'dpfl-audit[distributed]'"
 
-_WORKER: dict = {}  # the plan and store of this worker process
+_WORKER: dict = {}  # the plan and store of this worker process (process executor)
+_RAY_PLAN: dict = {}  # {config hash: plan} of this Ray worker process, the latest config only
 
 
-def pending_runs(plan: Plan, store: RunStore) -> list[tuple[int, int]]:
-    """(experiment index, run index) of every membership run not yet in the store."""
-    from audit.pipeline import run_id
+Job = tuple[int, tuple[int, ...]]  # (experiment index, membership runs trained together)
 
-    return [(e, r) for e, experiment in enumerate(plan.experiments) for r in range(plan.config.membership.runs)
-            if not store.is_complete(run_id(plan, experiment, r))]
+
+def pending_jobs(plan: Plan, store: RunStore, workers: int, batch_runs: int | None = None) -> list[Job]:
+    """The membership runs not yet in the store, as jobs: groups of runs of one experiment trained
+    together (:func:`audit.pipeline.run_groups`), split so that ``workers`` workers all get work.
+    A run's result does not depend on its group, so any split trains the same bytes."""
+    from audit.pipeline import run_groups
+
+    return [(e, tuple(group)) for e, experiment in enumerate(plan.experiments)
+            for group in run_groups(plan, store, experiment, batch_runs, parts=workers)]
 
 
 def _start_worker(config: AuditConfig, root: str) -> None:
@@ -47,32 +69,224 @@ def _start_worker(config: AuditConfig, root: str) -> None:
     _WORKER["plan"], _WORKER["store"] = plan_audit(config), RunStore(root)
 
 
-def _train(job: tuple[int, int]) -> str:
-    from audit.pipeline import train_membership_run
+def train_job(plan: Plan, store: RunStore, job: Job) -> list[str]:
+    """Train the membership runs of one job into ``store`` (those not in it yet); returns their ids.
 
-    experiment, run = job
-    return train_membership_run(_WORKER["plan"], _WORKER["store"], _WORKER["plan"].experiments[experiment], run)
+    The one code path of every pool: a job is what :func:`pending_jobs` lists."""
+    from audit.pipeline import train_membership_runs
+
+    experiment, runs = job
+    return train_membership_runs(plan, store, plan.experiments[experiment], list(runs))
 
 
-def train_in_processes(plan: Plan, store: RunStore, workers: int | None = None, quiet: bool = False) -> int:
+def _train(job: Job) -> list[str]:
+    return train_job(_WORKER["plan"], _WORKER["store"], job)
+
+
+def train_in_processes(plan: Plan, store: RunStore, workers: int | None = None, quiet: bool = False,
+                       batch_runs: int | None = None) -> int:
     """Train the pending membership runs in ``workers`` processes (default: the CPU count); returns how many."""
-    jobs = pending_runs(plan, store)
+    workers = max(1, workers or os.cpu_count() or 1)
+    jobs = pending_jobs(plan, store, workers, batch_runs)
     if not jobs:
         return 0
-    workers = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
+    runs = sum(len(job[1]) for job in jobs)
+    workers = min(workers, len(jobs))
     context = multiprocessing.get_context("spawn")
-    bar = tqdm(total=len(jobs), desc=f"train {len(jobs)} runs in {workers} processes", disable=quiet, leave=False)
+    bar = tqdm(total=runs, desc=f"train {runs} runs in {workers} processes", disable=quiet, leave=False)
     with context.Pool(workers, initializer=_start_worker, initargs=(plan.config, str(Path(store.root)))) as pool:
-        for _ in pool.imap_unordered(_train, jobs):
-            bar.update(1)
+        for ids in pool.imap_unordered(_train, jobs):
+            bar.update(len(ids))
     bar.close()
-    return len(jobs)
+    return runs
 
 
-def check_executor(executor: str, workers: int | None) -> None:
+# --------------------------------------------------------------------------- ray
+
+
+def _import_ray():
+    from audit.errors import UserInputError
+
+    try:
+        import ray
+    except ImportError:
+        raise UserInputError(RAY_MISSING) from None
+    return ray
+
+
+def config_key(config: AuditConfig) -> str:
+    """A hash of everything the plan is built from: the resolved config."""
+    from audit.config import config_to_yaml
+
+    return hashlib.sha256(config_to_yaml(config).encode("utf-8")).hexdigest()
+
+
+def _worker_plan(config: AuditConfig, key: str) -> Plan:
+    """The plan of ``config``, built once per worker process (planning is deterministic but not free)."""
+    if key not in _RAY_PLAN:
+        from audit.pipeline import plan_audit
+
+        _RAY_PLAN.clear()  # one audit at a time: keep only the latest plan
+        _RAY_PLAN[key] = plan_audit(config)
+    return _RAY_PLAN[key]
+
+
+def _train_remotely(config: AuditConfig, key: str, job: Job) -> dict[str, bytes]:
+    """Body of the Ray task: train ``job`` into a temporary store on this node and return its runs'
+    files, ``{path relative to the store root: bytes}``."""
+    import torch
+
+    from audit.store import RunStore
+
+    torch.set_num_threads(1)  # the other tasks fill the other cores
+    plan = _worker_plan(config, key)
+    with tempfile.TemporaryDirectory(prefix="dpfl-audit-ray-") as scratch:
+        store = RunStore(scratch)
+        files: dict[str, bytes] = {}
+        for rid in train_job(plan, store, job):
+            for path in sorted(store.path(rid).rglob("*")):
+                if path.is_file():
+                    files[path.relative_to(store.root).as_posix()] = path.read_bytes()
+        return files
+
+
+def store_files(store: RunStore, files: dict[str, bytes]) -> list[str]:
+    """Write runs returned by a remote task into ``store``, each run atomically (built in a staging
+    directory, manifest last, renamed into place, as :meth:`RunStore.save_run` does); returns their ids."""
+    from audit.atomic import write_bytes
+
+    runs: dict[str, dict[PurePosixPath, bytes]] = {}
+    for name, data in files.items():
+        path = PurePosixPath(name)
+        if len(path.parts) < 3 or path.parts[0] != "runs" or path.is_absolute() or ".." in path.parts \
+                or path.parts[1].startswith("."):
+            raise ValueError(f"a remote task returned a file outside a run directory: {name!r}")
+        runs.setdefault(path.parts[1], {})[PurePosixPath(*path.parts[2:])] = data
+    for rid, run_files in runs.items():
+        if PurePosixPath("manifest.json") not in run_files:
+            raise ValueError(f"a remote task returned run {rid} without its manifest.json")
+        if store.is_complete(rid):
+            continue
+        store.runs.mkdir(parents=True, exist_ok=True)
+        staging = store.runs / f".staging-{rid}-{uuid.uuid4().hex[:8]}"
+        staging.mkdir()
+        try:
+            for relative in sorted(run_files, key=lambda p: p == PurePosixPath("manifest.json")):  # manifest last
+                write_bytes(staging.joinpath(*relative.parts), run_files[relative])
+            try:
+                os.replace(staging, store.path(rid))
+            except OSError:
+                if not store.is_complete(rid):
+                    raise
+                shutil.rmtree(staging, ignore_errors=True)  # another process stored it first
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    return sorted(runs)
+
+
+def _check_reachable(address: str, timeout: float = 10.0) -> None:
+    """Fail fast on a ``host:port`` (or ``ray://host:port``) nobody answers on: Ray itself retries
+    an unreachable cluster for minutes, printing a warning every few seconds."""
+    import socket
+
+    from audit.errors import UserInputError
+
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    if not host or not port.isdigit():
+        return  # "auto" and other forms: Ray resolves them
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise UserInputError(f"--ray-address: no Ray cluster answers at {address}: {exc}") from None
+
+
+@contextmanager
+def ray_session(address: str | None = None, workers: int | None = None) -> Iterator[Any]:
+    """Ray, initialised: joined to the cluster at ``address``, or a local instance of ``workers``
+    CPUs (default: the CPU count). Shuts down only what it started; an already initialised Ray is
+    used as it is."""
+    from audit.errors import UserInputError
+
+    ray = _import_ray()
+    if ray.is_initialized():
+        yield ray
+        return
+    quiet = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR,
+             "configure_logging": True}
+    if address:
+        _check_reachable(address)
+    try:
+        with warnings.catch_warnings():  # Ray's FutureWarning about accelerator env vars is not for our users
+            warnings.filterwarnings("ignore", category=FutureWarning, module=r"ray(\.|$)")
+            if address:
+                ray.init(address=address, **quiet)
+            else:
+                ray.init(address="local", num_cpus=workers or os.cpu_count() or 1, **quiet)
+    except (ConnectionError, ValueError, RuntimeError, TimeoutError) as exc:
+        where = f"the Ray cluster at {address}" if address else "a local Ray instance"
+        raise UserInputError(f"--executor ray: cannot start or reach {where}: {exc}") from None
+    try:
+        yield ray
+    finally:
+        ray.shutdown()  # a local instance stops; a cluster only loses this driver
+
+
+def train_in_ray(plan: Plan, store: RunStore, workers: int | None = None, quiet: bool = False,
+                 address: str | None = None, batch_runs: int | None = None) -> int:
+    """Train the pending membership runs as Ray tasks (one CPU each), at most ``workers`` at a time
+    (default: the cluster's CPUs), and store them here; returns how many runs were trained."""
+    check_executor_plan("ray", plan)
+    if not pending_jobs(plan, store, 1, batch_runs):
+        return 0
+    with ray_session(address, workers) as ray:
+        task = ray.remote(num_cpus=1)(_train_remotely)
+        config = ray.put(plan.config)
+        key = config_key(plan.config)
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        jobs = pending_jobs(plan, store, workers or cpus, batch_runs)
+        runs = sum(len(job[1]) for job in jobs)
+        window = max(1, min(workers or cpus, len(jobs)))
+        bar = tqdm(total=runs, desc=f"train {runs} runs as Ray tasks, {window} at a time", disable=quiet, leave=False)
+        queue, running = list(reversed(jobs)), []
+        try:
+            while queue or running:
+                while queue and len(running) < window:
+                    running.append(task.remote(config, key, queue.pop()))
+                done, running = ray.wait(running, num_returns=1)
+                for ref in done:
+                    bar.update(len(store_files(store, ray.get(ref))))
+        finally:
+            for ref in running:
+                ray.cancel(ref)
+            bar.close()
+    return runs
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def check_executor(executor: str, workers: int | None, ray_address: str | None = None,
+                   batch_runs: int | None = None) -> None:
+    """Check the executor options before any work; for ``ray``, that Ray can be imported."""
     from audit.errors import UserInputError
 
     if executor not in EXECUTORS:
         raise UserInputError(f"--executor: unknown executor '{executor}'; allowed: {', '.join(EXECUTORS)}")
     if workers is not None and workers < 1:
         raise UserInputError(f"--workers: must be >= 1, got {workers}")
+    if batch_runs is not None and batch_runs < 1:
+        raise UserInputError(f"--batch-runs: must be >= 1, got {batch_runs}")
+    if ray_address is not None and executor != "ray":
+        raise UserInputError(f"--ray-address: only with --executor ray, not --executor {executor}")
+    if executor == "ray":
+        _import_ray()
+
+
+def check_executor_plan(executor: str, plan: Plan) -> None:
+    """Checks that need the plan (run before the output directory exists)."""
+    from audit.errors import UserInputError
+
+    if executor == "ray" and plan.config.device != "cpu":  # Ray hides the GPUs from tasks that do not reserve one
+        raise UserInputError(f"--executor ray trains on the CPU only; got device '{plan.config.device}' "
+                             "(use --device cpu, or --executor local or process)")

@@ -42,8 +42,9 @@ from audit.seeding import derive_seed, numpy_rng
 from audit.store import RunStore
 from audit.tasks import Membership, Task, build_task, client_membership, record_membership
 from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
-from defenses.engine import RecordSpec, TrainingConfig, TrainingJob, initial_vector
+from defenses.engine import RecordSpec, TrainingConfig, TrainingJob, chunk_size, initial_vector
 from defenses.flat import ParamLayout
+from defenses.run_batch import train_together
 from reports.soundness import measurement_delta
 
 STORE_FORMAT = 2  # bump when a change makes stored runs incompatible
@@ -292,15 +293,35 @@ def _manifest(plan: Plan, experiment: Experiment, rid: str, run_index: int, job:
     }
 
 
-def _train_one(plan: Plan, store: RunStore, experiment: Experiment, rid: str, run_index: int, job: TrainingJob,
-               members: np.ndarray, extra: dict[str, Any] | None = None) -> float | None:
-    """Train and store one run; returns its final test accuracy."""
+@dataclass
+class PendingRun:
+    """A run to train and store: its id and index, its job, its members, extra manifest fields."""
+
+    rid: str
+    index: int
+    job: TrainingJob
+    members: np.ndarray
+    extra: dict[str, Any] | None = None
+
+
+def train_and_store(plan: Plan, store: RunStore, experiment: Experiment, runs: list[PendingRun]) -> list[float | None]:
+    """Train runs of one experiment together (:func:`defenses.run_batch.train_together`: one
+    batched computation where the defense allows it) and store each; returns their final test
+    accuracies. A run's result does not depend on the runs it is trained with."""
+    if not runs:
+        return []
     started = time.perf_counter()
-    outcome = experiment.defense.train(job)
-    manifest = _manifest(plan, experiment, rid, run_index, job, outcome, time.perf_counter() - started, members)
-    manifest.update(extra or {})
-    store.save_run(rid, manifest, outcome.final_params, members, outcome.metrics, outcome.server_view, outcome.global_models)
-    return manifest["utility"]["test_accuracy"]
+    outcomes = train_together(experiment.defense, [run.job for run in runs])
+    seconds = (time.perf_counter() - started) / len(runs)  # shared computation: the mean per run
+    accuracies = []
+    for run, outcome in zip(runs, outcomes):
+        manifest = _manifest(plan, experiment, run.rid, run.index, run.job, outcome, seconds, run.members)
+        manifest["timings"]["trained_together"] = len(runs)
+        manifest.update(run.extra or {})
+        store.save_run(run.rid, manifest, outcome.final_params, run.members, outcome.metrics, outcome.server_view,
+                       outcome.global_models)
+        accuracies.append(manifest["utility"]["test_accuracy"])
+    return accuracies
 
 
 def _job(plan: Plan, experiment: Experiment, clients: list[np.ndarray], seed: int, pool_x=None, pool_y=None,
@@ -314,36 +335,74 @@ def _job(plan: Plan, experiment: Experiment, clients: list[np.ndarray], seed: in
                        update_canaries=None if update_canaries is None else update_canaries.to(device))
 
 
+def membership_pending(plan: Plan, store: RunStore, experiment: Experiment, r: int) -> PendingRun | None:
+    """Membership run ``r`` of ``experiment`` as a run to train, or None when the store has it."""
+    rid = run_id(plan, experiment, r)
+    if store.is_complete(rid):
+        return None
+    job = _job(plan, experiment, plan.clients[r], derive_seed(plan.config.seed, "run", r), record=plan.record_for(r))
+    return PendingRun(rid, r, job, np.flatnonzero(plan.keep[r]))
+
+
+def train_membership_runs(plan: Plan, store: RunStore, experiment: Experiment, runs: list[int]) -> list[str]:
+    """Membership runs ``runs`` of ``experiment``, trained together unless the store has them; returns their ids."""
+    pending = [p for p in (membership_pending(plan, store, experiment, r) for r in runs) if p is not None]
+    train_and_store(plan, store, experiment, pending)
+    return [run_id(plan, experiment, r) for r in runs]
+
+
 def train_membership_run(plan: Plan, store: RunStore, experiment: Experiment, r: int) -> str:
     """Membership run ``r`` of ``experiment``, trained unless the store has it; returns its id."""
-    rid = run_id(plan, experiment, r)
-    if not store.is_complete(rid):
-        job = _job(plan, experiment, plan.clients[r], derive_seed(plan.config.seed, "run", r), record=plan.record_for(r))
-        _train_one(plan, store, experiment, rid, r, job, np.flatnonzero(plan.keep[r]))
-    return rid
+    return train_membership_runs(plan, store, experiment, [r])[0]
+
+
+def joint_run_limit(plan: Plan, experiment: Experiment) -> int:
+    """How many runs train together by default: as many as fit the batched computation one
+    run's round would use (the engine's chunk of about 2^25 values), at least one."""
+    dim = ParamLayout.of(plan.task.model_factory()).dim
+    training = experiment.training
+    clients = len(plan.clients[0]) if plan.clients else 1
+    per_round = max(1.0, training.sampling_rate(clients) * clients)
+    return max(1, int(chunk_size(training, dim, experiment.defense.memory_factor(training)) // per_round))
+
+
+def run_groups(plan: Plan, store: RunStore, experiment: Experiment, batch_runs: int | None = None,
+               parts: int = 1) -> list[list[int]]:
+    """The membership runs of ``experiment`` not yet stored, in groups trained together: groups of
+    ``batch_runs`` (default :func:`joint_run_limit`), and at least ``parts`` groups when there are
+    that many runs (so an executor's workers all get work)."""
+    pending = [r for r in range(plan.config.membership.runs) if not store.is_complete(run_id(plan, experiment, r))]
+    size = batch_runs or joint_run_limit(plan, experiment)
+    size = max(1, min(size, -(-len(pending) // max(1, parts))))
+    return [pending[i:i + size] for i in range(0, len(pending), size)]
 
 
 def train_runs(plan: Plan, store: RunStore, quiet: bool = False, executor: str = "local",
-               workers: int | None = None) -> dict[str, float]:
-    """Train every run of every experiment not yet in the store — the membership runs (here, or in
-    worker processes: :mod:`audit.executors`), then each canary audit's own runs; returns seconds
-    per experiment."""
+               workers: int | None = None, batch_runs: int | None = None,
+               ray_address: str | None = None) -> dict[str, float]:
+    """Train every run of every experiment not yet in the store — the membership runs (here, in
+    groups trained together, or in worker processes: :mod:`audit.executors`), then each canary
+    audit's own runs; returns seconds per experiment."""
     config = plan.config
     timings: dict[str, float] = {}
     if executor == "process":
         from audit.executors import train_in_processes
 
-        train_in_processes(plan, store, workers, quiet)
+        train_in_processes(plan, store, workers, quiet, batch_runs)
+    elif executor == "ray":
+        from audit.executors import train_in_ray
+
+        train_in_ray(plan, store, workers, quiet, ray_address, batch_runs)
     for experiment in plan.experiments:
         plan.run_ids[experiment.key] = [run_id(plan, experiment, r) for r in range(config.membership.runs)]
         started = time.perf_counter()
         bar = _bar(config.membership.runs, f"train {experiment.label}", quiet)
-        for r in range(config.membership.runs):
-            if store.is_complete(run_id(plan, experiment, r)):
-                bar.set_postfix_str("resumed", refresh=False)
-            else:
-                train_membership_run(plan, store, experiment, r)
-            bar.update(1)
+        groups = run_groups(plan, store, experiment, batch_runs)
+        bar.update(config.membership.runs - sum(len(g) for g in groups))  # resumed from the store
+        for group in groups:
+            bar.set_postfix_str(f"{len(group)} together", refresh=False)
+            train_membership_runs(plan, store, experiment, group)
+            bar.update(len(group))
         bar.close()
         for audit in plan.canary_audits:
             train_canary_runs(plan, store, experiment, audit, quiet)
@@ -375,27 +434,35 @@ def train_canary_runs(plan: Plan, store: RunStore, experiment: Experiment, audit
     ids = [canary_run_id(plan, experiment, audit, i) for i in range(audit.params.runs)]
     plan.canary_ids[(experiment.key, audit.label)] = ids
     bar = _bar(len(ids), f"{audit.label} {experiment.label}", quiet)
+    limit = joint_run_limit(plan, experiment)
+    group: list[PendingRun] = []
     for i, rid in enumerate(ids):
-        if not store.is_complete(rid):
-            injection = audit.injection(context, i)
-            chosen = np.flatnonzero(injection.inserted)
-            base = plan.clients[i % plan.config.membership.runs]
-            clients = [np.asarray(c).copy() for c in base]
-            pool_x, pool_y = plan.task.pool.features, plan.task.pool.labels
-            if injection.records_x is not None:
-                extra = len(pool_y) + np.arange(len(chosen))
-                pool_x = torch.cat([pool_x, injection.records_x[torch.as_tensor(chosen)]])
-                pool_y = torch.cat([pool_y, injection.records_y[torch.as_tensor(chosen)]])
-                for client, index in zip(injection.record_clients[chosen], extra):
-                    clients[int(client)] = np.append(clients[int(client)], index)
-            directions = None if injection.directions is None else injection.directions[torch.as_tensor(chosen)]
-            job = _job(plan, experiment, clients, derive_seed(plan.config.seed, "canary-run", audit.label, i), pool_x, pool_y,
-                       directions)
-            members = np.concatenate([np.asarray(c) for c in base]) if base else np.array([], dtype=np.int64)
-            _train_one(plan, store, experiment, rid, i, job, np.sort(members),
-                       {"canaries": {"audit": audit.label, "kind": audit.name, "index": i, "count": int(len(injection.inserted)),
-                                     "inserted": chosen.tolist()}})
-        bar.update(1)
+        if store.is_complete(rid):
+            bar.update(1)
+            continue
+        injection = audit.injection(context, i)
+        chosen = np.flatnonzero(injection.inserted)
+        base = plan.clients[i % plan.config.membership.runs]
+        clients = [np.asarray(c).copy() for c in base]
+        pool_x, pool_y = plan.task.pool.features, plan.task.pool.labels
+        if injection.records_x is not None:
+            extra = len(pool_y) + np.arange(len(chosen))
+            pool_x = torch.cat([pool_x, injection.records_x[torch.as_tensor(chosen)]])
+            pool_y = torch.cat([pool_y, injection.records_y[torch.as_tensor(chosen)]])
+            for client, index in zip(injection.record_clients[chosen], extra):
+                clients[int(client)] = np.append(clients[int(client)], index)
+        directions = None if injection.directions is None else injection.directions[torch.as_tensor(chosen)]
+        job = _job(plan, experiment, clients, derive_seed(plan.config.seed, "canary-run", audit.label, i), pool_x, pool_y,
+                   directions)
+        members = np.concatenate([np.asarray(c) for c in base]) if base else np.array([], dtype=np.int64)
+        group.append(PendingRun(rid, i, job, np.sort(members),
+                                {"canaries": {"audit": audit.label, "kind": audit.name, "index": i,
+                                              "count": int(len(injection.inserted)), "inserted": chosen.tolist()}}))
+        # runs with canary records have a pool of their own (and cannot share computations): train them now
+        if len(group) >= limit or injection.records_x is not None or i == len(ids) - 1:
+            train_and_store(plan, store, experiment, group)
+            bar.update(len(group))
+            group = []
     bar.close()
 
 
@@ -591,7 +658,8 @@ def diagnose_runs(plan: Plan, store: RunStore, out: Path, quiet: bool = False) -
 
 
 def run_audit(config: AuditConfig, out: str | Path, *, attack: bool = True, quiet: bool = False,
-              plan: Plan | None = None, executor: str = "local", workers: int | None = None) -> dict[str, Any]:
+              plan: Plan | None = None, executor: str = "local", workers: int | None = None,
+              batch_runs: int | None = None, ray_address: str | None = None) -> dict[str, Any]:
     """Plan (unless given), train, attack and report. Returns paths and the results summary."""
     from audit.summary import build_results
     from reports.html import write_report
@@ -604,7 +672,7 @@ def run_audit(config: AuditConfig, out: str | Path, *, attack: bool = True, quie
     store = RunStore(out)
     store.clean_staging()
     write_text(out / "config.yaml", config_to_yaml(config))
-    train_seconds = train_runs(plan, store, quiet, executor, workers)
+    train_seconds = train_runs(plan, store, quiet, executor, workers, batch_runs, ray_address)
     attack_results, attack_seconds = attack_runs(plan, store, out, quiet) if attack else ({}, {})
     diagnostics = diagnose_runs(plan, store, out, quiet) if attack else {}
     paths: dict[str, Any] = {"out": str(out), "runs": str(store.runs)}

@@ -9,6 +9,7 @@ paths, and any executor, produce identical results.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 import numpy as np
@@ -20,8 +21,13 @@ def _key_to_int(key: int | str) -> int:
         if key < 0:
             raise ValueError(f"seed path keys must be non-negative, got {key}")
         return int(key)
-    digest = hashlib.sha256(str(key).encode("utf-8")).digest()
-    return int.from_bytes(digest[:4], "little")
+    return _string_key(str(key))
+
+
+@functools.lru_cache(maxsize=4096)
+def _string_key(key: str) -> int:
+    """A string key's integer (cached: the engine derives thousands of streams per round from a few names)."""
+    return int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:4], "little")
 
 
 def seed_sequence(root: int, *path: int | str) -> np.random.SeedSequence:

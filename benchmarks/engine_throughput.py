@@ -1,9 +1,10 @@
-"""Client updates per second of the batched engine and the per-client reference loop.
+"""Client updates per second on workload 1: the batched engine vs the plain per-client loop.
 
-Workload: the default audit's (digits, 20 iid clients of ~36 records, MLP 64→128→10, 3 local
-epochs of batch 10, momentum 0.9) with DP-FedAvg (flat clip 1, σ = 1). Each path first trains
-two warm-up rounds (torch's first-use costs), then the timed rounds; the figure is the median
-over ``--repeats`` repetitions. Run on an idle machine: another busy process makes torch's
+Workload 1 (benchmarks/workloads.py): DP-FedAvg on digits, 100 clients of 15 records, MLP
+64→128→10, one local epoch of batch 5, flat clip 1, σ = 1 on the aggregate, 10 rounds. Both
+paths run the same defense, schedule and noise (they agree to float rounding). Each path first
+trains two warm-up rounds (torch's first-use costs), then the timed trainings; the figure is
+the median over ``--repeats``. Run on an idle machine: another busy process makes torch's
 threads collapse.
 
     python benchmarks/engine_throughput.py [--rounds 10] [--repeats 3] [--json]
@@ -14,35 +15,35 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
-from dataclasses import replace
+from pathlib import Path
 
-import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # sibling modules (opacus ships a `benchmarks` package)
 
-from audit.config import AuditConfig
-from audit.pipeline import plan_audit
-from audit.seeding import derive_seed
-from defenses.engine import TrainingJob
-from defenses.fedavg import DPFedAvg, DPFedAvgParams
+from workloads import Workload, dp_fedavg, workload_one  # noqa: E402
 
 
-def default_job(rounds: int) -> TrainingJob:
-    config = AuditConfig()
-    plan = plan_audit(replace(config, defenses=config.defenses[:1]))
-    task = plan.task
-    training = replace(config.training, rounds=rounds, eval_every=rounds)
-    return TrainingJob(task.model_factory, task.pool.features, task.pool.labels, plan.clients[0],
-                       task.test.features, task.test.labels, training, seed=derive_seed(config.seed, "run", 0))
-
-
-def updates_per_second(job: TrainingJob, engine: str) -> float:
-    defense = DPFedAvg(DPFedAvgParams(clip=1.0, noise_multiplier=1.0))
-    engine_job = replace(job, training=replace(job.training, engine=engine))
-    defense.train(replace(engine_job, training=replace(engine_job.training, rounds=2, eval_every=2)))  # warm-up
+def updates_per_second(workload: Workload, engine: str, rounds: int) -> tuple[float, float]:
+    """(client updates per second, final test accuracy) of one timed training."""
+    defense = dp_fedavg()
     started = time.perf_counter()
-    outcome = defense.train(engine_job)
+    outcome = defense.train(workload.job(rounds, engine))
     seconds = time.perf_counter() - started
-    return sum(m["participants"] for m in outcome.metrics) / seconds
+    return sum(m["participants"] for m in outcome.metrics) / seconds, outcome.metrics[-1]["test_accuracy"]
+
+
+def measure_engine(rounds: int = 10, repeats: int = 3) -> dict:
+    """Median client updates/s of the batched engine and of the per-client loop, and their ratio."""
+    workload = workload_one()
+    result: dict = {"rounds": rounds, "repeats": repeats}
+    for engine in ("batched", "loop"):
+        dp_fedavg().train(workload.job(2, engine))  # warm-up
+        timings = [updates_per_second(workload, engine, rounds) for _ in range(repeats)]
+        result[engine] = {"updates_per_second": statistics.median(t[0] for t in timings),
+                          "all": [round(t[0], 1) for t in timings], "test_accuracy": timings[-1][1]}
+    result["ratio"] = result["batched"]["updates_per_second"] / result["loop"]["updates_per_second"]
+    return result
 
 
 def main() -> None:
@@ -51,25 +52,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    job = default_job(args.rounds)
-    results = {engine: [updates_per_second(job, engine) for _ in range(args.repeats)] for engine in ("batched", "loop")}
-    medians = {engine: statistics.median(values) for engine, values in results.items()}
-    summary = {
-        "workload": f"digits, {len(job.clients)} clients, mlp, {job.training.local_steps} local epochs of batch "
-                    f"{job.training.batch_size}, dp-fedavg clip 1 sigma 1, {args.rounds} timed rounds",
-        "batched_updates_per_second": medians["batched"],
-        "loop_updates_per_second": medians["loop"],
-        "ratio": medians["batched"] / medians["loop"],
-        "repeats": {k: [round(v, 1) for v in values] for k, values in results.items()},
-        "client_sizes": [int(np.size(c)) for c in job.clients][:5],
-    }
+    result = measure_engine(args.rounds, args.repeats)
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print(json.dumps(result, indent=2))
         return
-    print(f"workload: {summary['workload']}")
-    print(f"batched engine : {medians['batched']:9.1f} client updates/s (median of {args.repeats})")
-    print(f"per-client loop: {medians['loop']:9.1f} client updates/s (median of {args.repeats})")
-    print(f"ratio batched/loop: {summary['ratio']:.2f}x")
+    for engine in ("batched", "loop"):
+        print(f"{engine:8s}: {result[engine]['updates_per_second']:9.1f} client updates/s (median of {args.repeats})")
+    print(f"ratio batched/loop: {result['ratio']:.2f}x")
 
 
 if __name__ == "__main__":

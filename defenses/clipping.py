@@ -12,7 +12,7 @@ def clip_rows(updates: torch.Tensor, clip: float) -> tuple[torch.Tensor, torch.T
     min(1, S/‖Δ‖) is computed in float64 so a clipped row's norm exceeds S by at most float32
     rounding (≈1e-7 relative); rows already inside the ball are returned bit for bit.
     """
-    norms = torch.linalg.vector_norm(updates.to(torch.float64), dim=1)
+    norms = torch.linalg.vector_norm(updates, dim=1, dtype=torch.float64)
     clipped = norms > clip
     scale = torch.where(clipped, clip / norms.clamp_min(torch.finfo(torch.float64).tiny), torch.ones_like(norms))
     out = torch.where(clipped[:, None], updates * scale.to(updates.dtype)[:, None], updates)
@@ -31,4 +31,4 @@ def clip_rows_per_tensor(updates: torch.Tensor, clip: float, slices: list[slice]
     for part in slices:
         out[:, part], _, clipped = clip_rows(updates[:, part], clip)
         any_clipped |= clipped
-    return out, torch.linalg.vector_norm(updates.to(torch.float64), dim=1), any_clipped
+    return out, torch.linalg.vector_norm(updates, dim=1, dtype=torch.float64), any_clipped

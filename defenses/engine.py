@@ -302,7 +302,7 @@ class FederatedEngine:
         row["canary_participants"] = int(len(chosen))
         if not len(chosen):
             return updates, ctx
-        honest = torch.linalg.vector_norm(updates.to(torch.float64), dim=1)
+        honest = torch.linalg.vector_norm(updates, dim=1, dtype=torch.float64)
         scale = self.defense.canary_norm(honest)
         rows = directions[torch.as_tensor(chosen, device=directions.device)].to(updates) * scale
         empty = np.array([], dtype=np.int64)
@@ -351,7 +351,7 @@ class FederatedEngine:
             # the norms of what is clipped (after any pre-clip sparsification), else of the raw updates
             norms = diagnostics.pop("clip_input_norms", None)
             if norms is None:
-                norms = torch.linalg.vector_norm(updates.to(torch.float64), dim=1)
+                norms = torch.linalg.vector_norm(updates, dim=1, dtype=torch.float64)
             row.update(_norm_summary(norms))
             row["update_norms"] = norm_list(norms)
             row.update(diagnostics)

@@ -1,6 +1,10 @@
-"""The process executor trains the same runs to the same bytes as the local one."""
+"""Every executor trains the same runs to the same bytes as the local one."""
 
 from __future__ import annotations
+
+import sys
+
+import pytest
 
 from audit.cli import main
 
@@ -14,21 +18,93 @@ defenses: [{name: fedavg}, {name: dp-fedavg, epsilons: [4]}]
 """
 
 
-def test_process_pool_gives_identical_results(tmp_path):
-    config = tmp_path / "config.yaml"
-    config.write_text(CONFIG)
-    local, pooled = tmp_path / "local", tmp_path / "pooled"
-    assert main(["run", str(config), "--out", str(local), "--quiet"]) == 0
-    assert main(["run", str(config), "--out", str(pooled), "--quiet", "--executor", "process", "--workers", "2"]) == 0
+@pytest.fixture(scope="module")
+def config(tmp_path_factory):
+    path = tmp_path_factory.mktemp("config") / "config.yaml"
+    path.write_text(CONFIG)
+    return path
+
+
+@pytest.fixture(scope="module")
+def local(config, tmp_path_factory):
+    """The results of the local executor, trained once for every comparison."""
+    out = tmp_path_factory.mktemp("local") / "out"
+    assert main(["run", str(config), "--out", str(out), "--quiet"]) == 0
+    return out
+
+
+def assert_same_results(local, other):
     for name in ("results.csv", "results.json"):
-        assert (local / name).read_bytes() == (pooled / name).read_bytes(), name
-    assert sorted(p.name for p in (local / "runs").iterdir()) == sorted(p.name for p in (pooled / "runs").iterdir())
+        assert (local / name).read_bytes() == (other / name).read_bytes(), name
+    assert sorted(p.name for p in (local / "runs").iterdir()) == sorted(p.name for p in (other / "runs").iterdir())
 
 
-def test_unknown_executor_is_bad_input(tmp_path, capsys):
-    config = tmp_path / "config.yaml"
-    config.write_text(CONFIG)
+def test_process_pool_gives_identical_results(config, local, tmp_path):
+    pooled = tmp_path / "pooled"
+    assert main(["run", str(config), "--out", str(pooled), "--quiet", "--executor", "process", "--workers", "2"]) == 0
+    assert_same_results(local, pooled)
+
+
+def test_runs_trained_one_after_another_give_identical_results(config, local, tmp_path):
+    """Locally the 4 runs of an experiment train together by default; the process pool above
+    trains them in 2 groups of 2; here each alone — the same bytes every time."""
+    alone = tmp_path / "alone"
+    assert main(["run", str(config), "--out", str(alone), "--quiet", "--batch-runs", "1"]) == 0
+    assert_same_results(local, alone)
+
+
+def test_ray_gives_identical_results(config, local, tmp_path):
+    pytest.importorskip("ray", reason="Ray is not installed (pip install 'dpfl-audit[distributed]')")
+    distributed = tmp_path / "ray"
+    assert main(["run", str(config), "--out", str(distributed), "--quiet", "--executor", "ray", "--workers", "2"]) == 0
+    assert_same_results(local, distributed)
+    for run in (distributed / "runs").iterdir():  # the runs the tasks returned are stored whole
+        assert sorted(p.name for p in run.iterdir()) == sorted(p.name for p in (local / "runs" / run.name).iterdir())
+
+
+def test_unknown_executor_is_bad_input(config, tmp_path, capsys):
     assert main(["run", str(config), "--out", str(tmp_path / "out"), "--executor", "cluster"]) == 2
-    assert "--executor: unknown executor 'cluster'; allowed: local, process" in capsys.readouterr().err
+    assert "--executor: unknown executor 'cluster'; allowed: local, process, ray" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
     assert main(["run", str(config), "--out", str(tmp_path / "out"), "--executor", "process", "--workers", "0"]) == 2
+    assert main(["run", str(config), "--out", str(tmp_path / "out"), "--batch-runs", "0"]) == 2
+    assert "--batch-runs: must be >= 1, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_ray_address_needs_the_ray_executor(config, tmp_path, capsys):
+    assert main(["run", str(config), "--out", str(tmp_path / "out"), "--ray-address", "auto"]) == 2
+    err = capsys.readouterr().err
+    assert err == "dpfl-audit: error: --ray-address: only with --executor ray, not --executor local\n"
+    assert not (tmp_path / "out").exists()
+
+
+def test_ray_executor_without_ray_is_bad_input(config, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    for command in ("run", "train"):
+        assert main([command, str(config), "--out", str(tmp_path / "out"), "--executor", "ray"]) == 2
+        err = capsys.readouterr().err
+        assert err == ("dpfl-audit: error: --executor ray needs Ray, which is not installed; "
+                       "install it with: pip install 'dpfl-audit[distributed]'\n")
+        assert not (tmp_path / "out").exists()
+
+
+def test_returned_runs_are_stored_whole_and_only_inside_runs(tmp_path):
+    import numpy as np
+    import torch
+
+    from audit.executors import store_files
+    from audit.store import RunStore
+
+    source, target = RunStore(tmp_path / "remote"), RunStore(tmp_path / "here")
+    source.save_run("r0", {"run_id": "r0"}, {"w": torch.ones(2)}, np.arange(3), [{"round": 1}])
+    files = {p.relative_to(source.root).as_posix(): p.read_bytes() for p in source.path("r0").iterdir()}
+    assert store_files(target, files) == ["r0"]
+    assert target.is_complete("r0") and not list(target.runs.glob(".staging-*"))
+    assert {p.name: p.read_bytes() for p in target.path("r0").iterdir()} == \
+        {p.name: p.read_bytes() for p in source.path("r0").iterdir()}
+    for bad in ("runs/../x", "config.yaml", "runs/.staging-r1/manifest.json"):
+        with pytest.raises(ValueError):
+            store_files(target, {bad: b"{}"})
+    with pytest.raises(ValueError):  # a run without its manifest would never count as finished
+        store_files(target, {"runs/r1/model.safetensors": b""})
