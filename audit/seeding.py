@@ -5,6 +5,11 @@ Keys are folded into a :class:`numpy.random.SeedSequence` spawn key, so streams 
 paths are statistically independent and the same path always gives the same stream, whatever
 order the streams are created in. That is what makes the batched and the per-client engine
 paths, and any executor, produce identical results.
+
+:func:`philox_rng` addresses streams the same way but keys a counter-based Philox generator
+(Salmon et al. 2011) with a 128-bit BLAKE2b hash of the path: about half the cost of creating a
+SeedSequence-seeded generator, for the streams the engine creates by the thousand every round
+(each client's mini-batch order).
 """
 
 from __future__ import annotations
@@ -51,3 +56,14 @@ def torch_generator(root: int, *path: int | str, device: str | torch.device = "c
     generator = torch.Generator(device=device)
     generator.manual_seed(derive_seed(root, *path))
     return generator
+
+
+def philox_rng(root: int, *path: int | str) -> np.random.Generator:
+    """A numpy Generator (Philox4x64, keyed by a 128-bit hash of ``(root, *path)``) for the stream at ``path``.
+
+    Distinct keys give independent Philox streams; the key is a BLAKE2b digest of an injective
+    encoding of the path (integers and strings tagged apart, so ``3`` and ``"3"`` differ).
+    """
+    parts = [f"i{_key_to_int(k)}" if isinstance(k, (int, np.integer)) else f"s{k}" for k in (root, *path)]
+    digest = hashlib.blake2b("\x1f".join(parts).encode("utf-8"), digest_size=16).digest()
+    return np.random.Generator(np.random.Philox(key=int.from_bytes(digest, "little")))

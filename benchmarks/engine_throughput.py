@@ -3,8 +3,8 @@
 Workload 1 (benchmarks/workloads.py): DP-FedAvg on digits, 100 clients of 15 records, MLP
 64→128→10, one local epoch of batch 5, flat clip 1, σ = 1 on the aggregate, 10 rounds. Both
 paths run the same defense, schedule and noise (they agree to float rounding). Each path first
-trains two warm-up rounds (torch's first-use costs), then the timed trainings; the figure is
-the median over ``--repeats``. Run on an idle machine: another busy process makes torch's
+trains two warm-up rounds (torch's first-use costs), then the timed trainings, whose rounds
+only are timed (as Flower's are); the figure is the median over ``--repeats``. Run on an idle machine: another busy process makes torch's
 threads collapse.
 
     python benchmarks/engine_throughput.py [--rounds 10] [--repeats 3] [--json]
@@ -23,14 +23,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # sibling modules (opa
 
 from workloads import Workload, dp_fedavg, workload_one  # noqa: E402
 
+from defenses.engine import FederatedEngine  # noqa: E402
+
 
 def updates_per_second(workload: Workload, engine: str, rounds: int) -> tuple[float, float]:
-    """(client updates per second, final test accuracy) of one timed training."""
-    defense = dp_fedavg()
+    """(client updates per second, final test accuracy) of one training, its rounds only: the
+    run's set-up (model initialisation, the ε trajectory) and its final claim are not timed, as
+    Flower's start-up is not."""
+    run = FederatedEngine(dp_fedavg(), workload.job(rounds, engine))
+    state = run.start()
+    ended: list[float] = []
     started = time.perf_counter()
-    outcome = defense.train(workload.job(rounds, engine))
-    seconds = time.perf_counter() - started
-    return sum(m["participants"] for m in outcome.metrics) / seconds, outcome.metrics[-1]["test_accuracy"]
+    outcome = run.train_from(state, lambda done, total, row: ended.append(time.perf_counter()))
+    return sum(m["participants"] for m in outcome.metrics) / (ended[-1] - started), outcome.metrics[-1]["test_accuracy"]
 
 
 def measure_engine(rounds: int = 10, repeats: int = 3) -> dict:

@@ -15,8 +15,8 @@ def clip_rows(updates: torch.Tensor, clip: float) -> tuple[torch.Tensor, torch.T
     norms = torch.linalg.vector_norm(updates, dim=1, dtype=torch.float64)
     clipped = norms > clip
     scale = torch.where(clipped, clip / norms.clamp_min(torch.finfo(torch.float64).tiny), torch.ones_like(norms))
-    out = torch.where(clipped[:, None], updates * scale.to(updates.dtype)[:, None], updates)
-    return out, norms, clipped
+    # rows inside the ball are multiplied by exactly 1.0, which leaves every bit as it was
+    return updates * scale.to(updates.dtype)[:, None], norms, clipped
 
 
 def clip_rows_per_tensor(updates: torch.Tensor, clip: float, slices: list[slice]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

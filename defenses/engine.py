@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from audit.seeding import derive_seed, numpy_rng, torch_generator
+from audit.seeding import derive_seed, numpy_rng, philox_rng, torch_generator
 from defenses.base import AccountingSettings, PrivacyClaim
 from defenses.evaluation import evaluate
 from defenses.flat import ParamLayout, parameters_of
@@ -256,7 +256,7 @@ class FederatedEngine:
     def schedule(self, participants: np.ndarray, round_index: int) -> LocalSchedule:
         job = self.job
         batches = [self.defense.local_batches(len(job.clients[c]), job.training,
-                                              numpy_rng(job.seed, "round", round_index, "client", int(c), "batches"))
+                                              philox_rng(job.seed, "round", round_index, "client", int(c), "batches"))
                    for c in participants]
         return LocalSchedule.build(batches, [job.clients[c] for c in participants], participants)
 
@@ -282,6 +282,9 @@ class FederatedEngine:
         # Clients with similar step counts share a chunk, so little padding is computed.
         order = sorted(range(len(ctx.participants)), key=lambda i: -ctx.schedule.steps[i])
         start = ctx.global_vector
+        if len(order) <= ctx.chunk_size and order == sorted(order):  # one chunk in participant order
+            local = trainer(ctx.model, objective, global_params, ctx.schedule, job.pool_x, job.pool_y, opt)
+            return layout.flatten_stacked(local) - start
         updates = torch.empty(len(ctx.participants), layout.dim, dtype=start.dtype, device=start.device)
         for i in range(0, len(order), ctx.chunk_size):
             chunk = order[i:i + ctx.chunk_size]
