@@ -82,7 +82,7 @@ def run_all(skip_flower: bool = False, skip_memory: bool = False, progress=print
         progress("1/5 workload 1: Flower simulation (run_simulation, start_simulation)")
         from flower_baseline import measure_flower
 
-        flower = measure_flower(rounds=10, warmup_rounds=2, repeats=1)
+        flower = measure_flower(rounds=10, warmup_rounds=2, repeats=3)
     workload = {"batched_updates_per_second": engine["batched"]["updates_per_second"],
                 "loop_updates_per_second": engine["loop"]["updates_per_second"],
                 "batched_vs_loop": engine["ratio"], "target_batched_vs_loop": 10.0, "engine": engine, "flower": flower}
