@@ -14,7 +14,8 @@ One round (McMahan et al. 2017, FedAvg; 2018, DP-FedAvg Alg. 1):
    server view (uploads and global models of the rounds and clients chosen for recording).
 
 Randomness: the participants of round t come from stream ``(seed, "round", t, "sampling")``,
-client i's batches from ``(seed, "round", t, "client", i, "batches")``; defenses draw noise
+client i's batches from the keyed Philox stream ``(seed, "round", t, "client", i, "batches")``
+(:func:`batch_stream`); defenses draw noise
 from :meth:`RoundContext.client_generator` / :meth:`RoundContext.server_generator`.
 """
 
@@ -211,6 +212,12 @@ def sample_participants(num_clients: int, training: TrainingConfig, seed: int, r
     return np.sort(rng.choice(num_clients, size=training.round_size(num_clients), replace=False))
 
 
+def batch_stream(seed: int, round_index: int, client: int) -> np.random.Generator:
+    """The stream of client ``client``'s mini-batch order in round ``round_index`` (a keyed Philox:
+    the engine creates one per participant and round, so creation cost matters)."""
+    return philox_rng(seed, "round", round_index, "client", int(client), "batches")
+
+
 def sample_canaries(count: int, rate: float, seed: int, round_index: int) -> np.ndarray:
     """Canary clients joining round ``round_index`` (Poisson at the clients' sampling rate)."""
     return np.flatnonzero(numpy_rng(seed, "round", round_index, "canaries").random(count) < rate)
@@ -255,8 +262,7 @@ class FederatedEngine:
 
     def schedule(self, participants: np.ndarray, round_index: int) -> LocalSchedule:
         job = self.job
-        batches = [self.defense.local_batches(len(job.clients[c]), job.training,
-                                              philox_rng(job.seed, "round", round_index, "client", int(c), "batches"))
+        batches = [self.defense.local_batches(len(job.clients[c]), job.training, batch_stream(job.seed, round_index, c))
                    for c in participants]
         return LocalSchedule.build(batches, [job.clients[c] for c in participants], participants)
 

@@ -118,13 +118,14 @@ def test_one_client_noiseless_fedavg_is_centralised_training(digits_job):
     job = replace(job, clients=[job.clients[0]])
     outcome = FedAvg().train(job)
     torch.manual_seed(0)
-    from audit.seeding import derive_seed, numpy_rng
+    from audit.seeding import derive_seed
+    from defenses.engine import batch_stream
 
     torch.manual_seed(derive_seed(job.seed, "torch"))
     model = job.model_factory()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     batches = client_batches(len(job.clients[0]), "epochs", 2, job.training.batch_size,
-                             numpy_rng(job.seed, "round", 0, "client", 0, "batches"))
+                             batch_stream(job.seed, 0, 0))
     for batch in batches:
         optimizer.zero_grad()
         index = torch.as_tensor(job.clients[0][batch])
