@@ -23,9 +23,7 @@ import hashlib
 import logging
 import multiprocessing
 import os
-import shutil
 import tempfile
-import uuid
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -131,9 +129,9 @@ def _worker_plan(config: AuditConfig, key: str) -> Plan:
     return _RAY_PLAN[key]
 
 
-def _train_remotely(config: AuditConfig, key: str, job: Job) -> dict[str, bytes]:
-    """Body of the Ray task: train ``job`` into a temporary store on this node and return its runs'
-    files, ``{path relative to the store root: bytes}``."""
+def _train_remotely(config: AuditConfig, key: str, job: Job) -> dict[str, dict[str, bytes]]:
+    """Body of the Ray task: train ``job`` into a temporary store on this node and return its runs,
+    ``{run id: {path inside the run directory: bytes}}``."""
     import torch
 
     from audit.store import RunStore
@@ -142,46 +140,20 @@ def _train_remotely(config: AuditConfig, key: str, job: Job) -> dict[str, bytes]
     plan = _worker_plan(config, key)
     with tempfile.TemporaryDirectory(prefix="dpfl-audit-ray-") as scratch:
         store = RunStore(scratch)
-        files: dict[str, bytes] = {}
-        for rid in train_job(plan, store, job):
-            for path in sorted(store.path(rid).rglob("*")):
-                if path.is_file():
-                    files[path.relative_to(store.root).as_posix()] = path.read_bytes()
-        return files
+        return {rid: store.run_files(rid) for rid in train_job(plan, store, job)}
 
 
-def store_files(store: RunStore, files: dict[str, bytes]) -> list[str]:
-    """Write runs returned by a remote task into ``store``, each run atomically (built in a staging
-    directory, manifest last, renamed into place, as :meth:`RunStore.save_run` does); returns their ids."""
-    from audit.atomic import write_bytes
-
-    runs: dict[str, dict[PurePosixPath, bytes]] = {}
-    for name, data in files.items():
-        path = PurePosixPath(name)
-        if len(path.parts) < 3 or path.parts[0] != "runs" or path.is_absolute() or ".." in path.parts \
-                or path.parts[1].startswith("."):
-            raise ValueError(f"a remote task returned a file outside a run directory: {name!r}")
-        runs.setdefault(path.parts[1], {})[PurePosixPath(*path.parts[2:])] = data
-    for rid, run_files in runs.items():
-        if PurePosixPath("manifest.json") not in run_files:
-            raise ValueError(f"a remote task returned run {rid} without its manifest.json")
-        if store.is_complete(rid):
-            continue
-        store.runs.mkdir(parents=True, exist_ok=True)
-        staging = store.runs / f".staging-{rid}-{uuid.uuid4().hex[:8]}"
-        staging.mkdir()
-        try:
-            for relative in sorted(run_files, key=lambda p: p == PurePosixPath("manifest.json")):  # manifest last
-                write_bytes(staging.joinpath(*relative.parts), run_files[relative])
-            try:
-                os.replace(staging, store.path(rid))
-            except OSError:
-                if not store.is_complete(rid):
-                    raise
-                shutil.rmtree(staging, ignore_errors=True)  # another process stored it first
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
+def store_runs(store: RunStore, runs: dict[str, dict[str, bytes]]) -> list[str]:
+    """Write runs returned by a remote task into ``store``, each atomically (:meth:`RunStore.save_files`),
+    after checking that every path stays inside its run's directory; returns their ids."""
+    for rid, files in runs.items():
+        names = [PurePosixPath(name) for name in files]
+        if "/" in rid or rid.startswith(".") or rid in ("", "..") or any(
+                not name.parts or name.is_absolute() or ".." in name.parts for name in names):
+            raise ValueError(f"a remote task returned a file outside a run directory: run {rid!r}, files {sorted(files)}")
+    for rid, files in runs.items():
+        if not store.is_complete(rid):
+            store.save_files(rid, files)
     return sorted(runs)
 
 
@@ -255,7 +227,7 @@ def train_in_ray(plan: Plan, store: RunStore, workers: int | None = None, quiet:
                     running.append(task.remote(config, key, queue.pop()))
                 done, running = ray.wait(running, num_returns=1)
                 for ref in done:
-                    bar.update(len(store_files(store, ray.get(ref))))
+                    bar.update(len(store_runs(store, ray.get(ref))))
         finally:
             for ref in running:
                 ray.cancel(ref)

@@ -351,11 +351,6 @@ def train_membership_runs(plan: Plan, store: RunStore, experiment: Experiment, r
     return [run_id(plan, experiment, r) for r in runs]
 
 
-def train_membership_run(plan: Plan, store: RunStore, experiment: Experiment, r: int) -> str:
-    """Membership run ``r`` of ``experiment``, trained unless the store has it; returns its id."""
-    return train_membership_runs(plan, store, experiment, [r])[0]
-
-
 def joint_run_limit(plan: Plan, experiment: Experiment) -> int:
     """How many runs train together by default: as many as fit the batched computation one
     run's round would use (the engine's chunk of about 2^25 values), at least one."""

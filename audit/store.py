@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,31 +44,14 @@ class RunStore:
     def is_complete(self, run_id: str) -> bool:
         return (self.path(run_id) / "manifest.json").is_file()
 
-    def save_run(
-        self,
-        run_id: str,
-        manifest: dict[str, Any],
-        final_params: dict[str, torch.Tensor],
-        membership: np.ndarray,
-        metrics: list[dict[str, Any]],
-        server_view: dict[str, torch.Tensor] | None = None,
-        global_models: dict[str, torch.Tensor] | None = None,
-    ) -> Path:
+    def _commit(self, run_id: str, write: Callable[[Path], None]) -> Path:
+        """Build run ``run_id`` with ``write(staging directory)`` (manifest last) and rename it into
+        place in one step; if another process stored the run first, keep theirs."""
         self.runs.mkdir(parents=True, exist_ok=True)
         staging = self.runs / f".staging-{run_id}-{uuid.uuid4().hex[:8]}"
         staging.mkdir()
         try:
-            save_file({k: v.detach().cpu().contiguous() for k, v in final_params.items()}, str(staging / "model.safetensors"))
-            np.save(staging / "membership.npy", np.asarray(membership, dtype=np.int64), allow_pickle=False)
-            with open(staging / "metrics.jsonl", "w", encoding="utf-8") as out:
-                for row in metrics:
-                    out.write(dumps(row, indent=None) + "\n")
-            for name, tensors in (("server_view", server_view), ("global_models", global_models)):
-                if tensors:
-                    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
-                              str(staging / f"{name}.safetensors"))
-            with open(staging / "manifest.json", "w", encoding="utf-8") as out:
-                out.write(dumps(manifest) + "\n")
+            write(staging)
             target = self.path(run_id)
             try:
                 os.replace(staging, target)  # atomic on one file system; fails if target exists
@@ -79,6 +63,50 @@ class RunStore:
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
+
+    def save_run(
+        self,
+        run_id: str,
+        manifest: dict[str, Any],
+        final_params: dict[str, torch.Tensor],
+        membership: np.ndarray,
+        metrics: list[dict[str, Any]],
+        server_view: dict[str, torch.Tensor] | None = None,
+        global_models: dict[str, torch.Tensor] | None = None,
+    ) -> Path:
+        def write(staging: Path) -> None:
+            save_file({k: v.detach().cpu().contiguous() for k, v in final_params.items()}, str(staging / "model.safetensors"))
+            np.save(staging / "membership.npy", np.asarray(membership, dtype=np.int64), allow_pickle=False)
+            with open(staging / "metrics.jsonl", "w", encoding="utf-8") as out:
+                for row in metrics:
+                    out.write(dumps(row, indent=None) + "\n")
+            for name, tensors in (("server_view", server_view), ("global_models", global_models)):
+                if tensors:
+                    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
+                              str(staging / f"{name}.safetensors"))
+            with open(staging / "manifest.json", "w", encoding="utf-8") as out:
+                out.write(dumps(manifest) + "\n")
+
+        return self._commit(run_id, write)
+
+    def run_files(self, run_id: str) -> dict[str, bytes]:
+        """A stored run's files, ``{path inside the run directory: bytes}`` (to ship it elsewhere)."""
+        root = self.path(run_id)
+        return {path.relative_to(root).as_posix(): path.read_bytes() for path in sorted(root.rglob("*")) if path.is_file()}
+
+    def save_files(self, run_id: str, files: dict[str, bytes]) -> Path:
+        """Store a run given as :meth:`run_files` returned it, atomically like :meth:`save_run`
+        (the manifest, which marks a finished run, written last)."""
+        if "manifest.json" not in files:
+            raise ValueError(f"run {run_id}: no manifest.json among its files")
+
+        def write(staging: Path) -> None:
+            for name in sorted(files, key=lambda n: n == "manifest.json"):  # manifest last
+                path = staging / name
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(files[name])
+
+        return self._commit(run_id, write)
 
     def load_manifest(self, run_id: str) -> dict[str, Any]:
         with open(self.path(run_id) / "manifest.json", encoding="utf-8") as handle:

@@ -280,6 +280,11 @@ def calibrate_noise(
     def around(index: int) -> list[int]:
         return list(range(max(0, index - 8), min(last, index + 8) + 1))
 
+    def rdp_report(sigma: float, subset: list[int]) -> tuple[EpsilonReport, int]:
+        """ε over the orders ``subset`` and the index of the optimal order among all orders."""
+        report = compute_epsilon(schedule.with_noise(sigma), delta, "rdp", conversion, all_orders[subset])
+        return report, int(np.argmin(np.abs(all_orders - report.optimal_order))) if report.optimal_order else 0
+
     def eps_at(sigma: float) -> float:
         if accountant != "rdp":
             return compute_epsilon(schedule.with_noise(sigma), delta, accountant, conversion).epsilon
@@ -287,13 +292,11 @@ def calibrate_noise(
         if not window:
             window[:] = list(range(len(all_orders)))
         while True:
-            report = compute_epsilon(schedule.with_noise(sigma), delta, "rdp", conversion, all_orders[window])
-            best = int(np.argmin(np.abs(all_orders - report.optimal_order))) if report.optimal_order else 0
+            report, best = rdp_report(sigma, window)
             on_edge = (best == window[0] and best > 0) or (best == window[-1] and best < last)
             moves += 1
             if on_edge and moves > len(all_orders):  # not unimodal after all: every order decides
-                report = compute_epsilon(schedule.with_noise(sigma), delta, "rdp", conversion, all_orders)
-                best = int(np.argmin(np.abs(all_orders - report.optimal_order))) if report.optimal_order else 0
+                report, best = rdp_report(sigma, list(range(len(all_orders))))
                 on_edge = False
             window[:] = around(best)
             if not on_edge:

@@ -244,6 +244,21 @@ def chunk_size(training: TrainingConfig, dim: int, factor: float = 1.0) -> int:
     return training.client_chunk or max(1, int((1 << 25) // max(1.0, dim * factor)))
 
 
+def train_in_chunks(steps: list[int], size: int, train: Callable[[list[int]], torch.Tensor]) -> torch.Tensor:
+    """The trained flat parameters [rows, d] of clients with ``steps`` local steps each, computed by
+    ``train(rows)`` in chunks of at most ``size`` rows. Rows with similar step counts share a
+    chunk, so little padding is computed; one chunk in row order needs no reassembly."""
+    order = sorted(range(len(steps)), key=lambda i: -steps[i])
+    if len(order) <= size and order == sorted(order):
+        return train(order)
+    chunks = [order[i:i + size] for i in range(0, len(order), size)]
+    parts = [train(chunk) for chunk in chunks]
+    out = parts[0].new_empty(len(order), parts[0].shape[1])
+    for chunk, part in zip(chunks, parts):
+        out[torch.as_tensor(chunk, device=out.device)] = part
+    return out
+
+
 def optimizer_settings(training: TrainingConfig, lr: float) -> OptimizerSettings:
     return OptimizerSettings(lr, training.momentum, training.weight_decay, training.optimizer)
 
@@ -285,18 +300,12 @@ class FederatedEngine:
         objective = self.defense.local_objective()
         objective.begin_round(ctx)
         global_params = {n: v.clone() for n, v in ctx.global_params().items()}
-        # Clients with similar step counts share a chunk, so little padding is computed.
-        order = sorted(range(len(ctx.participants)), key=lambda i: -ctx.schedule.steps[i])
-        start = ctx.global_vector
-        if len(order) <= ctx.chunk_size and order == sorted(order):  # one chunk in participant order
-            local = trainer(ctx.model, objective, global_params, ctx.schedule, job.pool_x, job.pool_y, opt)
-            return layout.flatten_stacked(local) - start
-        updates = torch.empty(len(ctx.participants), layout.dim, dtype=start.dtype, device=start.device)
-        for i in range(0, len(order), ctx.chunk_size):
-            chunk = order[i:i + ctx.chunk_size]
-            local = trainer(ctx.model, objective, global_params, ctx.schedule.select(chunk), job.pool_x, job.pool_y, opt)
-            updates[torch.as_tensor(chunk, device=start.device)] = layout.flatten_stacked(local) - start
-        return updates
+
+        def train(rows: list[int]) -> torch.Tensor:
+            schedule = ctx.schedule.select(rows)
+            return layout.flatten_stacked(trainer(ctx.model, objective, global_params, schedule, job.pool_x, job.pool_y, opt))
+
+        return train_in_chunks(ctx.schedule.steps, ctx.chunk_size, train) - ctx.global_vector
 
     def add_canaries(self, updates: torch.Tensor, ctx: RoundContext, row: dict[str, Any]) -> tuple[torch.Tensor, RoundContext]:
         """Append the canary clients of this round (ids N, N+1, ...) after the real participants.

@@ -29,6 +29,7 @@ from defenses.engine import (
     TrainingJob,
     TrainingOutcome,
     optimizer_settings,
+    train_in_chunks,
 )
 from defenses.local_training import LocalSchedule, train_batched
 
@@ -67,16 +68,15 @@ def joint_local_updates(engines: list[FederatedEngine], contexts: list[RoundCont
     objective = engines[live[0][0]].defense.local_objective()
     objective.begin_round(first)  # joinable objectives keep no per-run state
     opt = optimizer_settings(job.training, first.lr)
-    order = sorted(range(len(schedule.steps)), key=lambda i: -schedule.steps[i])
     largest_run = max(len(ctx.participants) for _, ctx in live)
     size = min(first.chunk_size, max(largest_run, CACHE_VALUES // layout.dim))
-    updates = torch.empty_like(starts)
-    for i in range(0, len(order), size):
-        rows = torch.as_tensor(order[i:i + size], device=starts.device)
-        start = starts[rows]
-        local = train_batched(first.model, objective, layout.unflatten_stacked(start), schedule.select(rows.tolist()),
+
+    def train(rows: list[int]) -> torch.Tensor:
+        local = train_batched(first.model, objective, layout.unflatten_stacked(starts[rows]), schedule.select(rows),
                               job.pool_x, job.pool_y, opt, per_client_start=True)
-        updates[rows] = layout.flatten_stacked(local) - start
+        return layout.flatten_stacked(local)
+
+    updates = train_in_chunks(schedule.steps, size, train) - starts
     result: list[torch.Tensor | None] = [None] * len(contexts)
     offset = 0
     for k, ctx in live:

@@ -93,18 +93,19 @@ def test_returned_runs_are_stored_whole_and_only_inside_runs(tmp_path):
     import numpy as np
     import torch
 
-    from audit.executors import store_files
+    from audit.executors import store_runs
     from audit.store import RunStore
 
     source, target = RunStore(tmp_path / "remote"), RunStore(tmp_path / "here")
     source.save_run("r0", {"run_id": "r0"}, {"w": torch.ones(2)}, np.arange(3), [{"round": 1}])
-    files = {p.relative_to(source.root).as_posix(): p.read_bytes() for p in source.path("r0").iterdir()}
-    assert store_files(target, files) == ["r0"]
+    assert store_runs(target, {"r0": source.run_files("r0")}) == ["r0"]
     assert target.is_complete("r0") and not list(target.runs.glob(".staging-*"))
     assert {p.name: p.read_bytes() for p in target.path("r0").iterdir()} == \
         {p.name: p.read_bytes() for p in source.path("r0").iterdir()}
-    for bad in ("runs/../x", "config.yaml", "runs/.staging-r1/manifest.json"):
+    for bad in ({"..": {"manifest.json": b"{}"}}, {".staging-r1": {"manifest.json": b"{}"}},
+                {"r1": {"../x": b"{}", "manifest.json": b"{}"}}, {"r1": {"/etc/x": b"{}", "manifest.json": b"{}"}}):
         with pytest.raises(ValueError):
-            store_files(target, {bad: b"{}"})
+            store_runs(target, bad)
+    assert not target.path("r1").exists()
     with pytest.raises(ValueError):  # a run without its manifest would never count as finished
-        store_files(target, {"runs/r1/model.safetensors": b""})
+        store_runs(target, {"r1": {"model.safetensors": b""}})
