@@ -71,7 +71,7 @@ from torch import nn
 from torch.func import functional_call
 
 from audit.datasets import Dataset
-from audit.seeding import derive_seed, numpy_rng
+from audit.seeding import derive_seed, numpy_rng, sklearn_random_state
 from defenses.evaluation import logits_of
 from reports.metrics import Estimate, clopper_pearson
 
@@ -249,7 +249,7 @@ def white_box_posterior(aux_embeddings: np.ndarray, aux_codes: np.ndarray, targe
     early_stopping = bool(counts[counts > 0].min() >= 10) if len(aux_codes) else False
     classifier = make_pipeline(StandardScaler(), MLPClassifier(
         hidden_layer_sizes=tuple(int(h) for h in hidden), alpha=1e-3, max_iter=300, early_stopping=early_stopping,
-        n_iter_no_change=10, random_state=seed % (2 ** 32)))
+        n_iter_no_change=10, random_state=sklearn_random_state(seed)))
     with warnings.catch_warnings():
         # 300 epochs is the attack's fixed budget (without early stopping it always ends there)
         warnings.simplefilter("ignore", ConvergenceWarning)
@@ -262,7 +262,7 @@ def baseline_posterior(aux_inputs: np.ndarray, aux_codes: np.ndarray, target_inp
     if classifier == "logistic":
         model = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000))
     elif classifier == "gradient-boosting":
-        model = HistGradientBoostingClassifier(max_iter=200, random_state=seed % (2 ** 32))
+        model = HistGradientBoostingClassifier(max_iter=200, random_state=sklearn_random_state(seed))
     else:
         raise ValueError(f"baseline classifier must be 'logistic' or 'gradient-boosting', got {classifier!r}")
     return _posterior(model, aux_inputs, aux_codes, target_inputs, num_values)

@@ -24,7 +24,7 @@ from attacks import dlg, inverting_gradients
 from attacks.gradient_matching import Params, Reconstruction, ThreatModel
 from attacks.image_quality import image_grid_png, image_quality
 from audit.errors import UserInputError
-from audit.seeding import derive_seed, numpy_rng
+from audit.seeding import derive_seed, numpy_rng, seed_torch
 
 #: name → reconstruct(model, params, observed, threat, image_shape, labels=None, iterations=, restarts=, seed=, data_range=)
 RECONSTRUCTION_ATTACKS: dict[str, Callable[..., Reconstruction]] = {
@@ -93,7 +93,7 @@ def untrained_model(model_name: str, input_shape: Sequence[int], num_classes: in
     from audit.models import build_model
 
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(derive_seed(seed, "invert", "model"))
+        seed_torch(seed, "invert", "model")
         model = build_model(model_name, input_shape, num_classes)
     return model.eval()
 

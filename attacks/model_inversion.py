@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from audit.seeding import derive_seed, numpy_rng, torch_generator
+from audit.seeding import numpy_rng, seed_torch, torch_generator
 from defenses.evaluation import logits_of
 from reports.metrics import Estimate
 
@@ -115,7 +115,7 @@ def train_inverse_network(queries: torch.Tensor, inputs: torch.Tensor, seed: int
     query_scale = fit_q.std(0, unbiased=False)
     query_scale = torch.where(query_scale > 1e-12, query_scale, torch.ones_like(query_scale))
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(derive_seed(seed, "model-inversion", "init"))
+        seed_torch(seed, "model-inversion", "init")
         network = InverseNetwork(queries.shape[1], inputs.shape[1], hidden, query_mean, query_scale, fit_x.mean(0))
     network = network.to(queries.device)
     optimiser = torch.optim.Adam(network.parameters(), lr=lr)

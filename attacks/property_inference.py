@@ -49,7 +49,7 @@ from sklearn.preprocessing import StandardScaler
 from torch import nn
 from torch.func import functional_call, grad
 
-from audit.seeding import derive_seed, numpy_rng
+from audit.seeding import numpy_rng, sklearn_random_state
 from reports.metrics import Estimate, auc, clopper_pearson
 
 UpdateFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -228,11 +228,11 @@ def property_inference(
         shadow.append(features_of(update_of(auxiliary_x[index], auxiliary_y[index])))
     targets = np.stack([features_of(update_of(x, y)) for x, y in target_clients])
 
-    classifier_seed = derive_seed(seed, "property-inference", "classifier") % (2 ** 32)
+    classifier_state = sklearn_random_state(seed, "property-inference", "classifier")
     if classifier == "logistic":
         model = make_pipeline(StandardScaler(), LogisticRegression(max_iter=5000))
     elif classifier == "random-forest":
-        model = RandomForestClassifier(n_estimators=200, random_state=classifier_seed, n_jobs=1)
+        model = RandomForestClassifier(n_estimators=200, random_state=classifier_state, n_jobs=1)
     else:
         raise ValueError(f"classifier must be 'logistic' or 'random-forest', got {classifier!r}")
     model.fit(np.stack(shadow), shadow_truth)

@@ -25,7 +25,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from attacks.base import ATTACKS, AttackResult, MembershipAttack, MembershipExperiment
-from audit.seeding import derive_seed, numpy_rng
+from audit.seeding import derive_seed, numpy_rng, sklearn_random_state
 
 
 @dataclass(frozen=True)
@@ -61,10 +61,10 @@ class Shokri(MembershipAttack):
         if self.params.classifier == "logistic":
             model = LogisticRegression(max_iter=1000)
         elif self.params.classifier == "gradient-boosting":
-            model = HistGradientBoostingClassifier(max_iter=100, random_state=seed % (2 ** 32))
+            model = HistGradientBoostingClassifier(max_iter=100, random_state=sklearn_random_state(seed))
         else:
             model = MLPClassifier(hidden_layer_sizes=(self.params.hidden,), max_iter=300, early_stopping=True,
-                                  random_state=seed % (2 ** 32))
+                                  random_state=sklearn_random_state(seed))
         return make_pipeline(StandardScaler(), model)
 
     def run(self, experiment: MembershipExperiment, progress: Callable[[int, int], None] | None = None) -> list[AttackResult]:

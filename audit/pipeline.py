@@ -47,7 +47,7 @@ from defenses.flat import ParamLayout
 from defenses.run_batch import train_together
 from reports.soundness import measurement_delta
 
-STORE_FORMAT = 3  # bump when a change makes stored runs incompatible (or trains them differently: 3 = Philox batch streams)
+STORE_FORMAT = 4  # bump when a change makes stored runs incompatible (or trains them differently: 3 = Philox batch streams, 4 = fully keyed noise streams, claims per observer)
 
 
 @dataclass

@@ -43,7 +43,7 @@ from defenses.diagnostics import sharpness
 from defenses.engine import TrainingConfig, TrainingJob
 from defenses.flat import ParamLayout
 
-REPRODUCE_FORMAT = 1
+REPRODUCE_FORMAT = 2  # 2: fully keyed noise streams, sound defaults, claims per observer
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from audit.seeding import derive_seed, numpy_rng
+from audit.seeding import numpy_rng, seed_torch, torch_generator
 from defenses.accounting import GaussianSchedule, calibrate_noise, compute_epsilon
 from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
+from defenses.claims import AdversaryClaim, gaussian_round_epsilon
 from defenses.engine import (
     TrainingConfig,
     TrainingJob,
@@ -43,6 +44,7 @@ from defenses.local_training import (
     stacked_forward,
 )
 from defenses.noise import gaussian_rows
+from defenses.release_probe import ReleaseProbe
 
 
 @dataclass(frozen=True)
@@ -90,12 +92,54 @@ class AEDPFL(Defense):
 
     def _claim(self, queries: int, delta: float, accounting: AccountingSettings) -> PrivacyClaim:
         report = compute_epsilon(self.schedule(queries), delta, accounting.accountant, accounting.conversion)
-        mechanism = f"{queries} noisy-argmax votes, Gaussian σ_v={self.params.noise_multiplier:.4g} on each vote histogram (sensitivity 1)"
+        sigma = self.params.noise_multiplier
+        mechanism = f"{queries} noisy-argmax votes, Gaussian σ_v={sigma:.4g} on each vote histogram (sensitivity 1)"
         notes = "client-level; the server sees only the summed noisy votes (simulated secure aggregation); local models never leave the agents"
-        return PrivacyClaim(report.epsilon, delta, "client", report.label, mechanism, notes)
+        one_query = gaussian_round_epsilon(sigma, delta, accounting.accountant, accounting.conversion)
+        # every agent votes on every query, so knowing who took part teaches the server nothing: the
+        # released model (trained on the voted labels) and the server's histograms get the same figure
+        adversaries = (
+            AdversaryClaim("released", report.epsilon, delta, "add-remove", "the model trained on the voted labels",
+                           report.label, rounds=queries, noise_multiplier=sigma, round_epsilon=one_query,
+                           notes="post-processing of the noisy histograms"),
+            AdversaryClaim("server", report.epsilon, delta, "zero-out", "the summed noisy vote histograms", report.label,
+                           rounds=queries, noise_multiplier=sigma, round_epsilon=one_query,
+                           notes="an agent that abstains votes the zero vector: the histogram moves by ≤ 1 in ℓ2"),
+            AdversaryClaim.not_covered("local", "one agent's votes carry only its share σ_v/√N of the noise; secure "
+                                                "aggregation is what hides them", "one agent's noisy votes"),
+        )
+        return PrivacyClaim(report.epsilon, delta, "client", report.label, mechanism, notes, relation="add-remove",
+                            adversary="released", adversaries=adversaries)
+
+    def noisy_histograms(self, clean: torch.Tensor, agents: int, seed: int) -> torch.Tensor:
+        """What secure aggregation reveals: Σ_i (votes_i + N(0, σ_v²/N·I)) = the clean histograms [K, C]
+        (the agents' summed one-hot, or zero, votes) plus every agent's noise share, agent i's from its
+        own stream (float64)."""
+        queries, classes = clean.shape
+        share_std = self.params.noise_multiplier / math.sqrt(agents)
+        total = clean.to(torch.float64).clone()
+        for i in range(agents):
+            generator = torch_generator(seed, "ae-dpfl", "agent", i, "votes")
+            total += gaussian_rows(1, queries * classes, share_std, [generator], clean.device)[0].view(queries, classes).double()
+        return total
 
     def privacy_claim(self, training, num_clients, rounds, delta, accounting) -> PrivacyClaim:
         return self._claim(self.params.queries, delta, accounting)
+
+    def release_probe(self, job) -> ReleaseProbe:
+        """One query's vote histogram: contribution row i is agent i's vote (its argmax class as a one-hot
+        vector, or nothing for an all-zero row: an abstaining agent)."""
+        agents = len(job.clients)
+        classes = int(job.pool_y.max()) + 1
+
+        def views(contributions: torch.Tensor, seed: int) -> dict[str, torch.Tensor]:
+            votes = torch.zeros(agents, classes, dtype=torch.float64)
+            voting = contributions.abs().sum(1) > 0
+            votes[voting, contributions[voting].abs().argmax(1)] = 1.0
+            noisy = self.noisy_histograms(votes.sum(0, keepdim=True), agents, seed)[0]
+            return {"released": noisy, "server": noisy}
+
+        return ReleaseProbe(classes, agents, 1.0, views, "an agent's one-hot vote on one query", self)
 
     @staticmethod
     def predict(model, stacked: dict[str, torch.Tensor], x: torch.Tensor, budget: int = 1 << 24) -> torch.Tensor:
@@ -114,7 +158,7 @@ class AEDPFL(Defense):
 
     def train(self, job: TrainingJob, progress=None) -> TrainingOutcome:
         training, device = job.training, job.device
-        torch.manual_seed(derive_seed(job.seed, "torch"))
+        seed_torch(job.seed, "torch")
         model = job.model_factory().to(device)
         model.train()
         layout = ParamLayout.of(model)
@@ -146,12 +190,7 @@ class AEDPFL(Defense):
         # 3. noisy votes, summed under secure aggregation
         num_classes = int(model(query_x[:1]).shape[-1])
         clean = vote_histogram(predictions, num_classes)
-        shares = torch.zeros(queries, num_classes, dtype=torch.float64, device=device)
-        share_std = self.params.noise_multiplier / math.sqrt(agents)
-        for i in range(agents):
-            generator = torch.Generator().manual_seed(derive_seed(job.seed, "ae-dpfl", "agent", i, "votes"))
-            shares += gaussian_rows(1, queries * num_classes, share_std, [generator], device)[0].view(queries, num_classes).double()
-        noisy = clean + shares
+        noisy = self.noisy_histograms(clean, agents, job.seed)
         voted = noisy.argmax(1)
 
         # 4. the server trains on the voted labels

@@ -1,64 +1,22 @@
-"""What every defense is: typed hyper-parameters, a training procedure and an explicit privacy claim."""
+"""What every defense is: typed hyper-parameters, a training procedure and an explicit privacy claim
+(:class:`defenses.claims.PrivacyClaim`, re-exported here)."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from audit.errors import UserInputError
 from audit.registry import Registry
+from defenses.claims import UNITS, PrivacyClaim
 from defenses.flat import ParamLayout
 
 if TYPE_CHECKING:
     from defenses.engine import RoundContext, TrainingConfig, TrainingJob, TrainingOutcome
     from defenses.local_training import LocalObjective
-
-UNITS = ("client", "record", "weight", "none")
-
-
-@dataclass(frozen=True)
-class PrivacyClaim:
-    """The guarantee a defense claims: (ε, δ)-DP for neighbouring datasets that differ in one ``unit``.
-
-    ``epsilon`` is ``math.inf`` for a non-private defense. ``accountant`` names the accountant,
-    its conversion and its version; ``mechanism`` says what was accounted; ``notes`` carries the
-    caveats a reader needs (e.g. that individual uploads are not covered). Where a paper's own
-    accounting is unsound, ``alternatives`` holds the other labelled figures.
-    """
-
-    epsilon: float
-    delta: float
-    unit: str
-    accountant: str
-    mechanism: str = ""
-    notes: str = ""
-    alternatives: dict[str, float] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.unit not in UNITS:
-            raise ValueError(f"unit must be one of {UNITS}, got {self.unit}")
-
-    @property
-    def is_private(self) -> bool:
-        return math.isfinite(self.epsilon)
-
-    def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["epsilon"] = self.epsilon if self.is_private else None  # JSON has no infinity
-        return out
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> PrivacyClaim:
-        data = dict(data)
-        data["epsilon"] = math.inf if data.get("epsilon") is None else float(data["epsilon"])
-        return cls(**data)
-
-    @classmethod
-    def non_private(cls, notes: str = "") -> PrivacyClaim:
-        return cls(math.inf, 0.0, "none", "none", "no noise", notes)
+    from defenses.release_probe import ReleaseProbe
 
 
 @dataclass(frozen=True)
@@ -143,6 +101,11 @@ class Defense:
         """Called once before training, with the initial global model (defenses that need the
         clients' sizes, the seed, or server-side work on public data before the first round)."""
 
+    def test_split(self, job: TrainingJob) -> tuple[torch.Tensor, torch.Tensor]:
+        """The held-out records accuracy is measured on, after :meth:`prepare` (a defense that takes
+        server-side data from the held-out split removes it here)."""
+        return job.test_x, job.test_y
+
     def local_batches(self, num_records: int, training: TrainingConfig, rng) -> list:
         """A client's mini-batches for one round (local indices); default: epochs or iterations of fixed size."""
         from defenses.local_training import client_batches
@@ -157,6 +120,15 @@ class Defense:
         """Turn the C×d matrix of raw client updates into what the clients upload."""
         return updates, {}
 
+    def release_probe(self, job: TrainingJob) -> ReleaseProbe | None:
+        """This defense's round as the conformance audit drives it (:mod:`defenses.release_probe`):
+        the engine's privatise → release path for round-based defenses; a defense that trains
+        otherwise, or whose noise lives elsewhere (DP-SGD inside local training), overrides it.
+        None: no probe (a private defense without one fails the audit)."""
+        from defenses.release_probe import engine_probe
+
+        return engine_probe(self, job) if type(self).train is Defense.train else None
+
     def canary_norm(self, honest_norms: torch.Tensor) -> float:
         """ℓ2 norm a canary client's update is given: the clip where the defense clips updates
         (the largest contribution a client can make), else the round's median honest norm."""
@@ -168,6 +140,11 @@ class Defense:
     #: whether ``params.clip`` bounds each client's update (DP-FedAvg family, DDGauss, FL-TOP-DP)
     clips_updates: ClassVar[bool] = False
 
+    def release_statistic(self, uploads: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
+        """The noisy statistic the released step is computed from by post-processing alone (what the
+        conformance audit observes for the released models); default: the step itself."""
+        return self.aggregate(uploads, ctx)
+
     def aggregate(self, uploads: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
         """Combine uploads into the global step direction (length d)."""
         from defenses.engine import mean_update
@@ -176,3 +153,5 @@ class Defense:
 
 
 DEFENSES: Registry[type[Defense]] = Registry("defense")
+
+__all__ = ["DEFENSES", "UNITS", "AccountingSettings", "Defense", "NoParams", "PrivacyClaim"]

@@ -31,7 +31,7 @@ from defenses.base import DEFENSES
 from defenses.engine import RoundContext, TrainingConfig
 from defenses.fedavg import DPFedAvg, DPFedAvgParams
 from defenses.local_training import LocalObjective, mean_loss_gradient
-from defenses.sparsify import kept_per_tensor, per_tensor_top_mask
+from defenses.sparsify import exact_fraction, kept_per_tensor, per_tensor_top_mask
 
 
 class BLURObjective(LocalObjective):
@@ -62,7 +62,7 @@ class BLURObjective(LocalObjective):
 def lus_mask(updates: torch.Tensor, ctx: RoundContext, sparsity: float, source: str) -> torch.Tensor:
     """LUS's per-tensor mask: top-s_j of |g ⊙ Δ| with g at the final local model w0 + Δ (Eq. 9–15)."""
     layout = ctx.layout
-    keep = kept_per_tensor(layout, 1.0 - sparsity, "nearest")
+    keep = kept_per_tensor(layout, 1 - exact_fraction(sparsity), "nearest")  # exact: s_j = round((1 − c)·d_j)
     mask = torch.zeros_like(updates, dtype=torch.bool)
     for chunk in ctx.chunks():
         final = ctx.global_vector[None, :] + updates[chunk]

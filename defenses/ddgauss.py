@@ -16,19 +16,27 @@ Client i, per round (Alg. 1 of Kairouz et al.):
 The server learns only the modular sum (secure aggregation), multiplies it by γ, rotates back,
 drops the padding and takes the uniform mean; w ← w + η_g·mean.
 
-Noise: ``noise_multiplier`` σ sets σ_loc = σ·c/√n with n the expected number of clients per round,
-so the summed noise has the same scale σc as DP-FedAvg's. γ is chosen (``gamma: 0``) by the
-paper's heuristic: k standard deviations of the aggregate must fit in the bit width,
-1/γ = √(2^{2b} − n·k²) / (2k·√(c²n²/d′ + n·σ_loc²)).
+Noise: ``noise_multiplier`` σ sets σ_loc = σ·c/√n with n the number of clients per round, so the
+summed noise has the same scale σc as DP-FedAvg's. Kairouz et al. analyse a round of exactly n
+clients; under Poisson sampling a round with fewer clients than expected would carry less noise
+than accounted, so ``validate`` requires a fixed number per round (fixed-size sampling, or every
+client every round). γ is chosen (``gamma: 0``) by the paper's heuristic: k standard deviations
+of the aggregate must fit in the bit width, 1/γ = √(2^{2b} − n·k²) / (2k·√(c²n²/d′ + n·σ_loc²)).
 
-Accounting (spec 000 §2.5; Kairouz et al. Prop. 14 and Thm. 1), per round with n clients,
-l2 = Δ₂γ/(√n σ_loc), l1 = Δ₁γ/(√n σ_loc), Δ₁ = Δ₂·min(√d′, Δ₂) and
+Accounting (spec 000 §2.5; Kairouz et al. Prop. 14 and Thm. 1), per round of n clients, for a
+change of the client's rounded vector of ℓ2 norm ≤ Δ₂ (zero-out: the client stays and sends
+zero), l2 = Δ₂γ/(√n σ_loc), l1 = Δ₁γ/(√n σ_loc), Δ₁ = Δ₂·min(√d′, Δ₂) and
 τ = 10·Σ_{k=1}^{n−1} exp(−2π²(σ_loc/γ)²·k/(k+1)):
 
     ε(α) = min{ α·l2²/2 + τd′,  (α/2)(l2² + 2·l1·τ + τ²d′),  (α/2)(l2 + √d′·τ)² },
 
-amplified by Poisson subsampling with Zhu & Wang's general bound, composed over T rounds and
-converted to (ε, δ) at integer orders 2..128, 256.
+composed over rounds and converted to (ε, δ) at integer orders 2..128, 256. Observers
+(:mod:`defenses.claims`): the released models, with every client every round, are accounted
+over all T rounds (zero-out); with a fixed-size sample of m < N clients, amplification by
+sampling without replacement holds for replace-one neighbours (Wang, Balle, Kasiviswanathan
+2019, Thm. 9), whose change is up to 2Δ₂; the server sees the modular sum and knows who took part
+(zero-out, no amplification, the participation bound); one upload alone is not covered (its own
+noise is σ_loc, and secure aggregation is what hides it).
 """
 
 from __future__ import annotations
@@ -44,11 +52,12 @@ from audit.seeding import numpy_rng
 from defenses.accounting import (
     INTEGER_ORDERS,
     accountant_label,
-    poisson_subsampled_rdp,
     rdp_to_epsilon,
     smallest_noise,
+    without_replacement_subsampled_rdp,
 )
 from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
+from defenses.claims import AdversaryClaim, participation_bound
 from defenses.clipping import clip_rows
 from defenses.engine import RoundContext, TrainingConfig
 from defenses.noise import discrete_gaussian
@@ -93,20 +102,30 @@ class DDGaussSetting:
         bound = self.rounded_l2
         return bound * min(math.sqrt(self.dim), bound)
 
-    def rdp(self, orders: np.ndarray) -> np.ndarray:
-        """RDP of one unsampled round at the given orders (float64)."""
+    def rdp(self, orders: np.ndarray, change: float = 1.0) -> np.ndarray:
+        """RDP of one unsampled round at the given orders (float64), for a change of the rounded
+        vector of ℓ2 norm ≤ ``change``·Δ₂ (1: zero-out; 2: replace-one)."""
         orders = np.asarray(orders, dtype=np.float64)
         if self.local_std <= 0:
             return np.full_like(orders, np.inf)
         scaled_std = self.local_std / self.gamma
-        l2 = self.rounded_l2 / (math.sqrt(self.clients) * scaled_std)
-        l1 = self.rounded_l1 / (math.sqrt(self.clients) * scaled_std)
+        bound = change * self.rounded_l2
+        # an integer vector's ℓ1 norm is at most min(√d′·‖v‖₂, ‖v‖₂²)
+        l2 = bound / (math.sqrt(self.clients) * scaled_std)
+        l1 = bound * min(math.sqrt(self.dim), bound) / (math.sqrt(self.clients) * scaled_std)
         ks = np.arange(1, self.clients, dtype=np.float64)
         tau = 10.0 * float(np.exp(-2 * math.pi ** 2 * scaled_std ** 2 * ks / (ks + 1)).sum())
         first = orders * l2 ** 2 / 2 + tau * self.dim
         second = orders / 2 * (l2 ** 2 + 2 * l1 * tau + tau ** 2 * self.dim)
         third = orders / 2 * (l2 + math.sqrt(self.dim) * tau) ** 2
         return np.minimum(np.minimum(first, second), third)
+
+
+def check_fixed_rounds(training: TrainingConfig) -> None:
+    """Kairouz et al. analyse rounds of exactly n clients: Poisson sampling below rate 1 does not give that."""
+    if training.sampling == "poisson" and training.client_rate < 1:
+        raise UserInputError("training.sampling: ddgauss needs the same number of clients every round (its noise and "
+                             "analysis are for exactly n clients); use sampling 'fixed' or client_rate 1")
 
 
 def heuristic_gamma(clip: float, local_std: float, bits: int, clients: int, dim: int, k: float) -> float:
@@ -131,9 +150,10 @@ class DDGauss(Defense):
     # ---------------------------------------------------------------- derived quantities
 
     def expected_clients(self, training: TrainingConfig, num_clients: int) -> int:
+        """n: clients per round (fixed by :meth:`validate`)."""
         if training.sampling == "fixed":
             return training.round_size(num_clients)
-        return max(1, int(round(training.client_rate * num_clients)))
+        return num_clients
 
     def setting(self, training: TrainingConfig, num_clients: int, noise_multiplier: float | None = None) -> DDGaussSetting:
         if self.layout is None:
@@ -149,16 +169,27 @@ class DDGauss(Defense):
     def validate(self, training: TrainingConfig, num_clients: int) -> None:
         if training.aggregation != "uniform":
             raise UserInputError("training.aggregation: ddgauss needs 'uniform' (size weights change the sensitivity)")
+        check_fixed_rounds(training)
 
     # ---------------------------------------------------------------- accounting
 
+    def released_rdp(self, training: TrainingConfig, num_clients: int, noise_multiplier: float | None = None
+                     ) -> tuple[np.ndarray, str]:
+        """RDP of one round as the released models see it, and its neighbouring relation."""
+        setting = self.setting(training, num_clients, noise_multiplier)
+        rate = training.sampling_rate(num_clients)
+        if rate >= 1.0:
+            return setting.rdp(INTEGER_ORDERS), "zero-out"
+        return without_replacement_subsampled_rdp(lambda a: setting.rdp(a, change=2.0), rate, INTEGER_ORDERS), "replace-one"
+
     def _epsilon(self, training: TrainingConfig, num_clients: int, rounds: int, delta: float, conversion: str,
-                 noise_multiplier: float | None = None) -> tuple[float, float]:
+                 noise_multiplier: float | None = None) -> float:
+        check_fixed_rounds(training)
         setting = self.setting(training, num_clients, noise_multiplier)
         if setting.local_std <= 0 or rounds == 0:
-            return (math.inf if rounds else 0.0), float("nan")
-        per_round = poisson_subsampled_rdp(setting.rdp, training.sampling_rate(num_clients), INTEGER_ORDERS)
-        return rdp_to_epsilon(INTEGER_ORDERS, rounds * per_round, delta, conversion)
+            return math.inf if rounds else 0.0
+        per_round, _ = self.released_rdp(training, num_clients, noise_multiplier)
+        return rdp_to_epsilon(INTEGER_ORDERS, rounds * per_round, delta, conversion)[0]
 
     def _conversion(self, accounting: AccountingSettings) -> str:
         if accounting.accountant != "rdp":
@@ -168,29 +199,61 @@ class DDGauss(Defense):
     def calibrate(self, target_epsilon: float, delta: float, training: TrainingConfig, num_clients: int,
                   accounting: AccountingSettings) -> DDGauss:
         conversion = self._conversion(accounting)
-        sigma = smallest_noise(lambda s: self._epsilon(training, num_clients, training.rounds, delta, conversion, s)[0],
+        sigma = smallest_noise(lambda s: self._epsilon(training, num_clients, training.rounds, delta, conversion, s),
                                target_epsilon)
         return self.with_params(noise_multiplier=sigma)
 
+    def server_epsilon(self, training: TrainingConfig, num_clients: int, rounds: int, delta: float,
+                       conversion: str) -> tuple[float, int]:
+        """The server knows who took part: unsampled rounds (zero-out), all of them or the participation bound."""
+        per_round = self.setting(training, num_clients).rdp(INTEGER_ORDERS)
+        every = rdp_to_epsilon(INTEGER_ORDERS, rounds * per_round, delta, conversion)[0]
+        rate = training.sampling_rate(num_clients)
+        if rate >= 1.0 or rounds == 0:
+            return every, rounds
+        bound = participation_bound(rounds, rate, delta / 2)
+        bounded = rdp_to_epsilon(INTEGER_ORDERS, bound * per_round, delta / 2, conversion)[0]
+        return (bounded, bound) if bounded < every else (every, rounds)
+
     def privacy_claim(self, training, num_clients, rounds, delta, accounting) -> PrivacyClaim:
         conversion = self._conversion(accounting)
-        epsilon, _ = self._epsilon(training, num_clients, rounds, delta, conversion)
+        epsilon = self._epsilon(training, num_clients, rounds, delta, conversion)
         setting = self.setting(training, num_clients)
-        sampling = ("Poisson-subsampled (Zhu–Wang bound)" if training.sampling == "poisson" and training.client_rate < 1
-                    else "every round's sample")
+        _, relation = self.released_rdp(training, num_clients)
+        label = f"{accountant_label('rdp', conversion)}, integer orders"
+        sampled = training.sampling_rate(num_clients) < 1
+        sampling = (f"fixed-size samples of {setting.clients} of {num_clients} clients (Wang–Balle–Kasiviswanathan bound, "
+                    "replace-one)" if sampled else "every client every round")
         mechanism = (f"distributed discrete Gaussian, σ_loc={setting.local_std:.4g}, γ={setting.gamma:.4g}, "
-                     f"{self.params.bits} bits, d′={setting.dim}, n={setting.clients} expected clients, {sampling}, T={rounds}")
+                     f"{self.params.bits} bits, d′={setting.dim}, n={setting.clients} clients per round, {sampling}, T={rounds}")
+        round_epsilon = rdp_to_epsilon(INTEGER_ORDERS, setting.rdp(INTEGER_ORDERS), delta, conversion)[0]
+        replace_epsilon = rdp_to_epsilon(INTEGER_ORDERS, setting.rdp(INTEGER_ORDERS, change=2.0), delta, conversion)[0]
+        sigma = self.params.noise_multiplier  # the summed noise is σc, discrete, for a change of ≤ c (zero-out)
+        server, counted = self.server_epsilon(training, num_clients, rounds, delta, conversion)
+        finite = setting.local_std > 0
+        adversaries = (
+            AdversaryClaim("released", epsilon if finite else None, delta, relation, "the global model after every round",
+                           label, amplification=sampled, rounds=rounds,
+                           noise_multiplier=(sigma / 2 if sampled else sigma) if finite else None,
+                           round_epsilon=(replace_epsilon if sampled else round_epsilon) if finite else None, notes=mechanism),
+            AdversaryClaim("server", server if finite else None, delta, "zero-out", "the modular sum of every round it runs",
+                           label, amplification=False, rounds=counted, noise_multiplier=sigma if finite else None,
+                           round_epsilon=round_epsilon if finite else None,
+                           notes=f"participation known, {counted} of {rounds} rounds accounted"),
+            AdversaryClaim.not_covered("local", "one upload carries only its own share σ_loc of the noise; secure "
+                                                "aggregation is what hides it", "one client's upload"),
+        )
         notes = ["client-level; the server sees only the modular sum (simulated secure aggregation)",
-                 f"accounted for the expected {setting.clients} clients per round (Kairouz et al.'s analysis)"]
-        return PrivacyClaim(epsilon, delta, "client", f"{accountant_label('rdp', conversion)}, integer orders",
-                            mechanism, "; ".join(notes))
+                 f"the server, which knows who took part, gets ε = {server:.4g}" if finite else "no noise: no claim"]
+        return PrivacyClaim(epsilon if finite else math.inf, delta, "client", label, mechanism, "; ".join(notes),
+                            relation=relation, adversary="released", adversaries=adversaries)
 
     def epsilon_trajectory(self, training, num_clients, delta, accounting) -> list[float]:
         conversion = self._conversion(accounting)
         setting = self.setting(training, num_clients)
         if setting.local_std <= 0:
             return [math.inf] * training.rounds
-        per_round = poisson_subsampled_rdp(setting.rdp, training.sampling_rate(num_clients), INTEGER_ORDERS)
+        per_round, _ = self.released_rdp(training, num_clients)
         return [rdp_to_epsilon(INTEGER_ORDERS, t * per_round, delta, conversion)[0] for t in range(1, training.rounds + 1)]
 
     # ---------------------------------------------------------------- the mechanism

@@ -10,11 +10,18 @@ with ‖·‖ over all parameters. ``sam_variant: asam`` is the adaptive SAM of 
 (Kwon et al. 2021): e = ρ·(w⊙w⊙g)/‖|w|⊙g‖. Flatter local models give smaller updates, so less is
 lost to clipping. Clip and noise are DP-FedAvg's (Eq. 10–11), so is the accounting.
 
-DP-FedSAM-top_k (Def. 5, Eq. 12) keeps, per tensor, the ⌈p·d_l⌉ largest-magnitude entries
-and masks the *noisy* upload with them: Δ̃ = M ⊙ (clip(Δ) + N(0, σ²C²/m)), so noise survives only
-on kept coordinates. ``topk_source: clean`` (default, spec's proposal) takes M from the clean
-clipped update — its support is data-dependent and not covered by the DP analysis, which the
-claim notes say; ``noisy`` takes M from the noisy upload, pure post-processing.
+DP-FedSAM-top_k (Def. 5, Eq. 12) keeps, per tensor, the ⌈p·d_l⌉ largest-magnitude entries.
+The paper masks the *noisy* upload, Δ̃ = M ⊙ (clip(Δ) + N(0, σ²C²/m)), so noise survives only on
+kept coordinates — and a coordinate kept by one client carries only that client's share σ²C²/m
+of the noise the accountant assumes in the sum. ``mask_stage`` chooses:
+
+* ``before_noise`` (default, sound): Δ̃ = clip(M ⊙ Δ) + N(0, σ²C²/m) on every coordinate, M from
+  the clean update — sparsification is pre-processing of the client's data (as LUS does), the
+  sum carries N(0, σ²C²) everywhere and DP-FedAvg's accounting holds with σ;
+* ``after_noise`` (the paper's Eq. 12): with ``topk_source: noisy`` M comes from the noisy upload,
+  so each upload is post-processing of a Gaussian mechanism with σ/√m and the sum is no more
+  private than one upload — accounted with σ/√m_max; with ``topk_source: clean`` (the spec's
+  reading of the paper) the released support depends on the clean update: no finite claim.
 
 Reductions (tests): ρ = 0 gives DP-FedAvg bit for bit; p = 1 gives DP-FedSAM.
 """
@@ -122,8 +129,12 @@ class DPFedSAM(DPFedAvg):
 class DPFedSAMTopKParams(DPFedSAMParams):
     topk_fraction: float = field(default=0.4, metadata={"min": 0.0, "max": 1.0, "min_exclusive": True,
                                                         "help": "p: kept share of each tensor (1 gives DP-FedSAM)"})
+    mask_stage: Literal["before_noise", "after_noise"] = field(
+        default="before_noise", metadata={"help": "before_noise: mask the clipped update, dense noise (sound with σ); "
+                                                  "after_noise: mask the noisy upload, the paper's Eq. 12 (see the claim)"})
     topk_source: Literal["clean", "noisy"] = field(
-        default="clean", metadata={"help": "mask from the clean clipped update (paper's gains) or the noisy one (post-processing)"})
+        default="clean", metadata={"help": "after_noise only: mask from the clean clipped update (no finite claim) or the "
+                                           "noisy one (post-processing, accounted with σ/√m)"})
 
 
 @DEFENSES.register("dp-fedsam-topk")
@@ -133,13 +144,27 @@ class DPFedSAMTopK(DPFedSAM):
     reference = "Shi et al. 2023, Towards the Flatter Landscape ... under Client-level DP (Def. 5, Eq. 12)"
     Params = DPFedSAMTopKParams
 
-    def post_noise(self, clipped: torch.Tensor, noisy: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
-        source = clipped if self.params.topk_source == "clean" else noisy
-        keep = kept_per_tensor(ctx.layout, self.params.topk_fraction, "ceil")
-        return noisy * per_tensor_top_mask(source.abs(), ctx.layout, keep)
+    def keep(self, ctx: RoundContext) -> list[int]:
+        return kept_per_tensor(ctx.layout, self.params.topk_fraction, "ceil")
 
-    def claim_notes(self) -> list[str]:
-        if self.params.topk_source == "clean":
-            return ["the top-k support is chosen on the clean update and released with it: that data-dependent "
-                    "pattern is not covered by the DP analysis (spec 002 §8.2)"]
-        return []
+    def masks_noise(self) -> bool:
+        return self.params.mask_stage == "after_noise"
+
+    def support_leak(self) -> str | None:
+        if self.masks_noise() and self.params.topk_source == "clean":
+            return ("the top-k support is chosen on the clean update and released with the noisy one "
+                    "(spec 002 §8.2): its zero pattern reveals the client's data")
+        return None
+
+    def pre_clip(self, updates: torch.Tensor, ctx: RoundContext) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.masks_noise():
+            return updates, None
+        # clipping scales a row (or each tensor) uniformly, so the top-k of |Δ| is the top-k of |clip(Δ)|
+        mask = per_tensor_top_mask(updates.abs(), ctx.layout, self.keep(ctx))
+        return updates * mask, mask
+
+    def post_noise(self, clipped: torch.Tensor, noisy: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
+        if not self.masks_noise():
+            return noisy
+        source = clipped if self.params.topk_source == "clean" else noisy
+        return noisy * per_tensor_top_mask(source.abs(), ctx.layout, self.keep(ctx))

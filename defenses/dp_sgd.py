@@ -51,10 +51,16 @@ def clipped_gradient_sum(model, params: Params, x: torch.Tensor, y: torch.Tensor
         if not bool(mask[:, part].any()):
             continue
         gradients = per_example_gradients(model, params, x[:, part], y[:, part])
-        weights = clip_factors(gradients, clip, clip_norm) * mask[:, part]  # padded examples count 0
-        for name, g in gradients.items():
-            total[name] += (weights.view(*weights.shape, *([1] * (g.dim() - 2))) * g).sum(1)
+        for name, summed in clip_and_sum(gradients, mask[:, part], clip, clip_norm).items():
+            total[name] += summed
     return total
+
+
+def clip_and_sum(gradients: Params, mask: torch.Tensor, clip: float, clip_norm: str) -> Params:
+    """Σ_i g_i·min(1, C/‖g_i‖) over the examples of each client ([C, B, *shape] → [C, *shape]);
+    ``mask`` [C, B] is 0 for padded examples."""
+    weights = clip_factors(gradients, clip, clip_norm) * mask  # padded examples count 0
+    return {name: (weights.view(*weights.shape, *([1] * (g.dim() - 2))) * g).sum(1) for name, g in gradients.items()}
 
 
 def clip_factors(gradients: Params, clip: float, clip_norm: str) -> torch.Tensor:
@@ -116,13 +122,18 @@ class DPSGDObjective(LocalObjective):
             g = g + strength * (params - target[name])
         return g
 
-    def batched_gradient(self, model, params, anchor, x, y, mask):
-        summed = clipped_gradient_sum(model, params, x, y, mask, self.clip, self.clip_norm)
+    def noisy_gradient(self, summed: Params, params: Params) -> Params:
+        """g̃ of each client of this step (rows in the order of :meth:`at_step`'s clients): its clipped
+        sum plus this step's noise, over its expected batch q·n_i (plus the optional pull)."""
         shapes = {n: p.shape[1:] for n, p in params.items()}
-        noises = [self.noise(c, shapes, x.device) for c in self.clients]
+        device = next(iter(params.values())).device
+        noises = [self.noise(c, shapes, device) for c in self.clients]
         return {name: torch.stack([self._finish(name, summed[name][i], noises[i][name], c, params[name][i])
                                    for i, c in enumerate(self.clients)])
                 for name in params}
+
+    def batched_gradient(self, model, params, anchor, x, y, mask):
+        return self.noisy_gradient(clipped_gradient_sum(model, params, x, y, mask, self.clip, self.clip_norm), params)
 
     def module_backward(self, model, anchor, x, y):
         named = dict(model.named_parameters())

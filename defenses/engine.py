@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from audit.seeding import derive_seed, numpy_rng, philox_rng, torch_generator
+from audit.seeding import numpy_rng, philox_rng, seed_torch, torch_generator
 from defenses.base import AccountingSettings, PrivacyClaim
 from defenses.evaluation import evaluate
 from defenses.flat import ParamLayout, parameters_of
@@ -182,6 +182,8 @@ class RunState:
     global_vector: torch.Tensor
     members: torch.Tensor  # pool indices of every client's records (for the training-set metrics)
     trajectory: list[float] | None
+    test_x: torch.Tensor | None = None  # the split accuracy is measured on (Defense.test_split)
+    test_y: torch.Tensor | None = None
     metrics: list[dict[str, Any]] = field(default_factory=list)
     server_view: dict[str, torch.Tensor] = field(default_factory=dict)
     global_models: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -225,7 +227,7 @@ def sample_canaries(count: int, rate: float, seed: int, round_index: int) -> np.
 
 def initial_vector(model_factory: Callable[[], nn.Module], seed: int) -> tuple[nn.Module, ParamLayout, torch.Tensor]:
     """The initial global model of a run with this seed (the same draw :meth:`FederatedEngine.run` makes)."""
-    torch.manual_seed(derive_seed(seed, "torch"))  # model init and dropout
+    seed_torch(seed, "torch")  # model init and dropout
     model = model_factory()
     layout = ParamLayout.of(model)
     return model, layout, layout.flatten(parameters_of(model))
@@ -342,7 +344,8 @@ class FederatedEngine:
                                   device=job.pool_x.device)
         defense.validate(training, len(job.clients))
         trajectory = defense.epsilon_trajectory(training, len(job.clients), job.delta, job.accounting)
-        return RunState(model, layout, global_vector, members, trajectory)
+        test_x, test_y = defense.test_split(job)
+        return RunState(model, layout, global_vector, members, trajectory, test_x, test_y)
 
     def begin_round(self, state: RunState, t: int) -> tuple[RoundContext | None, dict[str, Any]]:
         """Round ``t``'s participants and context (None when the Poisson sample is empty)."""
@@ -388,7 +391,7 @@ class FederatedEngine:
             row["epsilon"] = state.trajectory[t]
         if round_number % training.eval_every == 0 or round_number == total:
             params = state.layout.unflatten(state.global_vector)
-            row["test_loss"], row["test_accuracy"] = evaluate(state.model, params, job.test_x, job.test_y)
+            row["test_loss"], row["test_accuracy"] = evaluate(state.model, params, state.test_x, state.test_y)
             if len(state.members):
                 row["train_loss"], row["train_accuracy"] = evaluate(state.model, params, job.pool_x[state.members],
                                                                     job.pool_y[state.members])

@@ -2,46 +2,58 @@
 rand_k and top_k baselines of paper 002 (spec 002 §2.3, as the spec proposes them).
 
 Each client sparsifies its update to k = ⌈p·d⌉ coordinates (over the whole model), clips the
-sparse update, and adds Gaussian noise on the kept coordinates only:
+sparse update and adds Gaussian noise:
 
-    M_i = rand_k (fresh per client and round) or top_k(|Δ_i|);   upload_i = M_i ⊙ (clip(M_i ⊙ Δ_i) + N(0, σ²C²/m))
+    M_i = rand_k (fresh per client and round) or top_k(|Δ_i|);   upload_i = clip(M_i ⊙ Δ_i) + noise_i
 
-The accounting is DP-FedAvg's with no amplification from sparsification (spec 002 §2.3 [PROP]).
-A rand_k mask is independent of the data; a top_k mask is not, and the claim notes say so.
+``noise_support`` says where noise_i goes:
+
+* ``dense`` (default, sound): N(0, σ²C²/m) on every coordinate, so the sum carries N(0, σ²C²)
+  everywhere and the sparsification is pre-processing of the client's data — DP-FedAvg's
+  accounting holds with σ (spec 002 §2.3 [PROP]); the uploads are dense;
+* ``kept`` (the paper's variant): N(0, σ²C²/m) on the kept coordinates only, uploads stay sparse.
+  A coordinate kept by k_j of the m clients then carries k_j·σ²C²/m in the sum — a coordinate
+  kept by the target alone only σ²C²/m — so the claim is accounted with σ/√m_max (rand_k, whose
+  mask does not depend on the data), and top_k makes no finite claim at all: its support depends
+  on the client's data and is released with the upload (zero vs non-zero coordinates).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Literal
 
 import torch
 
 from defenses.base import DEFENSES
 from defenses.engine import RoundContext
 from defenses.fedavg import DPFedAvg, DPFedAvgParams
-from defenses.sparsify import random_mask, top_rows
+from defenses.sparsify import exact_count, random_mask, top_rows
 
 
 @dataclass(frozen=True)
 class FedSMPParams(DPFedAvgParams):
     keep_fraction: float = field(default=0.4, metadata={"min": 0.0, "max": 1.0, "min_exclusive": True,
                                                         "help": "p: share of the d coordinates each upload keeps (k = ⌈p·d⌉)"})
+    noise_support: Literal["dense", "kept"] = field(
+        default="dense", metadata={"help": "dense: noise on every coordinate (sound with σ); kept: only on the kept "
+                                           "coordinates, as the paper (accounted with σ/√m, no finite claim for top_k)"})
 
 
 class _FedSMP(DPFedAvg):
     Params = FedSMPParams
-    noise_on_kept_only: ClassVar[bool] = True
 
     def kept(self, dim: int) -> int:
-        return min(dim, max(1, math.ceil(self.params.keep_fraction * dim - 1e-12)))
+        return exact_count(self.params.keep_fraction, dim, "ceil")
+
+    def masks_noise(self) -> bool:
+        return self.params.noise_support == "kept"
 
 
 @DEFENSES.register("fed-smp-randk")
 class FedSMPRandK(_FedSMP):
     name = "fed-smp-randk"
-    summary = "Fed-SMP: random-k sparsified update, clipped, noise on the kept coordinates"
+    summary = "Fed-SMP: random-k sparsified update, clipped, Gaussian noise (dense, or on the kept coordinates)"
     reference = "Hu, Guo, Gong 2022, Federated Learning with Sparsified Model Perturbation (rand_k)"
 
     def pre_clip(self, updates: torch.Tensor, ctx: RoundContext) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,13 +65,18 @@ class FedSMPRandK(_FedSMP):
 @DEFENSES.register("fed-smp-topk")
 class FedSMPTopK(_FedSMP):
     name = "fed-smp-topk"
-    summary = "Fed-SMP: top-k (magnitude) sparsified update, clipped, noise on the kept coordinates"
+    summary = "Fed-SMP: top-k (magnitude) sparsified update, clipped, Gaussian noise (dense, or on the kept coordinates)"
     reference = "Hu, Guo, Gong 2022, Federated Learning with Sparsified Model Perturbation (top_k)"
 
     def pre_clip(self, updates: torch.Tensor, ctx: RoundContext) -> tuple[torch.Tensor, torch.Tensor]:
         mask = top_rows(updates.abs(), self.kept(updates.shape[1]))
         return updates * mask, mask
 
-    def claim_notes(self) -> list[str]:
-        return ["the top-k support depends on the client's data and is released with the upload: "
-                "not covered by the DP analysis"]
+    def support_leak(self) -> str | None:
+        if self.masks_noise():
+            return ("noise only on the top-k coordinates: the support depends on the client's data and is released "
+                    "with the upload (and in the sum's zero pattern)")
+        return None
+
+
+__all__ = ["FedSMPParams", "FedSMPRandK", "FedSMPTopK"]

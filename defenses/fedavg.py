@@ -14,30 +14,36 @@ updates, composed over T rounds (:mod:`defenses.accounting`), client-level.
 
 :class:`DPFedAvg` is also the base of the family that changes one step of this pipeline —
 BLUR/LUS (paper 000), DP-FedSAM and its top-k variant (paper 002), Fed-SMP — through the hooks
-:meth:`DPFedAvg.pre_clip` (sparsify before clipping), ``noise_on_kept_only`` and
+:meth:`DPFedAvg.pre_clip` (sparsify before clipping), :meth:`DPFedAvg.masks_noise` and
 :meth:`DPFedAvg.post_noise` (mask after the noise), and :meth:`Defense.local_objective`.
 
-What the claim does not cover: with client-side noise and no secure aggregation the server
-sees each upload, whose own noise multiplier is only σ/√|P_t| — attacks on single uploads
-(gradient inversion) lie outside the guarantee and the report says so.
+The claim names its observers (:mod:`defenses.claims`): the released models (sampled Gaussian
+with σ, amplified), the server (no amplification; the sum under secure aggregation or with a
+trusted noise-adding aggregator, else each upload) and one upload alone, whose own noise
+multiplier is only σ/√|P_t|: single-upload attacks (gradient inversion) meet a much weaker
+guarantee, which the claim states in numbers. A variant that keeps a client's noise only on some
+coordinates is accounted with the noise a coordinate kept by one client really carries, σ/√m_max;
+one whose released support depends on the data makes no finite claim.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import Literal
 
 import torch
 
 from audit.errors import UserInputError
 from defenses.accounting import (
     GaussianSchedule,
+    accountant_label,
     calibrate_noise,
     compute_epsilon,
     epsilon_trajectory,
 )
 from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
+from defenses.claims import GaussianRounds, gaussian_adversaries
 from defenses.clipping import clip_rows, clip_rows_per_tensor
 from defenses.engine import RoundContext, TrainingConfig
 from defenses.noise import gaussian_rows
@@ -81,8 +87,6 @@ class DPFedAvg(Defense):
     Params = DPFedAvgParams
     private = True
     clips_updates = True
-    #: add noise only where :meth:`pre_clip` kept coordinates (Fed-SMP) instead of everywhere (LUS)
-    noise_on_kept_only: ClassVar[bool] = False
 
     # ---------------------------------------------------------------- configuration
 
@@ -91,11 +95,19 @@ class DPFedAvg(Defense):
         private_sum = self.params.noise_placement == "aggregate" or self.params.secure_aggregation
         return "aggregate" if private_sum else "uploads"
 
+    def masks_noise(self) -> bool:
+        """Whether a client's noise is kept only on some coordinates (a paper variant: Fed-SMP's
+        noise on the kept coordinates, DP-FedSAM-top_k's mask after the noise)."""
+        return False
+
+    def support_leak(self) -> str | None:
+        """Why the released coordinates themselves reveal a client's data (None: they do not)."""
+        return None
+
     def validate(self, training: TrainingConfig, num_clients: int) -> None:
         if training.aggregation != "uniform":
             raise UserInputError(f"training.aggregation: {self.name} needs 'uniform' (size weights change the sensitivity)")
-        masks_noise = self.noise_on_kept_only or type(self).post_noise is not DPFedAvg.post_noise
-        if masks_noise and self.params.noise_placement != "client":
+        if self.masks_noise() and self.params.noise_placement != "client":
             raise UserInputError(f"params.noise_placement: {self.name} masks each client's noise, which needs 'client'")
 
     def effective_noise_multiplier(self) -> float:
@@ -106,38 +118,81 @@ class DPFedAvg(Defense):
             raise UserInputError("params.clip_mode: 'per_tensor' needs the model's layout to account (bind the defense first)")
         return self.params.noise_multiplier / math.sqrt(len(self.layout.names))
 
+    def noise_reach(self, training: TrainingConfig, num_clients: int, rounds: int | None = None) -> GaussianRounds:
+        """How the noise reaches each observer (:mod:`defenses.claims`).
+
+        The sum of the uploads carries N(0, S²σ²) on every coordinate, one upload N(0, S²σ²/|P_t|)
+        (client placement), and |P_t| ≤ m_max: the whole population under Poisson sampling, m under
+        fixed-size sampling. Where clients keep their noise only on their own coordinates, a
+        coordinate kept by the target alone carries only the target's share, so the sum is no
+        better than one upload: σ/√m_max.
+        """
+        sigma = self.effective_noise_multiplier()
+        largest = training.round_size(num_clients) if training.sampling == "fixed" else num_clients
+        client_noise = self.params.noise_placement == "client"
+        upload = sigma / math.sqrt(largest) if client_noise else None
+        aggregate: float | None = sigma
+        why = ""
+        if self.support_leak():
+            aggregate = upload = None
+            why = self.support_leak() or ""
+        elif self.masks_noise():
+            aggregate = upload
+            why = "noise only on kept coordinates"
+        if client_noise:
+            server_sees = "aggregate" if self.params.secure_aggregation else "uploads"
+            server_note = "" if self.params.secure_aggregation else "no secure aggregation: the server sees every upload"
+        else:
+            server_sees = "aggregate"
+            server_note = "assumes the aggregator that adds the noise to the sum is trusted and is not the server"
+        return GaussianRounds(aggregate, upload, server_sees, training.rounds if rounds is None else rounds,
+                              training.sampling_rate(num_clients), training.sampling, num_clients, server_note, why)
+
     def schedule(self, training: TrainingConfig, num_clients: int, rounds: int | None = None) -> GaussianSchedule:
-        return GaussianSchedule(self.effective_noise_multiplier(), training.sampling_rate(num_clients),
+        """The headline's schedule: the sampled Gaussian on the aggregate (as the released models see it)."""
+        multiplier = self.noise_reach(training, num_clients, rounds).aggregate
+        if multiplier is None:
+            raise UserInputError(f"defenses: {self.name} with these params makes no finite claim ({self.support_leak()}); "
+                                 "remove its 'epsilons' or choose its sound variant")
+        return GaussianSchedule(multiplier, training.sampling_rate(num_clients),
                                 training.rounds if rounds is None else rounds, training.sampling, num_clients)
 
     def calibrate(self, target_epsilon: float, delta: float, training: TrainingConfig, num_clients: int,
                   accounting: AccountingSettings) -> DPFedAvg:
-        effective = calibrate_noise(target_epsilon, self.schedule(training, num_clients), delta,
-                                    accounting.accountant, accounting.conversion)
-        # effective = σ / √L under per-tensor clipping, so σ = effective · √L
-        return self.with_params(noise_multiplier=effective * self.params.noise_multiplier / self.effective_noise_multiplier())
+        schedule = self.schedule(training, num_clients)
+        effective = calibrate_noise(target_epsilon, schedule, delta, accounting.accountant, accounting.conversion)
+        # the accounted multiplier is proportional to σ (σ/√L per tensor, σ/√m_max for masked noise)
+        return self.with_params(noise_multiplier=effective * self.params.noise_multiplier / schedule.noise_multiplier)
 
     def privacy_claim(self, training, num_clients, rounds, delta, accounting) -> PrivacyClaim:
-        schedule = self.schedule(training, num_clients, rounds)
-        report = compute_epsilon(schedule, delta, accounting.accountant, accounting.conversion)
+        reach = self.noise_reach(training, num_clients, rounds)
+        adversaries = gaussian_adversaries(reach, delta, accounting.accountant, accounting.conversion)
+        released = adversaries[0]
         notes = ["client-level: neighbouring datasets differ in one client's data"]
         if self.params.clip_mode == "per_tensor":
             notes.append(f"per-tensor clipping: sensitivity S√L with L={len(self.layout.names)} tensors, "
-                         f"accounted with noise multiplier σ/√L = {schedule.noise_multiplier:.4g}")
-        if self.observes == "uploads":
-            per_upload = self.params.noise_multiplier / math.sqrt(max(1.0, training.sampling_rate(num_clients) * num_clients))
-            notes.append(f"the server sees each noisy upload, whose own noise multiplier is only about "
-                         f"σ/√|P_t| ≈ {per_upload:.3g}: single-upload attacks are outside the guarantee")
+                         f"accounted with noise multiplier σ/√L = {self.effective_noise_multiplier():.4g}")
+        if self.support_leak():
+            notes.append(f"no finite guarantee: {self.support_leak()}")
+        elif self.masks_noise():
+            notes.append(f"noise only on kept coordinates (the paper's variant): a coordinate kept by one client carries only "
+                         f"its share σ/√m, so the claim is accounted with σ/√m_max = {reach.aggregate:.4g} instead of σ")
         if self.params.denominator == "realized" and training.sampling == "poisson" and training.client_rate < 1:
             notes.append("the mean divides by the realized |P_t|, which the sampled-Gaussian analysis does not strictly cover")
         notes.extend(self.claim_notes())
-        return PrivacyClaim(report.epsilon, delta, "client", report.label, schedule.describe(), "; ".join(notes))
+        mechanism = released.notes if released.covered else "no finite bound"
+        return PrivacyClaim(released.epsilon if released.covered else math.inf, delta, "client",
+                            released.accountant or accountant_label(accounting.accountant, accounting.conversion),
+                            mechanism, "; ".join(notes), relation=released.relation, adversary="released",
+                            adversaries=adversaries)
 
     def claim_notes(self) -> list[str]:
-        """Caveats specific to a variant (e.g. a data-dependent sparsity pattern)."""
+        """Caveats specific to a variant."""
         return []
 
     def epsilon_trajectory(self, training, num_clients, delta, accounting) -> list[float]:
+        if self.noise_reach(training, num_clients).aggregate is None:
+            return [math.inf] * training.rounds
         schedule = self.schedule(training, num_clients)
         if accounting.accountant == "rdp":
             return [float(e) for e in epsilon_trajectory(schedule, delta, accounting.conversion)]
@@ -167,7 +222,7 @@ class DPFedAvg(Defense):
             std = self.params.clip * self.params.noise_multiplier / math.sqrt(len(ctx.participants))
             generators = [ctx.client_generator(int(c), "noise") for c in ctx.participants]
             noise = gaussian_rows(len(ctx.participants), updates.shape[1], std, generators, updates.device)
-            if kept is not None and self.noise_on_kept_only:
+            if kept is not None and self.masks_noise():
                 noise = noise * kept
             noisy = clipped + noise
         return self.post_noise(clipped, noisy, ctx), diagnostics

@@ -28,7 +28,7 @@ Accounting: each round is a sampled Gaussian (Poisson rate C, multiplier σ) on 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar, Literal
 
 import numpy as np
@@ -42,10 +42,10 @@ from audit.seeding import numpy_rng, torch_generator
 from defenses.accounting import (
     GaussianSchedule,
     calibrate_noise,
-    compute_epsilon,
     epsilon_trajectory,
 )
 from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
+from defenses.claims import GaussianRounds, gaussian_adversaries
 from defenses.clipping import clip_rows
 from defenses.engine import RoundContext, TrainingConfig
 from defenses.local_training import (
@@ -56,6 +56,7 @@ from defenses.local_training import (
     train_batched,
 )
 from defenses.noise import gaussian_rows
+from defenses.sparsify import exact_count
 
 BITS_PER_FLOAT = 32
 
@@ -66,8 +67,8 @@ def table_kilobytes(floats: int, rounds: int, client_rate: float) -> float:
 
 
 def kept_count(fraction: float, dim: int) -> int:
-    """K = ⌊r·n⌋ (the floor reproduces the paper's byte counts exactly)."""
-    return max(1, min(dim, int(math.floor(fraction * dim + 1e-9))))
+    """K = ⌊r·n⌋ in exact arithmetic (the floor reproduces the paper's byte counts exactly)."""
+    return exact_count(fraction, dim, "floor")
 
 
 # --------------------------------------------------------------------------- server-side work on public data
@@ -202,11 +203,19 @@ class _SubsetFL(Defense):
         return dim if self.downstream_full else kept_count(self.params.keep_fraction, dim)
 
     def prepare(self, job, model=None, initial=None) -> None:
-        choice = numpy_rng(job.seed, "public").choice(len(job.test_y), size=min(self.params.public_size, len(job.test_y)),
+        # the server's public batch comes from the held-out split, and those records then leave the
+        # split that measures accuracy (:meth:`test_split`): a model must not be scored on its own data
+        choice = numpy_rng(job.seed, "public").choice(len(job.test_y), size=min(self.params.public_size, len(job.test_y) - 1),
                                                       replace=False)
-        index = torch.as_tensor(np.sort(choice), device=job.test_x.device)
+        public = np.zeros(len(job.test_y), dtype=bool)
+        public[choice] = True
+        index = torch.as_tensor(np.flatnonzero(public), device=job.test_x.device)
         self._public = (job.test_x[index], job.test_y[index])
+        self._evaluation = torch.as_tensor(np.flatnonzero(~public), device=job.test_x.device)
         self._seed = job.seed
+
+    def test_split(self, job) -> tuple[torch.Tensor, torch.Tensor]:
+        return job.test_x[self._evaluation], job.test_y[self._evaluation]
 
     def bandwidth(self, dim: int) -> dict[str, float]:
         return {"bits_up_per_client": BITS_PER_FLOAT * self.upload_floats(dim),
@@ -250,17 +259,28 @@ class _SubsetFL(Defense):
         kilobytes = {"table_kb_up": table_kilobytes(self.upload_floats(dim), rounds, training.sampling_rate(num_clients)),
                      "table_kb_down": table_kilobytes(self.download_floats(dim), rounds, training.sampling_rate(num_clients))}
         if not self.private:
-            return PrivacyClaim(math.inf, 0.0, "none", "none", "no noise",
-                                f"non-private; bandwidth per client (paper's formula): {kilobytes['table_kb_up']:.2f} KB up, "
-                                f"{kilobytes['table_kb_down']:.2f} KB down", kilobytes)
+            claim = PrivacyClaim.non_private(f"non-private; bandwidth per client (paper's formula): {kilobytes['table_kb_up']:.2f} KB up, "
+                                             f"{kilobytes['table_kb_down']:.2f} KB down")
+            return replace(claim, alternatives=kilobytes)
         schedule = self.schedule(training, num_clients, rounds)
-        report = compute_epsilon(schedule, delta, accounting.accountant, accounting.conversion)
+        largest = training.round_size(num_clients) if training.sampling == "fixed" else num_clients
+        sigma = self.params.noise_multiplier
+        # Alg. 3: client noise Sσ/√|𝕂| under secure aggregation, so the server sees the sum (σ) and
+        # knows 𝕂 (no amplification); one upload alone carries σ/√|𝕂| ≥ σ/√m_max
+        reach = GaussianRounds(sigma, sigma / math.sqrt(largest), "aggregate", schedule.steps,
+                               training.sampling_rate(num_clients), training.sampling, num_clients,
+                               "secure aggregation: the server sees only the sum, but it picks the participants 𝕂")
+        adversaries = gaussian_adversaries(reach, delta, accounting.accountant, accounting.conversion)
+        released = adversaries[0]
         notes = ["client-level; requires secure aggregation (each client's own noise is only Sσ/√|𝕂|)",
+                 "the amplified ε holds against observers of the released models; the server, which picks 𝕂, "
+                 f"gets ε = {adversaries[1].epsilon:.4g}",
                  "the clip S is calibrated on public data" if not getattr(self.params, "clip", 0.0) else "fixed clip S",
                  f"bandwidth per client (paper's formula): {kilobytes['table_kb_up']:.2f} KB up, {kilobytes['table_kb_down']:.2f} KB down"]
         if self.extra_rounds:
             notes.append("private Top-K selection costs one extra noisy round, accounted")
-        return PrivacyClaim(report.epsilon, delta, "client", report.label, schedule.describe(), "; ".join(notes), kilobytes)
+        return PrivacyClaim(released.epsilon, delta, "client", released.accountant, schedule.describe(), "; ".join(notes),
+                            kilobytes, relation=released.relation, adversary="released", adversaries=adversaries)
 
     def epsilon_trajectory(self, training, num_clients, delta, accounting) -> list[float] | None:
         if not self.private:
@@ -314,7 +334,11 @@ class _TopK(_SubsetFL):
         rng = numpy_rng(job.seed, "private-topk", "sampling")
         chosen = np.flatnonzero(rng.random(len(job.clients)) < job.training.sampling_rate(len(job.clients)))
         if len(chosen) == 0:
-            chosen = np.array([int(rng.integers(len(job.clients)))])
+            # the accounted round is a Poisson-sampled Gaussian, which releases N(0, S²σ²) even when
+            # nobody is sampled: the server draws the noise itself (forcing a client in would not be)
+            noise = gaussian_rows(1, dim, self._clip * self.params.noise_multiplier,
+                                  [torch_generator(job.seed, "private-topk", "server", "noise")], job.pool_x.device)[0]
+            return torch.sort(torch.sort(noise, descending=True, stable=True).indices[:keep]).values
         batches = [client_batches(len(job.clients[c]), job.training.local_unit, job.training.local_steps, job.training.batch_size,
                                   numpy_rng(job.seed, "private-topk", "client", int(c))) for c in chosen]
         schedule = LocalSchedule.build(batches, [job.clients[c] for c in chosen], chosen)
@@ -473,7 +497,7 @@ class PartialDCT:
         self.rows = []
         for start, stop in self.bounds:
             width = stop - start
-            kept = max(1, int(math.floor(fraction * width + 1e-9)))
+            kept = exact_count(fraction, width, "floor")
             self.rows.append(np.sort(torch.randperm(width, generator=generator)[:kept].numpy()))
         self.measurements = sum(len(r) for r in self.rows)
 
@@ -514,7 +538,7 @@ class _CS(_SubsetFL):
         return PartialDCT(ctx.layout.dim, self.params.chunk, self.params.keep_fraction, ctx.server_generator("sketch"))
 
     def upload_floats(self, dim: int) -> int:
-        return sum(max(1, int(math.floor(self.params.keep_fraction * min(self.params.chunk, dim - s) + 1e-9)))
+        return sum(exact_count(self.params.keep_fraction, min(self.params.chunk, dim - s), "floor")
                    for s in range(0, dim, self.params.chunk))
 
     def prepare(self, job, model=None, initial=None) -> None:
@@ -538,8 +562,12 @@ class _CS(_SubsetFL):
         diagnostics.update(clip_fraction=float(was_clipped.double().mean()), clip=self._clip)
         return noisy, diagnostics
 
+    def release_statistic(self, uploads: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
+        """The mean of the (noisy) compressed uploads; the ℓ1 reconstruction is post-processing of it."""
+        return uploads.sum(0) / len(ctx.participants)
+
     def aggregate(self, uploads: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
-        mean = (uploads.sum(0) / len(ctx.participants)).cpu().numpy()
+        mean = self.release_statistic(uploads, ctx).cpu().numpy()
         estimate = self.sketch(ctx).reconstruct(mean, self.params.solver_iterations, self.params.sparsity_weight)
         return torch.as_tensor(estimate, dtype=ctx.global_vector.dtype, device=ctx.global_vector.device)
 

@@ -27,15 +27,17 @@ shuffling amplification of Feldman–McMillan–Talwar 2021 applies to the k rep
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import torch
 
 from audit.errors import UserInputError
 from defenses.base import DEFENSES, Defense, PrivacyClaim
+from defenses.claims import AdversaryClaim
 from defenses.engine import RoundContext, TrainingConfig
 from defenses.ldp import perturb, shuffle_amplification
+from defenses.release_probe import ReleaseProbe, engine_probe
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,8 @@ class LDPFLParams:
     mechanism: Literal["two_point", "laplace", "duchi"] = field(default="two_point", metadata={"help": "per-scalar ε-LDP mechanism"})
     range_mode: Literal["fixed", "adaptive"] = field(default="fixed", metadata={"help": "one (c, r) for all, or per tensor"})
     center: float = field(default=0.0, metadata={"help": "c for range_mode fixed"})
-    radius: float = field(default=0.075, metadata={"min": 0.0, "min_exclusive": True, "help": "r for range_mode fixed (paper's MNIST: 0.075)"})
+    radius: float = field(default=0.075, metadata={"min": 0.0, "min_exclusive": True,
+                                                   "help": "r for range_mode fixed (paper's MNIST: 0.075); adaptive: the radius of a constant tensor"})
     adaptive_center: Literal["zero", "midpoint"] = field(default="zero", metadata={"help": "adaptive: c = 0, r = max − min; or the midpoint"})
     range_source: Literal["global_prev", "secure_minmax", "local"] = field(
         default="global_prev", metadata={"help": "where an adaptive range's min/max come from (local is unsafe)"})
@@ -103,7 +106,22 @@ class LDPFL(Defense):
         mechanism = (f"{self.params.mechanism} on every scalar of the clipped local model, "
                      + (f"fixed range c = {self.params.center:g}, r = {self.params.radius:g}" if self.params.range_mode == "fixed"
                         else f"adaptive per-tensor range ({self.params.adaptive_center}, {self.params.range_source})"))
-        return PrivacyClaim(eps, 0.0, "weight", "per-weight ε-LDP (LDP-FL Thm 1)", mechanism, "; ".join(notes), alternatives)
+        # pure ε-LDP per report: post-processing keeps it for every observer of the reports
+        adversaries = tuple(
+            AdversaryClaim(adversary, eps, 0.0, "replace-one", observes, "per-weight ε-LDP (LDP-FL Thm 1)", rounds=1,
+                           round_epsilon=eps, notes="ε per weight per report (any two values of one weight)")
+            for adversary, observes in (("released", "the global model after every round"),
+                                        ("server", "per-id multisets of reports" if self.params.server_view == "unlinked"
+                                         else "every client's reports, linked"),
+                                        ("local", "one client's report of one weight")))
+        return PrivacyClaim(eps, 0.0, "weight", "per-weight ε-LDP (LDP-FL Thm 1)", mechanism, "; ".join(notes), alternatives,
+                            relation="replace-one", adversary="local", adversaries=adversaries)
+
+    def release_probe(self, job) -> ReleaseProbe:
+        """The engine's privatise path with linked reports (shuffling is post-processing of them, so the
+        per-weight claim must hold before it); neighbours differ in one weight."""
+        probe = engine_probe(self if self.params.server_view == "linked" else self.with_params(server_view="linked"), job)
+        return replace(probe, one_coordinate=True, contribution="a client's model update; one weight differs")
 
     # ---------------------------------------------------------------- the mechanism
 
@@ -129,7 +147,13 @@ class LDPFL(Defense):
                     c, r = torch.zeros_like(low), high - low
                 else:
                     c, r = (high + low) / 2, (high - low) / 2
-                r = r.clamp_min(1e-12)  # a constant tensor: report its value (up to the tiny radius)
+                # A constant tensor (max = min, e.g. a freshly initialised norm layer) has no width: the
+                # spec's "output c" would wipe it under center zero (c = 0) and freeze it otherwise. It
+                # gets the range (its value, the fixed radius r) instead — public, like the values it
+                # comes from under global_prev.
+                constant = (high - low) <= 1e-12 * torch.maximum(high.abs(), low.abs()).clamp_min(1.0)
+                c = torch.where(constant, (high + low) / 2, c)
+                r = torch.where(constant, torch.full_like(r, self.params.radius), r)
             ranges.append((c, r))
         return ranges
 

@@ -8,21 +8,44 @@ the lower index (a stable sort), so masks are deterministic.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import torch
 
 from defenses.flat import ParamLayout
 
+ROUNDINGS = ("ceil", "floor", "nearest")
 
-def kept_per_tensor(layout: ParamLayout, fraction: float, rounding: str) -> list[int]:
-    """How many entries of each tensor to keep.
 
-    ``rounding="ceil"``: ⌈fraction·d_l⌉ (DP-FedSAM-top_k, spec 002 §2.2);
-    ``rounding="nearest"``: max(1, round(fraction·d_l)) with halves rounded up (LUS, spec 000 §2.3).
+def exact_fraction(value: float | Fraction) -> Fraction:
+    """The decimal a user wrote, exactly: 0.55 is 11/20, not the binary double 0.55000000000000004."""
+    return value if isinstance(value, Fraction) else Fraction(repr(float(value)))
+
+
+def exact_count(fraction: float | Fraction, size: int, rounding: str) -> int:
+    """How many of ``size`` entries a share ``fraction`` keeps, in exact rational arithmetic, clamped
+    to [1, size]: ``ceil`` ⌈p·d⌉ (DP-FedSAM-top_k, spec 002 §2.2; Fed-SMP), ``floor`` ⌊r·n⌋
+    (FL-TOP, spec 003 §2.9), ``nearest`` round(x·d) with halves up (LUS, spec 000 §2.3).
+
+    Floating point would misplace the boundaries: (1 − 0.55)·10 is 4.4999999999999996 in doubles,
+    which rounds to 4 where the paper's s_j = round(4.5) = 5.
     """
+    product = exact_fraction(fraction) * size
     if rounding == "ceil":
-        return [min(d, max(1, math.ceil(fraction * d - 1e-12))) for d in layout.sizes]
-    return [min(d, max(1, math.floor(fraction * d + 0.5))) for d in layout.sizes]
+        count = math.ceil(product)
+    elif rounding == "floor":
+        count = math.floor(product)
+    elif rounding == "nearest":
+        count = math.floor(product + Fraction(1, 2))
+    else:
+        raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding}")
+    return min(size, max(1, count))
+
+
+def kept_per_tensor(layout: ParamLayout, fraction: float | Fraction, rounding: str) -> list[int]:
+    """How many entries of each tensor to keep (:func:`exact_count` per tensor): ``ceil`` for
+    DP-FedSAM-top_k (⌈p·d_l⌉), ``nearest`` for LUS (max(1, round((1 − c)·d_l)))."""
+    return [exact_count(fraction, d, rounding) for d in layout.sizes]
 
 
 def top_rows(scores: torch.Tensor, keep: int) -> torch.Tensor:

@@ -17,7 +17,7 @@ What a claim implies depends on the unit measured (:func:`claim_bound`):
   client (one removal plus one addition under add/remove adjacency), so group privacy of size 2
   gives (2ε, (1 + e^ε)·δ) — Dwork & Roth 2014, Thm 2.2 / Lemma 2.2 (group privacy);
 * anything else (a whole client under a record-level claim, any unit under a per-weight LDP
-  claim): nothing — "not covered".
+  claim, a record under a client claim so weak that its group δ′ reaches 1): nothing — "not covered".
 
 The ε figures of a measurement are computed at the δ of that bound (:func:`measurement_delta`),
 so that "TPR ≤ e^ε·FPR + δ" is tested with the δ the claim really allows.
@@ -50,7 +50,10 @@ def claim_bound(claim: dict[str, Any], unit: str) -> tuple[float, float, str] | 
     if unit == claimed_unit and unit in ("client", "record"):
         return epsilon, delta, "the claim"
     if claimed_unit == "client" and unit == "record":
-        return 2.0 * epsilon, (1.0 + math.exp(epsilon)) * delta, "group privacy: a record changes one client's data"
+        group_delta = (1.0 + math.exp(epsilon)) * delta if epsilon < 700 else math.inf
+        if group_delta >= 1.0:  # (2ε, δ' ≥ 1) constrains nothing: the record is not covered
+            return None
+        return 2.0 * epsilon, group_delta, "group privacy: a record changes one client's data"
     return None
 
 

@@ -44,3 +44,12 @@ def test_cli_json_keys_and_bad_input(tmp_path):
     assert bad.returncode == 2 and "--accounting: 'exact' is not allowed" in bad.stderr
     # no finite sound claim exists for the staircase under ℓ2 clipping
     assert audit_mechanism("staircase", 1.0, 1.0, 50, 2000, "sound")["epsilon_claimed"] is None
+
+
+def test_the_larger_of_two_bounds_holds_at_the_stated_confidence():
+    """With both canaries the larger bound is reported, so each is computed at 1 − (1 − 0.95)/2 = 97.5 %:
+    under a sound claim the reported bound then exceeds the true ε with probability ≤ 5 %."""
+    both = audit_mechanism("gaussian", 2.0, 1.0, 10, 4000, "sound", seed=0)
+    one = audit_mechanism("gaussian", 2.0, 1.0, 10, 4000, "sound", canary="spread", seed=0)
+    assert both["confidence_per_canary"] == pytest.approx(0.975) and one["confidence_per_canary"] == pytest.approx(0.95)
+    assert both["canaries"]["spread"] <= one["canaries"]["spread"]  # a higher confidence gives a lower bound

@@ -37,10 +37,10 @@ def _round_context(job, defense, round_index=0):
     Like the engine, it binds ``defense`` to the model's layout and calls its ``prepare`` with the
     initial model (in place, so the caller's object is the prepared one).
     """
-    from audit.seeding import derive_seed
+    from audit.seeding import seed_torch
 
     engine = FederatedEngine(defense, job)
-    torch.manual_seed(derive_seed(job.seed, "torch"))
+    seed_torch(job.seed, "torch")
     model = job.model_factory()
     layout = ParamLayout.of(model)
     start = layout.flatten(parameters_of(model))

@@ -82,15 +82,18 @@ def test_sam_loop_restores_weights_and_matches_batched(digits_job):
 
 
 def test_topk_support_counts_order_and_noise(digits_job):
-    """Spec 002 §7.5: nnz = Σ_l ⌈p·d_l⌉; kept |·| ≥ dropped in each layer; no noise on dropped coordinates."""
+    """Spec 002 §7.5, the paper's Eq. 12 (mask_stage after_noise): nnz = Σ_l ⌈p·d_l⌉; kept |·| ≥ dropped in
+    each layer; no noise on dropped coordinates — so a clean-update mask releases its support (no finite
+    claim) and a noisy one is post-processing of one upload. The sound default keeps every coordinate noisy."""
     job = digits_job()
     for source in ("clean", "noisy"):
-        defense = DPFedSAMTopK(DPFedSAMTopKParams(topk_fraction=0.3, topk_source=source, noise_multiplier=1.0, clip=0.5))
+        defense = DPFedSAMTopK(DPFedSAMTopKParams(topk_fraction=0.3, topk_source=source, noise_multiplier=1.0, clip=0.5,
+                                                  mask_stage="after_noise"))
         ctx, updates = _round_context(job, defense)
-        uploads, _ = defense.bind(ctx.layout).privatize(updates, ctx)
+        uploads, _ = defense.privatize(updates, ctx)
         keep = kept_per_tensor(ctx.layout, 0.3, "ceil")
         assert keep == [math.ceil(0.3 * d) for d in ctx.layout.sizes]
-        clipped, _, _ = defense.bind(ctx.layout).clip(updates)
+        clipped, _, _ = defense.clip(updates)
         for part, count in zip(ctx.layout.slices().values(), keep):
             support = uploads[:, part] != 0
             assert (support.sum(1) == count).all()
@@ -100,21 +103,32 @@ def test_topk_support_counts_order_and_noise(digits_job):
                     dropped = clipped[row, part][~support[row]].abs()
                     if len(dropped):
                         assert float(kept.min()) >= float(dropped.max())
-        assert "data-dependent" in defense.claim_notes()[0] if source == "clean" else not defense.claim_notes()
+        assert (defense.support_leak() is not None) == (source == "clean")
+    sound = DPFedSAMTopK(DPFedSAMTopKParams(topk_fraction=0.3, noise_multiplier=1.0, clip=0.5))
+    ctx, updates = _round_context(job, sound)
+    uploads, _ = sound.privatize(updates, ctx)
+    assert bool((uploads != 0).all()) and sound.support_leak() is None and not sound.masks_noise()
 
 
 @pytest.mark.parametrize("cls", [FedSMPRandK, FedSMPTopK])
-def test_fed_smp_sparsity_and_noise_on_kept_only(digits_job, cls):
+def test_fed_smp_noise_support(digits_job, cls):
+    """The paper's variant (noise_support kept) noises only the k = ⌈p·d⌉ kept coordinates, top_k's being the
+    largest; the sound default noises every coordinate."""
     job = digits_job()
-    defense = cls(FedSMPParams(keep_fraction=0.25, noise_multiplier=1.0, clip=0.5))
-    ctx, updates = _round_context(job, defense)
-    uploads, _ = defense.bind(ctx.layout).privatize(updates, ctx)
-    k = math.ceil(0.25 * updates.shape[1])
-    assert ((uploads != 0).sum(1) == k).all(), "noise only on the k kept coordinates"
-    if cls is FedSMPTopK:
-        support = uploads != 0
-        for row in range(len(updates)):
-            assert float(updates[row][support[row]].abs().min()) >= float(updates[row][~support[row]].abs().max())
+    k = math.ceil(0.25 * ParamLayout.of(job.model_factory()).dim)
+    for support_mode in ("kept", "dense"):
+        defense = cls(FedSMPParams(keep_fraction=0.25, noise_multiplier=1.0, clip=0.5, noise_support=support_mode))
+        ctx, updates = _round_context(job, defense)
+        uploads, _ = defense.privatize(updates, ctx)
+        nonzero = (uploads != 0).sum(1)
+        if support_mode == "dense":
+            assert (nonzero == updates.shape[1]).all()
+            continue
+        assert (nonzero == k).all(), "noise only on the k kept coordinates"
+        if cls is FedSMPTopK:
+            support = uploads != 0
+            for row in range(len(updates)):
+                assert float(updates[row][support[row]].abs().min()) >= float(updates[row][~support[row]].abs().max())
 
 
 def test_random_k_masks_differ_between_clients_and_rounds(digits_job):
@@ -159,10 +173,14 @@ def test_per_tensor_clipping_is_accounted_with_sigma_over_sqrt_l(digits_job):
 
 
 def test_masking_defenses_need_client_noise():
-    for defense in (DPFedSAMTopK(DPFedSAMTopKParams(noise_placement="aggregate")),
-                    FedSMPRandK(FedSMPParams(noise_placement="aggregate"))):
+    """The paper variants mask each client's noise, which needs client-side noise; the sound defaults do not."""
+    for defense in (DPFedSAMTopK(DPFedSAMTopKParams(noise_placement="aggregate", mask_stage="after_noise")),
+                    FedSMPRandK(FedSMPParams(noise_placement="aggregate", noise_support="kept"))):
         with pytest.raises(UserInputError, match="noise_placement"):
             defense.validate(TrainingConfig(), 10)
+    for defense in (DPFedSAMTopK(DPFedSAMTopKParams(noise_placement="aggregate")),
+                    FedSMPRandK(FedSMPParams(noise_placement="aggregate"))):
+        defense.validate(TrainingConfig(), 10)
 
 
 @pytest.mark.parametrize("delta,row", [(5e-3, [3.64, 5.24, 7.77, 9.93]), (2e-3, [4.11, 5.82, 8.51, 10.80])])

@@ -60,9 +60,9 @@ def test_fl_top_dp_accounting_reproduces_the_calibration():
 
 def _initial_model(job):
     """The engine's initial global model for this job (same seed, same draw)."""
-    from audit.seeding import derive_seed
+    from audit.seeding import seed_torch
 
-    torch.manual_seed(derive_seed(job.seed, "torch"))
+    seed_torch(job.seed, "torch")
     return job.model_factory()
 
 
@@ -170,3 +170,18 @@ def test_weight_decay_is_rejected():
     with pytest.raises(UserInputError, match="weight_decay"):
         FLTop(FLTopParams()).validate(TrainingConfig(weight_decay=1e-4), 10)
     SubsetDPParams()  # defaults construct
+
+
+def test_the_public_batch_never_scores_the_model(digits_job):
+    """FL-TOP's public batch comes from the held-out split: those records leave the split accuracy is measured on."""
+    job = digits_job()
+    defense = FLTopDP(FLTopDPParams(public_size=10))
+    _round_context(job, defense)
+    test_x, _ = defense.test_split(job)
+    public_x, _ = defense._public
+    assert len(test_x) == len(job.test_x) - 10 and len(public_x) == 10
+
+    def rows(x):
+        return sorted(tuple(row.tolist()) for row in x.reshape(len(x), -1))
+
+    assert rows(torch.cat([test_x, public_x])) == rows(job.test_x)  # a partition of the held-out split

@@ -122,10 +122,10 @@ def test_unlinked_view_has_no_identities_and_two_values_per_id(digits_job):
 
 
 def _initial_vector(job):
-    from audit.seeding import derive_seed
+    from audit.seeding import seed_torch
     from defenses.flat import parameters_of
 
-    torch.manual_seed(derive_seed(job.seed, "torch"))
+    seed_torch(job.seed, "torch")
     model = job.model_factory()
     return ParamLayout.of(model).flatten(parameters_of(model))
 
@@ -180,3 +180,25 @@ def test_two_point_audit_is_tight_and_never_above_the_claim():
     assert 0.8 < result["epsilon_lower_bound"] <= 1.0 and not result["violation"]
     for seed in (1, 2):
         assert audit_two_point(3.0, 50_000, seed=seed)["epsilon_lower_bound"] <= 3.0
+
+
+def test_a_constant_tensor_keeps_its_value_under_an_adaptive_range(digits_job):
+    """A tensor whose global values are all equal (max = min) has no width: the report must stay centred on
+    its value (unbiased: the mean of many reports is the value), not wipe it to c = 0 or freeze it."""
+    job = digits_job()
+    defense = LDPFL(LDPFLParams(range_mode="adaptive", epsilon=2.0, radius=0.05))
+    ctx, updates = _round_context(job, defense)
+    bias = ctx.layout.slices()[ctx.layout.names[1]]
+    ctx.global_vector = ctx.global_vector.clone()
+    ctx.global_vector[bias] = 0.3  # a constant tensor, e.g. a freshly initialised norm layer
+    ranges = defense._ranges(ctx.global_vector[None, :].double().expand(len(ctx.participants), -1), ctx)
+    c, r = ranges[1]
+    assert torch.allclose(c, torch.full_like(c, 0.3)) and torch.allclose(r, torch.full_like(r, 0.05))
+    reports = []
+    for t in range(200):
+        ctx.round = t
+        uploads, _ = defense.with_params(server_view="linked").privatize(torch.zeros_like(updates), ctx)
+        reports.append((ctx.global_vector[bias] + uploads[:, bias]).double())
+    mean = torch.stack(reports).mean()
+    spread = 0.05 * two_point_magnitude(2.0) / math.sqrt(200 * len(ctx.participants) * (bias.stop - bias.start))
+    assert abs(float(mean) - 0.3) < 5 * spread

@@ -1,0 +1,262 @@
+"""What a privacy claim states: ε and δ, for which unit and neighbouring relation, against whom.
+
+An (ε, δ)-DP statement is about a pair of neighbouring inputs *and an observer*
+(``../shared/specs/auditing.md`` §1). A :class:`PrivacyClaim` therefore carries, besides its
+headline figure, one :class:`AdversaryClaim` per observer the defense's noise is meant to
+protect against:
+
+* ``released`` — a third party that sees the released global models (every round's). It does
+  not know who was sampled, so amplification by subsampling applies (Balle, Barthe, Gaboardi
+  2018; Mironov, Talwar, Zhang 2019).
+* ``server`` — the aggregator. It picks the participants, so it knows who took part: no
+  amplification; a client's privacy loss comes from the rounds it joined. It sees the aggregate
+  under secure aggregation, each upload without it.
+* ``local`` — one upload on its own (the server without secure aggregation, an eavesdropper).
+
+Neighbouring relations (:data:`RELATIONS`): ``add-remove`` (one unit added or removed),
+``replace-one`` (one unit's data replaced: twice the sensitivity of add/remove for a clipped sum)
+and ``zero-out`` (the unit stays, its data is replaced by data that contributes nothing — the
+relation an observer who knows the participants can be held to; Kairouz et al. 2021, "Practical
+and private (deep) learning without sampling or shuffling", §2).
+
+A figure of ``None`` means "not covered": the defense makes no statement for that observer, and
+the notes say why.
+
+Participation against the server (:func:`participation_bound`): a client joins each round with
+probability q, so its count K of rounds is Binomial(T, q). Who takes part does not depend on
+the data, so if K ≤ k except with probability β and k rounds are (ε_k, δ − β)-DP, the whole run
+is (ε_k, δ)-DP for that observer (β is paid from δ; here β = δ/2). The server figure is the
+smaller of that and the figure for all T rounds (both are valid bounds).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from defenses.accounting import GaussianSchedule, accountant_label, compute_epsilon
+
+UNITS = ("client", "record", "weight", "none")
+ADVERSARIES = ("released", "server", "local")
+RELATIONS = ("add-remove", "replace-one", "zero-out", "none")
+
+ADVERSARY_TEXT = {
+    "released": "a third party that sees the released global models",
+    "server": "the server, which picks the participants (no amplification by sampling)",
+    "local": "anyone who sees one upload on its own",
+}
+
+
+@dataclass(frozen=True)
+class AdversaryClaim:
+    """The guarantee against one observer.
+
+    ``noise_multiplier`` is what a round's Gaussian mechanism is accounted with: the noise std in
+    what this adversary sees divided by the largest change one unit can make there under
+    ``relation`` (None for non-Gaussian mechanisms); ``round_epsilon`` is ε at ``delta`` of one
+    such round without sampling, by the same accountant — the two quantities the conformance
+    audit measures against.
+    """
+
+    adversary: str
+    epsilon: float | None
+    delta: float
+    relation: str
+    observes: str
+    accountant: str = ""
+    amplification: bool = False
+    rounds: int | None = None
+    noise_multiplier: float | None = None
+    round_epsilon: float | None = None
+    notes: str = ""
+
+    def __post_init__(self) -> None:
+        if self.adversary not in ADVERSARIES:
+            raise ValueError(f"adversary must be one of {ADVERSARIES}, got {self.adversary}")
+        if self.relation not in RELATIONS:
+            raise ValueError(f"relation must be one of {RELATIONS}, got {self.relation}")
+
+    @property
+    def covered(self) -> bool:
+        return self.epsilon is not None and math.isfinite(self.epsilon)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["epsilon"] = self.epsilon if self.covered else None
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AdversaryClaim:
+        return cls(**data)
+
+    @classmethod
+    def not_covered(cls, adversary: str, why: str, observes: str = "", relation: str = "none") -> AdversaryClaim:
+        return cls(adversary, None, 0.0, relation, observes, notes=f"not covered: {why}")
+
+
+@dataclass(frozen=True)
+class PrivacyClaim:
+    """The guarantee a defense claims: (ε, δ)-DP for neighbouring datasets that differ in one ``unit``.
+
+    ``epsilon`` is the headline figure, against ``adversary`` under ``relation``; ``math.inf`` for
+    a non-private defense. ``accountant`` names the accountant, its conversion and its version;
+    ``mechanism`` says what was accounted; ``notes`` carries the caveats a reader needs.
+    ``adversaries`` holds one figure per observer (:class:`AdversaryClaim`), the headline's among
+    them. Where a paper's own accounting differs from a sound one, ``alternatives`` holds the
+    other labelled figures.
+    """
+
+    epsilon: float
+    delta: float
+    unit: str
+    accountant: str
+    mechanism: str = ""
+    notes: str = ""
+    alternatives: dict[str, float] = field(default_factory=dict)
+    relation: str = "none"
+    adversary: str = "released"
+    adversaries: tuple[AdversaryClaim, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.unit not in UNITS:
+            raise ValueError(f"unit must be one of {UNITS}, got {self.unit}")
+        if self.relation not in RELATIONS:
+            raise ValueError(f"relation must be one of {RELATIONS}, got {self.relation}")
+
+    @property
+    def is_private(self) -> bool:
+        return math.isfinite(self.epsilon)
+
+    def against(self, adversary: str) -> AdversaryClaim | None:
+        """The figure for ``adversary`` (None when the claim does not name it)."""
+        return next((a for a in self.adversaries if a.adversary == adversary), None)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["epsilon"] = self.epsilon if self.is_private else None  # JSON has no infinity
+        out["adversaries"] = [a.as_dict() for a in self.adversaries]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PrivacyClaim:
+        data = dict(data)
+        data["epsilon"] = math.inf if data.get("epsilon") is None else float(data["epsilon"])
+        data["adversaries"] = tuple(AdversaryClaim.from_dict(a) for a in data.get("adversaries") or ())
+        return cls(**data)
+
+    @classmethod
+    def non_private(cls, notes: str = "") -> PrivacyClaim:
+        return cls(math.inf, 0.0, "none", "none", "no noise", notes,
+                   adversaries=tuple(AdversaryClaim.not_covered(a, "no differential privacy") for a in ADVERSARIES))
+
+
+# --------------------------------------------------------------------------- participation and Gaussian rounds
+
+
+def participation_bound(rounds: int, rate: float, beta: float) -> int:
+    """The smallest k with P(Binomial(rounds, rate) > k) ≤ β: how many rounds a client joins, except
+    with probability β (exact, float64; every round when the rate is 1)."""
+    if rate >= 1.0 or rounds == 0:
+        return rounds
+    from scipy.stats import binom
+
+    tails = binom.sf(np.arange(rounds + 1), rounds, rate)  # P(K > k) for k = 0..T
+    return int(np.flatnonzero(tails <= beta)[0])
+
+
+def known_participation_epsilon(noise_multiplier: float, rounds: int, rate: float, delta: float,
+                                accountant: str, conversion: str) -> tuple[float, int]:
+    """ε at δ of a client's rounds when the observer knows who took part: plain Gaussian rounds,
+    either every one of the ``rounds`` or the β = δ/2 participation bound (ε at δ/2), whichever
+    is smaller. Returns (ε, rounds accounted)."""
+    every = compute_epsilon(GaussianSchedule(noise_multiplier, 1.0, rounds), delta, accountant, conversion).epsilon
+    if rate >= 1.0 or rounds == 0:
+        return every, rounds
+    bound = participation_bound(rounds, rate, delta / 2)
+    bounded = compute_epsilon(GaussianSchedule(noise_multiplier, 1.0, bound), delta / 2, accountant, conversion).epsilon
+    return (bounded, bound) if bounded < every else (every, rounds)
+
+
+def gaussian_round_epsilon(noise_multiplier: float, delta: float, accountant: str, conversion: str) -> float:
+    """ε at δ of one Gaussian round with this multiplier, no sampling."""
+    return compute_epsilon(GaussianSchedule(noise_multiplier, 1.0, 1), delta, accountant, conversion).epsilon
+
+
+@dataclass(frozen=True)
+class GaussianRounds:
+    """How a round-based Gaussian defense's noise reaches each observer.
+
+    ``aggregate`` and ``upload`` are the noise multipliers of the summed aggregate and of one
+    upload (noise std over the clip's sensitivity S), None where the noise there does not
+    support a claim; ``server_sees`` is "aggregate", "uploads" or None (the server is not
+    covered: ``server_note`` says why); ``why_not`` explains a None multiplier.
+    """
+
+    aggregate: float | None
+    upload: float | None
+    server_sees: str | None
+    rounds: int
+    rate: float
+    sampling: str
+    population: int
+    server_note: str = ""
+    why_not: str = ""
+
+
+def gaussian_adversaries(noise: GaussianRounds, delta: float, accountant: str, conversion: str
+                         ) -> tuple[AdversaryClaim, ...]:
+    """The released / server / local figures of T rounds of a clipped-sum Gaussian mechanism.
+
+    released: the sampled Gaussian on the aggregate with amplification (add/remove under Poisson
+    or full participation; replace-one, σ/2 per change of 2S, under fixed-size sampling — the
+    relation dp-accounting analyses); server and local: plain Gaussian rounds, participation
+    known (:func:`known_participation_epsilon`), zero-out neighbours.
+    """
+    label = accountant_label(accountant, conversion)
+    out: list[AdversaryClaim] = []
+    fixed = noise.sampling == "fixed" and noise.rate < 1
+    if noise.aggregate is None:
+        out.append(AdversaryClaim.not_covered("released", noise.why_not, "the global model after every round"))
+    else:
+        schedule = GaussianSchedule(noise.aggregate, noise.rate, noise.rounds, noise.sampling, noise.population)
+        report = compute_epsilon(schedule, delta, accountant, conversion)
+        per_change = noise.aggregate / 2 if fixed else noise.aggregate
+        out.append(AdversaryClaim(
+            "released", report.epsilon, delta, "replace-one" if fixed else "add-remove",
+            "the global model after every round", report.label, amplification=noise.rate < 1, rounds=noise.rounds,
+            noise_multiplier=per_change, round_epsilon=gaussian_round_epsilon(per_change, delta, accountant, conversion),
+            notes=schedule.describe()))
+    views = {"aggregate": (noise.aggregate, "the aggregate of every round it runs"),
+             "uploads": (noise.upload, "every client's upload")}
+    for adversary in ("server", "local"):
+        if adversary == "server":
+            if noise.server_sees is None:
+                out.append(AdversaryClaim.not_covered("server", noise.server_note))
+                continue
+            multiplier, observes = views[noise.server_sees]
+        else:
+            multiplier, observes = noise.upload, "one client's upload"
+        if multiplier is None:
+            why = noise.why_not or "the uploads carry no noise of their own"
+            out.append(AdversaryClaim.not_covered(adversary, why, observes))
+            continue
+        epsilon, counted = known_participation_epsilon(multiplier, noise.rounds, noise.rate, delta, accountant, conversion)
+        participation = (f"all {noise.rounds} rounds" if counted == noise.rounds else
+                         f"at most {counted} of the {noise.rounds} rounds (more with probability ≤ δ/2, paid from δ)")
+        out.append(AdversaryClaim(
+            adversary, epsilon, delta, "zero-out", observes, label, amplification=False, rounds=counted,
+            noise_multiplier=multiplier, round_epsilon=gaussian_round_epsilon(multiplier, delta, accountant, conversion),
+            notes=f"Gaussian rounds with noise multiplier {multiplier:.4g}, participation known, {participation}"
+                  + (f"; {noise.server_note}" if adversary == "server" and noise.server_note else "")))
+    return tuple(out)
+
+
+def summary_line(claim: PrivacyClaim) -> str:
+    """'released ε = 1, server ε = 8.9, local not covered' — the per-adversary figures in one line."""
+    parts = []
+    for entry in claim.adversaries:
+        parts.append(f"{entry.adversary} ε = {entry.epsilon:.3g}" if entry.covered else f"{entry.adversary} not covered")
+    return ", ".join(parts)
