@@ -7,6 +7,7 @@
     dpfl-audit config [CONFIG] [--preset NAME]     print the resolved configuration
     dpfl-audit reproduce STUDY [--quick]           a paper's comparison on a CPU proxy, claims checked
     dpfl-audit audit-mechanism --mechanism M ...   the optimal test on one noised step: ε lower bound vs claim
+    dpfl-audit conformance [DEFENSE ...|--all]     does each defense release the noise its claim accounts for?
     dpfl-audit invert --attack A ...               gradient inversion of one client's (noisy) gradient: SSIM, PSNR, MSE
     dpfl-audit report RESULTS_DIR [--out FILE]     regenerate report.html from stored results
     dpfl-audit check RESULTS --policy P.yaml       CI gate: exit 1 when a policy rule fails
@@ -110,6 +111,20 @@ def build_parser() -> argparse.ArgumentParser:
     mechanism.add_argument("--seed", type=int, default=0)
     mechanism.add_argument("--json", action="store_true", help="machine-readable output")
 
+    conformance = commands.add_parser(
+        "conformance", help="check that each defense's code releases the noise its claim accounts for, per observer")
+    conformance.add_argument("defenses", nargs="*", metavar="DEFENSE", help="registered defense names (see `dpfl-audit list`)")
+    conformance.add_argument("--all", action="store_true", help="every registered defense")
+    conformance.add_argument("--param", action="append", default=[], metavar="FIELD=VALUE",
+                             help="a hyper-parameter for every named defense (YAML value), e.g. keep_fraction=0.25; repeatable")
+    conformance.add_argument("--trials", type=int, default=1000, help="coupled trials per candidate input (default: %(default)s)")
+    conformance.add_argument("--alpha", type=float, default=0.05,
+                             help="family-wise error level of the run's intervals and bounds (default: %(default)s)")
+    conformance.add_argument("--delta", type=float, default=1e-5, help="δ of the claims checked (default: %(default)s)")
+    conformance.add_argument("--seed", type=int, default=0)
+    conformance.add_argument("--quiet", action="store_true", help="no progress bar")
+    conformance.add_argument("--json", action="store_true", help="machine-readable output")
+
     invert = commands.add_parser("invert", help="reconstruct a client's images from its (clipped, noised) gradient; SSIM, PSNR, MSE")
     invert.add_argument("--attack", required=True, help="dlg, idlg or inverting-gradients")
     invert.add_argument("--dataset", default="lfw-faces", help="image dataset (default: %(default)s)")
@@ -156,8 +171,14 @@ def _load(args: argparse.Namespace):
     return load_config(args.config, args.preset, overrides)
 
 
+def _server_epsilon(claim: dict[str, Any]) -> str:
+    """The claim against the server, for the summary table ('–' when not covered or no claim)."""
+    server = next((a for a in claim.get("adversaries") or [] if a["adversary"] == "server"), None)
+    return "–" if server is None or server["epsilon"] is None else f"{server['epsilon']:.3g}"
+
+
 def _print_summary(summary: dict[str, Any]) -> None:
-    print(f"{'configuration':<28} {'accuracy':>9} {'claimed ε':>10} {'unit':>7}  leakage")
+    print(f"{'configuration':<28} {'accuracy':>9} {'claimed ε':>10} {'server ε':>9} {'unit':>7}  leakage")
     for experiment in summary["experiments"]:
         accuracy = experiment["utility"]["test_accuracy"]["value"]
         epsilon = experiment["claim"]["epsilon"]
@@ -166,7 +187,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
             for a in experiment["attacks"] if a.get("kind") != "run")
         soundness = experiment.get("soundness")
         print(f"{experiment['label'][:28]:<28} {100 * accuracy:>8.1f}% {('∞' if epsilon is None else f'{epsilon:.3g}'):>10} "
-              f"{experiment['claim']['unit']:>7}  {leak}" + (f"; soundness: {soundness}" if soundness else ""))
+              f"{_server_epsilon(experiment['claim']):>9} {experiment['claim']['unit']:>7}  {leak}"
+              + (f"; soundness: {soundness}" if soundness else ""))
 
 
 def command_run(args: argparse.Namespace, attack: bool) -> int:
@@ -213,6 +235,8 @@ def command_list(args: argparse.Namespace) -> int:
                         "params": {f: {"type": t, "default": d, "help": h} for f, t, d, h in field_help(ATTACKS.get(n).Params)}}
                     for n in ATTACKS.names()},
     }
+    for name, claim in _claims_at_defaults(DEFENSES).items():
+        details["defenses"][name]["claim_at_defaults"] = claim
     listing = {kind: sorted(entries) for kind, entries in details.items()}
     listing["presets"] = preset_names()
     from audit.reproduce import study_names
@@ -230,6 +254,30 @@ def command_list(args: argparse.Namespace) -> int:
     print("presets: " + ", ".join(listing["presets"]))
     print("reproduction studies: " + ", ".join(listing["studies"]))
     return EXIT_OK
+
+
+def _claims_at_defaults(registry) -> dict[str, dict[str, Any]]:
+    """Every defense's claim per observer with its default hyper-parameters at the default audit's
+    settings (digits, the default model, 20 clients, every client every round, 30 rounds, δ = 1e-5)."""
+    from audit.config import AuditConfig
+    from audit.models import build_model
+    from defenses.base import AccountingSettings
+    from defenses.engine import TrainingConfig
+    from defenses.flat import ParamLayout
+
+    config = AuditConfig()
+    layout = ParamLayout.of(build_model(config.model.name, (1, 8, 8), 10, dict(config.model.options)))
+    training, clients = TrainingConfig(), config.partition.clients
+    out = {}
+    for name in registry.names():
+        claim = registry.get(name)(None, layout).privacy_claim(training, clients, training.rounds, 1e-5, AccountingSettings())
+        out[name] = {"settings": f"defaults; {clients} clients, every client every round, {training.rounds} rounds, δ = 1e-5",
+                     "unit": claim.unit, "headline": claim.adversary if claim.is_private else None,
+                     "mechanism": claim.mechanism,
+                     "adversaries": {a.adversary: {"epsilon": a.epsilon if a.covered else None, "relation": a.relation,
+                                                   "observes": a.observes, "amplification": a.amplification,
+                                                   "notes": a.notes} for a in claim.adversaries}}
+    return out
 
 
 def command_epsilon(args: argparse.Namespace) -> int:
@@ -292,10 +340,94 @@ def command_audit_mechanism(args: argparse.Namespace) -> int:
     print(header)
     claimed = result["epsilon_claimed"]
     print(f"claimed ε:       {'none (no finite bound)' if claimed is None else f'{claimed:.4f}'} at δ = {delta:g}")
+    each = 100 * result.get("confidence_per_canary", result["confidence"])
     for canary, bound in result["canaries"].items():
-        print(f"ε lower bound:   {bound:.4f}  ({canary}, Clopper–Pearson 95 %, threshold on a held-out half)")
+        print(f"ε lower bound:   {bound:.4f}  ({canary}, Clopper–Pearson {each:.4g} %, threshold on a held-out half)")
     print(result["verdict"])
     return EXIT_OK
+
+
+def _conformance_defenses(args: argparse.Namespace) -> tuple[list, list[dict[str, Any]]]:
+    """The defenses ``conformance`` checks, with their hyper-parameters validated (one-line errors)."""
+    import yaml
+
+    import defenses.catalog  # noqa: F401
+    from audit.schema import from_mapping
+    from defenses.base import DEFENSES
+
+    if args.all and args.defenses:
+        raise UserInputError("conformance: name defenses or give --all, not both")
+    names = DEFENSES.names() if args.all else list(args.defenses)
+    if not names:
+        raise UserInputError("conformance: name at least one defense (see `dpfl-audit list`) or give --all")
+    if args.trials < 100:
+        raise UserInputError(f"--trials: must be >= 100, got {args.trials}")
+    if not 0 < args.alpha < 1:
+        raise UserInputError(f"--alpha: must lie in (0, 1), got {args.alpha:g}")
+    if not 0 < args.delta < 1:
+        raise UserInputError(f"--delta: must lie in (0, 1), got {args.delta:g}")
+    overrides: dict[str, Any] = {}
+    for item in args.param:
+        field, sep, value = item.partition("=")
+        if not sep or not field:
+            raise UserInputError(f"--param: '{item}' is not FIELD=VALUE")
+        try:
+            overrides[field.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise UserInputError(f"--param: the value of '{field}' is not valid YAML") from None
+    chosen, shown = [], []
+    for name in names:
+        cls = DEFENSES.get(name, "conformance: defense")
+        params = from_mapping(cls.Params, overrides, f"--param ({name})")
+        chosen.append(cls(params))
+        shown.append(overrides)
+    return chosen, shown
+
+
+def command_conformance(args: argparse.Namespace) -> int:
+    from attacks.conformance import CONFORMS, VIOLATES, conformance
+
+    chosen, shown = _conformance_defenses(args)
+    bar = None
+    if not args.quiet:
+        from tqdm import tqdm
+
+        bar = tqdm(total=0, unit="trial", file=sys.stderr, leave=False)
+
+    def progress(name: str, done: int, total: int) -> None:
+        if bar is not None:
+            bar.total = total
+            bar.n = done
+            bar.set_description(name)
+            bar.refresh()
+
+    result = conformance(chosen, args.trials, args.seed, args.alpha, args.delta,
+                         [{**to_params(d), **o} for d, o in zip(chosen, shown)], progress)
+    if bar is not None:
+        bar.close()
+    if args.json:
+        print(json.dumps(result, indent=2, ensure_ascii=False))
+    else:
+        print(f"conformance: {result['task']}; {result['trials']} coupled trials per input; every interval and bound "
+              f"at {100 * result['level']:.4g} % (α = {result['alpha']:g} over {result['family_size']} tests), δ = {result['delta']:g}")
+        for entry in result["defenses"]:
+            print(f"{entry['defense']:<20} {entry['status'].upper() if entry['status'] == VIOLATES else entry['status']}")
+            for check in entry["adversaries"]:
+                print(f"    {check['adversary']:<9} {check['status']:<9} {check['detail']}")
+            for adversary, why in entry["not_covered"].items():
+                print(f"    {adversary:<9} {'—':<9} {why}")
+            if entry["status"] != "conforms" or not entry["adversaries"]:
+                print(f"    {entry['note']}")
+        print(f"overall: {result['status']}")
+    return EXIT_OK if result["status"] == CONFORMS else EXIT_FAILURE
+
+
+def to_params(defense) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    from audit.schema import to_mapping
+
+    return to_mapping(asdict(defense.params))
 
 
 def _check_invert_options(args: argparse.Namespace) -> None:
@@ -402,6 +534,8 @@ def main(argv: list[str] | None = None) -> int:
             return command_audit_mechanism(args)
         if args.command == "invert":
             return command_invert(args)
+        if args.command == "conformance":
+            return command_conformance(args)
         if args.command == "check":
             from reports.policy import check_command
 

@@ -86,7 +86,8 @@ def summary_lines(document: dict[str, Any]) -> list[str]:
     for experiment in experiments:
         claim, accuracy = experiment["claim"], experiment["utility"]["test_accuracy"]
         claim_text = ("no DP claim" if claim["epsilon"] is None else
-                      f"claims ({claim['epsilon']:.3g}, {claim['delta']:.1e})-DP per {claim['unit']} [{claim['accountant']}]")
+                      f"claims ({claim['epsilon']:.3g}, {claim['delta']:.1e})-DP per {claim['unit']} [{claim['accountant']}]"
+                      + _observers_text(claim))
         acc_text = "accuracy n/a" if accuracy["value"] is None else f"test accuracy {100 * accuracy['value']:.1f} %"
         leak = _leak_metric(experiment)
         leak_text = "" if leak is None else f"; {leak[0]} AUC {leak[1]:.3f}"
@@ -97,6 +98,19 @@ def summary_lines(document: dict[str, Any]) -> list[str]:
             lines.append(f"{experiment['label']}: the claim protects whole clients; a single record is covered through "
                          f"group privacy (one record changes one client's data: at most 2ε = {2 * claim['epsilon']:.3g}).")
     return lines
+
+
+def _observers_text(claim: dict[str, Any]) -> str:
+    """' against the released models; against the server ε = 9.1, one upload alone ε = 60' (headline first)."""
+    names = {"released": "the released models", "server": "the server", "local": "one upload alone"}
+    others = []
+    for entry in claim.get("adversaries") or []:
+        if entry["adversary"] == claim.get("adversary"):
+            continue
+        figure = "not covered" if entry["epsilon"] is None else f"ε = {entry['epsilon']:.3g}"
+        others.append(f"{names.get(entry['adversary'], entry['adversary'])} {figure}")
+    headline = names.get(claim.get("adversary", ""), "")
+    return (f" against {headline}" if headline else "") + (f"; against {', '.join(others)}" if others else "")
 
 
 def render_report(document: dict[str, Any], manifest_extra: dict[str, Any] | None = None) -> str:

@@ -5,8 +5,10 @@ One row per (experiment, attack, metric) — long format, DESIGN.md's columns:
     run, dataset, defense, label, epsilon, delta, unit, accountant, seed, attack, metric, value, ci_low, ci_high
 
 ``run`` is the experiment key (a defense at one ε; its N membership runs are summarised);
-``epsilon`` is the claimed ε (empty for non-private defenses); utility rows have attack
-``none``. Missing intervals are empty cells.
+``epsilon`` is the claimed headline ε (empty for non-private defenses); utility rows have attack
+``none``; rows with attack ``claim`` give the claim per observer (metric ``epsilon_released``,
+``epsilon_server``, ``epsilon_local``; an empty value: not covered). Missing intervals are empty
+cells.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import pandas as pd
 from audit.atomic import dumps, write_text
 from audit.errors import UserInputError
 
-SCHEMA_VERSION = "2.0"  # reports/schema/results.schema.json describes it
+SCHEMA_VERSION = "2.1"  # reports/schema/results.schema.json describes it
 COLUMNS = ["run", "dataset", "defense", "label", "epsilon", "delta", "unit", "accountant", "seed",
            "attack", "metric", "value", "ci_low", "ci_high"]
 
@@ -35,6 +37,9 @@ def rows_from_results(document: dict[str, Any]) -> list[dict[str, Any]]:
             "label": experiment["label"], "epsilon": claim["epsilon"], "delta": claim["delta"],
             "unit": claim["unit"], "accountant": claim["accountant"], "seed": audit["seed"],
         }
+        for entry in claim.get("adversaries") or []:  # the claim per observer; an empty value: not covered
+            rows.append({**common, "attack": "claim", "metric": f"epsilon_{entry['adversary']}", "value": entry["epsilon"],
+                         "ci_low": None, "ci_high": None})
         for metric, estimate in experiment["utility"].items():
             rows.append({**common, "attack": "none", "metric": metric, "value": estimate["value"],
                          "ci_low": estimate["ci_low"], "ci_high": estimate["ci_high"]})
