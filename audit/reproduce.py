@@ -75,6 +75,7 @@ class RunResult:
     sharpness: float | None
     seconds: float
     epsilon_alternatives: dict[str, float | None] = field(default_factory=dict)
+    epsilon_server: float | None = None  # the same claim against the server (None: not covered)
 
     @property
     def best_round(self) -> int:
@@ -259,6 +260,8 @@ class Runner:
             sharpness=manifest.get("sharpness"),
             seconds=float(manifest["timings"]["train_seconds"]),
             epsilon_alternatives=dict(manifest["claim"].get("alternatives") or {}),
+            epsilon_server=next((a["epsilon"] for a in manifest["claim"].get("adversaries") or []
+                                 if a["adversary"] == "server"), None),
         )
 
     def reduction(self, first: Arm, second: Arm) -> ClaimCheck:
@@ -300,7 +303,7 @@ def render(study: Study, results: Results, claims: list[ClaimCheck], elapsed: fl
              f"{elapsed / 60:.1f} min on this machine. Accuracy in %, mean ± std over seeds.", ""]
     lines += [f"- {note}" for note in study.notes] + [""]
     columns = study.table_columns or [(f"ε={e:g}" if e is not None else "accuracy", "final", e) for e in study.epsilons]
-    header = ["configuration"] + [c[0] for c in columns] + ["claimed ε"] + \
+    header = ["configuration"] + [c[0] for c in columns] + ["claimed ε (released models)", "against the server"] + \
         [f"{name} ε" for name in study.alternative_epsilons] + ["pre-clip norm (first → last)", "clip fraction", "train − test gap"]
     if study.sharpness_radius is not None:
         header.append(f"sharpness (r={study.sharpness_radius})")
@@ -318,6 +321,9 @@ def render(study: Study, results: Results, claims: list[ClaimCheck], elapsed: fl
             else:
                 cells.append(_mean_std(results.values(arm.key, value, "final_accuracy")))
         cells.append(_epsilon_set(results.values(arm.key, None, "epsilon").tolist()))
+        servers = [r.epsilon_server for r in results.runs if r.arm == arm.key]
+        private = any(r.epsilon_target is not None or math.isfinite(r.epsilon) for r in results.runs if r.arm == arm.key)
+        cells.append(_epsilon_set(servers) if private else "–")
         for name in study.alternative_epsilons:
             cells.append(_epsilon_set([r.epsilon_alternatives.get(name, math.nan) for r in results.runs if r.arm == arm.key]))
         first = results.values(arm.key, None, "update_norm_first")

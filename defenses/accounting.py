@@ -366,6 +366,18 @@ def smallest_noise(eps_at: Callable[[float], float], target_epsilon: float, rela
 INTEGER_ORDERS: tuple[int, ...] = tuple(range(2, 129)) + (256,)
 
 
+def _integer_curve(rdp_of: Callable[[np.ndarray], np.ndarray], orders: Sequence[int], bound: str
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(integer orders, the mechanism's RDP at them, the orders 2..max, its RDP at those) for a
+    subsampling bound that sums over every integer order up to α."""
+    orders = np.asarray(orders, dtype=np.int64)
+    if np.any(orders < 2):
+        raise ValueError(f"the {bound} bound needs integer orders ≥ 2")
+    base = np.asarray(rdp_of(orders.astype(np.float64)), dtype=np.float64)
+    every = np.arange(2, int(orders.max()) + 1, dtype=np.float64)
+    return orders, base, every, np.asarray(rdp_of(every), dtype=np.float64)
+
+
 def poisson_subsampled_rdp(rdp_of: Callable[[np.ndarray], np.ndarray], rate: float,
                            orders: Sequence[int] = INTEGER_ORDERS) -> np.ndarray:
     """RDP of a Poisson-subsampled mechanism from the RDP curve of the mechanism itself.
@@ -381,15 +393,9 @@ def poisson_subsampled_rdp(rdp_of: Callable[[np.ndarray], np.ndarray], rate: flo
     """
     from scipy.special import gammaln, logsumexp
 
-    orders = np.asarray(orders, dtype=np.int64)
-    if np.any(orders < 2):
-        raise ValueError("the Zhu–Wang bound needs integer orders ≥ 2")
-    base = np.asarray(rdp_of(orders.astype(np.float64)), dtype=np.float64)
+    orders, base, ls, curve = _integer_curve(rdp_of, orders, "Zhu–Wang")
     if rate >= 1.0:
         return base
-    largest = int(orders.max())
-    ls = np.arange(2, largest + 1, dtype=np.float64)
-    curve = np.asarray(rdp_of(ls), dtype=np.float64)  # ε(l) for l = 2..max order
     log_q, log_1q = math.log(rate), math.log1p(-rate)
     out = np.empty(len(orders), dtype=np.float64)
     for i, alpha in enumerate(orders):
@@ -420,15 +426,9 @@ def without_replacement_subsampled_rdp(rdp_of: Callable[[np.ndarray], np.ndarray
     """
     from scipy.special import gammaln, logsumexp
 
-    orders = np.asarray(orders, dtype=np.int64)
-    if np.any(orders < 2):
-        raise ValueError("the Wang–Balle–Kasiviswanathan bound needs integer orders ≥ 2")
-    base = np.asarray(rdp_of(orders.astype(np.float64)), dtype=np.float64)
+    orders, base, js, curve = _integer_curve(rdp_of, orders, "Wang–Balle–Kasiviswanathan")
     if rate >= 1.0:
         return base
-    largest = int(orders.max())
-    js = np.arange(2, largest + 1, dtype=np.float64)
-    curve = np.asarray(rdp_of(js), dtype=np.float64)  # ε(j) for j = 2..max order
     log_gamma = math.log(rate)
     eps2 = float(curve[0])
     # log min{4(e^{ε(2)} − 1), 2e^{ε(2)}}

@@ -38,6 +38,14 @@ def test_list_json_names_everything():
             "fl-top-dp", "fl-basic", "fl-basic-dp", "fl-std", "fl-std-dp", "fl-cs", "fl-cs-dp", "ldp-fl"} <= set(listing["defenses"])
     assert "lira" in listing["attacks"] and "smoke" in listing["presets"]
     assert listing["details"]["defenses"]["dp-fedavg"]["params"]["clip"]["default"] == 1.0
+    # the claim per observer at the default audit's settings: labelled, with its relation
+    claim = listing["details"]["defenses"]["dp-fedavg"]["claim_at_defaults"]
+    assert claim["headline"] == "released" and set(claim["adversaries"]) == {"released", "server", "local"}
+    released, server = claim["adversaries"]["released"], claim["adversaries"]["server"]
+    assert released["relation"] == "add-remove" and server["relation"] == "zero-out" and not server["amplification"]
+    assert server["epsilon"] > released["epsilon"]  # no secure aggregation: the server sees each upload
+    assert listing["details"]["defenses"]["ddgauss"]["claim_at_defaults"]["adversaries"]["local"]["epsilon"] is None
+    assert listing["details"]["defenses"]["fedavg"]["claim_at_defaults"]["headline"] is None
 
 
 def test_config_typo_exits_2_with_one_line_and_writes_nothing(tmp_path):
