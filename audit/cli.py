@@ -115,8 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
         "conformance", help="check that each defense's code releases the noise its claim accounts for, per observer")
     conformance.add_argument("defenses", nargs="*", metavar="DEFENSE", help="registered defense names (see `dpfl-audit list`)")
     conformance.add_argument("--all", action="store_true", help="every registered defense")
-    conformance.add_argument("--param", action="append", default=[], metavar="FIELD=VALUE",
-                             help="a hyper-parameter for every named defense (YAML value), e.g. keep_fraction=0.25; repeatable")
+    conformance.add_argument("--param", action="append", default=[], metavar="[DEFENSE.]FIELD=VALUE",
+                             help="a hyper-parameter (YAML value) for every named defense, or for one: "
+                                  "fed-smp-randk.keep_fraction=0.25; repeatable")
     conformance.add_argument("--trials", type=int, default=1000, help="coupled trials per candidate input (default: %(default)s)")
     conformance.add_argument("--alpha", type=float, default=0.05,
                              help="family-wise error level of the run's intervals and bounds (default: %(default)s)")
@@ -366,21 +367,27 @@ def _conformance_defenses(args: argparse.Namespace) -> tuple[list, list[dict[str
         raise UserInputError(f"--alpha: must lie in (0, 1), got {args.alpha:g}")
     if not 0 < args.delta < 1:
         raise UserInputError(f"--delta: must lie in (0, 1), got {args.delta:g}")
-    overrides: dict[str, Any] = {}
+    overrides: dict[str, dict[str, Any]] = {name: {} for name in names}
     for item in args.param:
-        field, sep, value = item.partition("=")
-        if not sep or not field:
-            raise UserInputError(f"--param: '{item}' is not FIELD=VALUE")
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UserInputError(f"--param: '{item}' is not FIELD=VALUE or DEFENSE.FIELD=VALUE")
+        target, dot, field = key.rpartition(".")
+        if dot and target not in overrides:
+            raise UserInputError(f"--param: '{key}' names a defense not checked here; checked: {', '.join(names)}")
         try:
-            overrides[field.strip()] = yaml.safe_load(value)
+            parsed = yaml.safe_load(value)
         except yaml.YAMLError:
-            raise UserInputError(f"--param: the value of '{field}' is not valid YAML") from None
+            raise UserInputError(f"--param: the value of '{key}' is not valid YAML") from None
+        for name in ([target] if dot else names):
+            overrides[name][field] = parsed
     chosen, shown = [], []
     for name in names:
         cls = DEFENSES.get(name, "conformance: defense")
-        params = from_mapping(cls.Params, overrides, f"--param ({name})")
+        params = from_mapping(cls.Params, overrides[name], f"--param ({name})")
         chosen.append(cls(params))
-        shown.append(overrides)
+        shown.append(overrides[name])
     return chosen, shown
 
 

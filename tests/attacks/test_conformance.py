@@ -171,6 +171,7 @@ def test_cli_json_and_exit_codes(capsys):
     (["conformance", "dp-fedavg", "--param", "clip"], "--param"),
     (["conformance", "dp-fedavg", "--trials", "5"], "--trials"),
     (["conformance", "--all", "dp-fedavg"], "not both"),
+    (["conformance", "dp-fedavg", "--param", "fed-smp-randk.keep_fraction=0.5"], "names a defense not checked"),
 ])
 def test_cli_bad_input_is_one_line_exit_2(argv, field, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
