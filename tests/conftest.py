@@ -7,12 +7,17 @@ import os
 import numpy as np
 import pytest
 import torch
+from hypothesis import settings
 
 from audit.datasets import load_dataset
 from audit.models import build_model
 from audit.partitions import partition
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+# property tests draw the same examples on every run: a failure is reproducible, and CI is not a lottery
+settings.register_profile("deterministic", derandomize=True)
+settings.load_profile("deterministic")
 
 @pytest.fixture(scope="session")
 def digits():
