@@ -20,21 +20,55 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
 from audit import __version__
+from audit.budget import DEFAULT_MAX_HOURS
 from audit.errors import UserInputError
+from audit.extensions import NO_PLUGINS_ENV
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+def _seed(text: str) -> int:
+    """argparse type of every --seed: an integer in [0, 2^64) (seeds key random streams whole)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, 2^64), got '{text}'") from None
+    if not 0 <= value < 2**64:
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, 2^64), got {value}")
+    return value
+
+
+def _bounded(kind: type, low: float, high: float, low_open: bool = False):
+    """argparse type: a finite ``kind`` (int or float) in [low, high] (open at ``low`` if asked);
+    the bounds stop typos (1e30 trials) before any work or allocation."""
+    span = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {'an integer' if kind is int else 'a number'} in {span}, "
+                                             f"got '{text}'") from None
+        if not math.isfinite(value) or value < low or value > high or (low_open and value == low):
+            raise argparse.ArgumentTypeError(f"must be in {span}, got {text}")
+        return value
+
+    return parse
 
 
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line usage errors (exit code 2)."""
 
     def error(self, message: str):  # type: ignore[override]
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+        # the library's format: "dpfl-audit: error: --option: what is wrong" (the command in the hint)
+        message = message.removeprefix("argument ")
+        self.exit(EXIT_USAGE, f"dpfl-audit: error: {message} (see {self.prog} --help)\n")
 
 
 def _add_run_options(parser: argparse.ArgumentParser, config_required: bool) -> None:
@@ -44,24 +78,47 @@ def _add_run_options(parser: argparse.ArgumentParser, config_required: bool) -> 
         parser.add_argument("config", nargs="?", help="YAML configuration file (default: the embedded default audit)")
     parser.add_argument("--out", default="dpfl-audit-out", help="output directory (default: %(default)s)")
     parser.add_argument("--preset", help="start from a built-in preset (see `dpfl-audit list`)")
-    parser.add_argument("--seed", type=int, help="override the config's seed")
+    parser.add_argument("--seed", type=_seed, help="override the config's seed")
     parser.add_argument("--device", help="torch device, e.g. cpu or cuda (default: the config's, cpu)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument("--executor", default="local",
                         help="where membership runs train: local (default), process (a pool) or ray (Ray tasks)")
-    parser.add_argument("--workers", type=int,
+    parser.add_argument("--workers", type=_bounded(int, 1, 1024),
                         help="processes of the process executor, or Ray tasks at a time (default: the CPU count)")
-    parser.add_argument("--batch-runs", type=int, metavar="N",
+    parser.add_argument("--batch-runs", type=_bounded(int, 0, 4096), metavar="N",
                         help="membership runs of an experiment trained together as one batched computation "
                              "(default: as many as fit one; 1: one after another); results do not depend on it")
     parser.add_argument("--ray-address", metavar="ADDRESS",
                         help="with --executor ray: join this Ray cluster (default: start a local Ray instance)")
+    parser.add_argument("--max-hours", type=_bounded(float, 0, 1e6), default=DEFAULT_MAX_HOURS, metavar="H",
+                        help="refuse a plan whose training needs more than H hours at this machine's peak "
+                             "(a lower bound on its time; default: %(default)g; 0: no limit)")
+
+
+def _common_options() -> argparse.ArgumentParser:
+    """Options every command takes, before or after its name (SUPPRESS: a subcommand's default
+    must not overwrite a value given before it)."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="on an unexpected error, print the full traceback")
+    common.add_argument("--no-plugins", action="store_true", default=argparse.SUPPRESS,
+                        help=f"refuse every code-loading name (module:callable, file.py:callable) in configs; "
+                             f"also set by {NO_PLUGINS_ENV}=1 (for CI jobs that audit configs they did not write)")
+    return common
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="dpfl-audit", description="Train DPFL defenses, attack them, and report claimed vs measured privacy.")
+    common = _common_options()
+    parser = _Parser(prog="dpfl-audit", description="Train DPFL defenses, attack them, and report claimed vs measured privacy.",
+                     parents=[common])
     parser.add_argument("--version", action="version", version=f"dpfl-audit {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    add_parser = commands.add_parser
+
+    def add_command(name: str, **kwargs):
+        return add_parser(name, parents=[common], **kwargs)
+
+    commands.add_parser = add_command  # type: ignore[method-assign]
 
     run = commands.add_parser("run", help="train, attack and write results.csv, results.json, report.html")
     _add_run_options(run, config_required=False)
@@ -74,16 +131,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     epsilon = commands.add_parser("epsilon", help="ε of a (subsampled) Gaussian mechanism, or σ for a target ε")
     noise = epsilon.add_mutually_exclusive_group(required=True)
-    noise.add_argument("--noise", type=float, help="noise multiplier σ (noise std / clip)")
-    noise.add_argument("--target-epsilon", type=float, help="calibrate σ to this ε instead")
-    epsilon.add_argument("--rate", type=float, required=True, help="sampling rate q (Poisson) or m/N (fixed)")
-    epsilon.add_argument("--steps", type=int, required=True, help="number of rounds/steps T")
-    epsilon.add_argument("--delta", type=float, required=True, help="δ")
+    noise.add_argument("--noise", type=_bounded(float, 0, 1e7, low_open=True), help="noise multiplier σ (noise std / clip)")
+    noise.add_argument("--target-epsilon", type=_bounded(float, 0, 1e4, low_open=True), help="calibrate σ to this ε instead")
+    epsilon.add_argument("--rate", type=_bounded(float, 0, 1, low_open=True), required=True, help="sampling rate q (Poisson) or m/N (fixed)")
+    epsilon.add_argument("--steps", type=_bounded(int, 0, 10**9), required=True, help="number of rounds/steps T")
+    epsilon.add_argument("--delta", type=_bounded(float, 0, 1, low_open=True), required=True, help="δ")
     epsilon.add_argument("--accountant", choices=["rdp", "pld"], default="rdp")
     epsilon.add_argument("--conversion", choices=["improved", "classic"], default="improved",
                          help="RDP→(ε,δ): improved (Balle et al. 2020, default) or classic (Mironov 2017)")
     epsilon.add_argument("--sampling", choices=["poisson", "fixed"], default="poisson")
-    epsilon.add_argument("--population", type=int, help="N, for fixed-size sampling")
+    epsilon.add_argument("--population", type=_bounded(int, 1, 10**12), help="N, for fixed-size sampling")
     epsilon.add_argument("--json", action="store_true", help="machine-readable output")
 
     reproduce = commands.add_parser("reproduce", help="rerun a paper's comparison on a CPU proxy and check its claims")
@@ -92,23 +149,23 @@ def build_parser() -> argparse.ArgumentParser:
     reproduce.add_argument("--out", help="output directory (default: reproduce-STUDY[-quick])")
     reproduce.add_argument("--dataset", default="mnist", help="proxy data: mnist (default) or digits")
     reproduce.add_argument("--data-root", help="directory of the MNIST IDX files (default: $DPFL_AUDIT_DATA/mnist or the cache)")
-    reproduce.add_argument("--seeds", type=int, help="override the number of seeds")
+    reproduce.add_argument("--seeds", type=_bounded(int, 1, 100), help="override the number of seeds")
     reproduce.add_argument("--quiet", action="store_true", help="no progress bars")
     reproduce.add_argument("--device", help="torch device, e.g. cpu or cuda (default: cpu)")
 
     mechanism = commands.add_parser("audit-mechanism", help="audit one clipped-and-noised step with the optimal test")
     mechanism.add_argument("--mechanism", required=True, help="gaussian, laplace, staircase or ldp-two-point")
-    mechanism.add_argument("--noise", type=float, help="z (gaussian), λ (laplace) or ε (staircase)")
-    mechanism.add_argument("--epsilon", type=float, help="ε of the ldp-two-point mechanism")
-    mechanism.add_argument("--clip", type=float, default=1.0, help="C: sensitivity of the clipped gradient (default 1)")
-    mechanism.add_argument("--dim", type=int, default=1000, help="d: coordinates the noise is added to (default 1000)")
-    mechanism.add_argument("--trials", type=int, default=100000, help="runs of the mechanism, half with the canary")
+    mechanism.add_argument("--noise", type=_bounded(float, 0, 1e7, low_open=True), help="z (gaussian), λ (laplace) or ε (staircase)")
+    mechanism.add_argument("--epsilon", type=_bounded(float, 0, 100, low_open=True), help="ε of the ldp-two-point mechanism")
+    mechanism.add_argument("--clip", type=_bounded(float, 0, 1e6, low_open=True), default=1.0, help="C: sensitivity of the clipped gradient (default 1)")
+    mechanism.add_argument("--dim", type=_bounded(int, 1, 10**6), default=1000, help="d: coordinates the noise is added to (default 1000)")
+    mechanism.add_argument("--trials", type=_bounded(int, 1, 10**7), default=100000, help="runs of the mechanism, half with the canary")
     mechanism.add_argument("--accounting", default="paper_1d", help="paper_1d (UDP-FL's claim) or sound")
     mechanism.add_argument("--clip-norm", default="l2", help="l2 (default) or l1")
     mechanism.add_argument("--canary", default="both", help="concentrated, spread or both (default; the larger bound counts)")
-    mechanism.add_argument("--delta", type=float, default=1e-5)
+    mechanism.add_argument("--delta", type=_bounded(float, 0, 1, low_open=True), default=1e-5)
     mechanism.add_argument("--conversion", choices=["classic", "improved"], default="classic")
-    mechanism.add_argument("--seed", type=int, default=0)
+    mechanism.add_argument("--seed", type=_seed, default=0)
     mechanism.add_argument("--json", action="store_true", help="machine-readable output")
 
     conformance = commands.add_parser(
@@ -118,11 +175,11 @@ def build_parser() -> argparse.ArgumentParser:
     conformance.add_argument("--param", action="append", default=[], metavar="[DEFENSE.]FIELD=VALUE",
                              help="a hyper-parameter (YAML value) for every named defense, or for one: "
                                   "fed-smp-randk.keep_fraction=0.25; repeatable")
-    conformance.add_argument("--trials", type=int, default=1000, help="coupled trials per candidate input (default: %(default)s)")
-    conformance.add_argument("--alpha", type=float, default=0.05,
+    conformance.add_argument("--trials", type=_bounded(int, 1, 10**6), default=1000, help="coupled trials per candidate input (default: %(default)s)")
+    conformance.add_argument("--alpha", type=_bounded(float, 0, 1, low_open=True), default=0.05,
                              help="family-wise error level of the run's intervals and bounds (default: %(default)s)")
-    conformance.add_argument("--delta", type=float, default=1e-5, help="δ of the claims checked (default: %(default)s)")
-    conformance.add_argument("--seed", type=int, default=0)
+    conformance.add_argument("--delta", type=_bounded(float, 0, 1, low_open=True), default=1e-5, help="δ of the claims checked (default: %(default)s)")
+    conformance.add_argument("--seed", type=_seed, default=0)
     conformance.add_argument("--quiet", action="store_true", help="no progress bar")
     conformance.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -130,13 +187,13 @@ def build_parser() -> argparse.ArgumentParser:
     invert.add_argument("--attack", required=True, help="dlg, idlg or inverting-gradients")
     invert.add_argument("--dataset", default="lfw-faces", help="image dataset (default: %(default)s)")
     invert.add_argument("--model", default="lenet", help="model, untrained, initialised from the seed (default: %(default)s)")
-    invert.add_argument("--batch-size", type=int, default=1, help="images per gradient (default: %(default)s)")
-    invert.add_argument("--clip", type=float, help="clip the gradient to this ℓ2 norm C (flat, all parameters)")
-    invert.add_argument("--noise", type=float, help="noise multiplier σ: add N(0, (σC)²) per coordinate (needs --clip)")
-    invert.add_argument("--iterations", type=int, help="optimiser iterations per restart (default: the attack's)")
-    invert.add_argument("--restarts", type=int, default=1, help="random restarts, the best matching loss kept (default: 1)")
-    invert.add_argument("--images", type=int, help="private images attacked, in batches of --batch-size (default: one batch)")
-    invert.add_argument("--seed", type=int, default=0, help="seed of the model, the images, the noise and the attack")
+    invert.add_argument("--batch-size", type=_bounded(int, 1, 256), default=1, help="images per gradient (default: %(default)s)")
+    invert.add_argument("--clip", type=_bounded(float, 0, 1e6), help="clip the gradient to this ℓ2 norm C (flat, all parameters)")
+    invert.add_argument("--noise", type=_bounded(float, 0, 1e7), help="noise multiplier σ: add N(0, (σC)²) per coordinate (needs --clip)")
+    invert.add_argument("--iterations", type=_bounded(int, 0, 10**6), help="optimiser iterations per restart (default: the attack's)")
+    invert.add_argument("--restarts", type=_bounded(int, 0, 1000), default=1, help="random restarts, the best matching loss kept (default: 1)")
+    invert.add_argument("--images", type=_bounded(int, 0, 10**4), help="private images attacked, in batches of --batch-size (default: one batch)")
+    invert.add_argument("--seed", type=_seed, default=0, help="seed of the model, the images, the noise and the attack")
     invert.add_argument("--data-root", help="directory of the dataset's files (for mnist, cifar10, ...)")
     invert.add_argument("--out", default="invert-out", help="where grid.png and results.json go (default: %(default)s)")
     invert.add_argument("--json", action="store_true", help="machine-readable output")
@@ -155,6 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     config = commands.add_parser("config", help="print the resolved configuration as YAML")
     config.add_argument("config", nargs="?", help="YAML configuration file")
     config.add_argument("--preset", help="built-in preset")
+    config.add_argument("--reference", action="store_true",
+                        help="instead: every field of a config with its type, default and allowed range")
     return parser
 
 
@@ -187,19 +246,26 @@ def _print_summary(summary: dict[str, Any]) -> None:
             f"{a['attack']} AUC {a['metrics']['auc']['value']:.3f} TPR@1% {100 * a['metrics']['tpr_at_fpr_1%']['value']:.1f}%"
             for a in experiment["attacks"] if a.get("kind") != "run")
         soundness = experiment.get("soundness")
-        print(f"{experiment['label'][:28]:<28} {100 * accuracy:>8.1f}% {('∞' if epsilon is None else f'{epsilon:.3g}'):>10} "
+        accuracy = "diverged" if experiment.get("status") == "diverged" else "n/a" if accuracy is None else f"{100 * accuracy:.1f}%"
+        print(f"{experiment['label'][:28]:<28} {accuracy:>9} {('∞' if epsilon is None else f'{epsilon:.3g}'):>10} "
               f"{_server_epsilon(experiment['claim']):>9} {experiment['claim']['unit']:>7}  {leak}"
               + (f"; soundness: {soundness}" if soundness else ""))
 
 
 def command_run(args: argparse.Namespace, attack: bool) -> int:
+    from audit.budget import check_budget
     from audit.executors import check_executor, check_executor_plan
     from audit.pipeline import plan_audit, run_audit
 
     check_executor(args.executor, args.workers, args.ray_address, args.batch_runs)  # for ray: that Ray is installed
     config = _load(args)
+    if not (math.isfinite(args.max_hours) and args.max_hours >= 0):
+        raise UserInputError(f"--max-hours: must be a finite number >= 0 (0: no limit), got {args.max_hours:g}")
     plan = plan_audit(config)  # every check happens here, before the output directory exists
     check_executor_plan(args.executor, plan)
+    cost = check_budget(plan, args.out, args.max_hours)
+    if not args.quiet:
+        print(f"plan: {cost.describe()}", file=sys.stderr)
     result = run_audit(config, Path(args.out), attack=attack, quiet=args.quiet, plan=plan, executor=args.executor,
                        workers=args.workers, batch_runs=args.batch_runs, ray_address=args.ray_address)
     paths = result["paths"]
@@ -516,46 +582,75 @@ def command_report(args: argparse.Namespace) -> int:
 
 
 def command_config(args: argparse.Namespace) -> int:
-    from audit.config import config_to_yaml, load_config
+    from audit.config import AuditConfig, config_to_yaml, load_config
+    from audit.schema import MAX_INT, field_reference
 
+    if args.reference:
+        print(f"{'field':<34} {'type':<40} {'range':<26} default")
+        for row in field_reference(AuditConfig):
+            default = json.dumps(row["default"], ensure_ascii=False)
+            print(f"{row['field']:<34} {row['type'][:40]:<40} {row['range']:<26} {default[:40]}")
+        print(f"Numbers must be finite; an integer without its own bound is at most {MAX_INT}; lists hold at most "
+              "10000 values. A defense's or attack's params: `dpfl-audit list` (same rules).")
+        return EXIT_OK
     print(config_to_yaml(load_config(args.config, args.preset)), end="")
     return EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
-        if args.command == "run":
-            return command_run(args, attack=True)
-        if args.command == "train":
-            return command_run(args, attack=False)
-        if args.command == "list":
-            return command_list(args)
-        if args.command == "epsilon":
-            return command_epsilon(args)
-        if args.command == "config":
-            return command_config(args)
-        if args.command == "reproduce":
-            return command_reproduce(args)
-        if args.command == "audit-mechanism":
-            return command_audit_mechanism(args)
-        if args.command == "invert":
-            return command_invert(args)
-        if args.command == "conformance":
-            return command_conformance(args)
-        if args.command == "check":
-            from reports.policy import check_command
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # usage errors (2, one line already printed), --help and --version (0)
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    if getattr(args, "no_plugins", False):
+        import os
 
-            return EXIT_OK if check_command(args.results, args.policy, args.baseline, args.junit, args.json) else EXIT_FAILURE
-        if args.command == "report":
-            return command_report(args)
+        os.environ[NO_PLUGINS_ENV] = "1"  # also reaches the process and Ray executors' workers
+    try:
+        return _dispatch(args)
     except UserInputError as exc:
         print(f"dpfl-audit: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("dpfl-audit: interrupted; rerun the same command to resume (finished runs are kept)", file=sys.stderr)
         return 130
-    return EXIT_FAILURE
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as other tools do
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILURE
+    except Exception as exc:  # a bug or an unforeseen failure: one line, the traceback on request
+        if getattr(args, "verbose", False):
+            raise
+        text = " ".join(str(exc).split())[:300]
+        print(f"dpfl-audit: internal error: {type(exc).__name__}: {text} (rerun with -v for the traceback)",
+              file=sys.stderr)
+        return EXIT_FAILURE
+
+
+def command_check(args: argparse.Namespace) -> int:
+    from reports.policy import check_command
+
+    return EXIT_OK if check_command(args.results, args.policy, args.baseline, args.junit, args.json) else EXIT_FAILURE
+
+
+COMMANDS = {
+    "run": lambda args: command_run(args, attack=True),
+    "train": lambda args: command_run(args, attack=False),
+    "list": command_list,
+    "epsilon": command_epsilon,
+    "config": command_config,
+    "reproduce": command_reproduce,
+    "audit-mechanism": command_audit_mechanism,
+    "invert": command_invert,
+    "conformance": command_conformance,
+    "check": command_check,
+    "report": command_report,
+}
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    return COMMANDS[args.command](args)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,15 @@ import yaml
 
 from audit.errors import UserInputError
 from audit.schema import from_mapping, to_mapping
+from audit.strict_yaml import parse_yaml, read_yaml_file
 from defenses.engine import TrainingConfig
+
+#: upper bounds of the config's sizes: far above any audit this tool is for, low enough that a
+#: typo (1e30 rounds) is refused before anything is allocated; the plan's estimate does the rest
+MAX_CLIENTS = 100_000
+MAX_RUNS = 4096
+#: ε beyond this is no privacy claim worth auditing (and calibration would hit the noise floor)
+MAX_EPSILON = 1000.0
 
 
 @dataclass(frozen=True)
@@ -28,17 +36,17 @@ class DatasetConfig:
     options: dict = field(default_factory=dict, metadata={"help": "loader options, e.g. {split: letters} for emnist, {download: false}"})
     test_fraction: float = field(default=0.2, metadata={"min": 0.0, "max": 1.0, "min_exclusive": True, "max_exclusive": True,
                                                         "help": "held-out share when the dataset has no official test split"})
-    max_pool: int | None = field(default=None, metadata={"min": 2, "help": "cap the candidate pool at this many records (stratified sample)"})
-    max_test: int | None = field(default=None, metadata={"min": 1, "help": "cap the test split at this many records"})
+    max_pool: int | None = field(default=None, metadata={"min": 2, "max": 10**9, "help": "cap the candidate pool at this many records (stratified sample)"})
+    max_test: int | None = field(default=None, metadata={"min": 1, "max": 10**9, "help": "cap the test split at this many records"})
 
 
 @dataclass(frozen=True)
 class PartitionConfig:
     name: Literal["iid", "dirichlet", "shards"] = field(default="iid", metadata={"help": "how a run's records are split into clients"})
-    clients: int = field(default=20, metadata={"min": 1, "help": "number of clients N"})
-    alpha: float = field(default=0.5, metadata={"min": 0.0, "min_exclusive": True, "help": "Dirichlet concentration (dirichlet)"})
-    classes_per_client: int = field(default=2, metadata={"min": 1, "help": "shards per client (shards)"})
-    min_client_size: int = field(default=1, metadata={"min": 1, "help": "smallest client allowed"})
+    clients: int = field(default=20, metadata={"min": 1, "max": MAX_CLIENTS, "help": "number of clients N"})
+    alpha: float = field(default=0.5, metadata={"min": 0.0, "min_exclusive": True, "max": 1e6, "help": "Dirichlet concentration (dirichlet)"})
+    classes_per_client: int = field(default=2, metadata={"min": 1, "max": 10_000, "help": "shards per client (shards)"})
+    min_client_size: int = field(default=1, metadata={"min": 1, "max": 10**9, "help": "smallest client allowed"})
 
 
 @dataclass(frozen=True)
@@ -52,7 +60,8 @@ class DefenseEntry:
     name: str = field(metadata={"help": "registry name or module:callable returning a Defense class"})
     label: str | None = field(default=None, metadata={"help": "display name in the report"})
     params: dict = field(default_factory=dict, metadata={"help": "the defense's hyper-parameters (see `dpfl-audit list`)"})
-    epsilons: list[float] | None = field(default=None, metadata={"min": 0.0, "min_exclusive": True,
+    epsilons: list[float] | None = field(default=None, metadata={"min": 0.0, "min_exclusive": True, "max": MAX_EPSILON,
+                                                                 "min_length": 1, "max_length": 100,
                                                                  "help": "calibrate the noise to each target ε (one experiment per ε)"})
     delta: float = field(default=1e-5, metadata={"min": 0.0, "max": 1.0, "min_exclusive": True, "max_exclusive": True})
     training: dict = field(default_factory=dict, metadata={"help": "overrides of the training section for this defense"})
@@ -60,7 +69,7 @@ class DefenseEntry:
 
 @dataclass(frozen=True)
 class MembershipConfig:
-    runs: int = field(default=16, metadata={"min": 2, "help": "runs N; each includes every pool record with probability `inclusion`"})
+    runs: int = field(default=16, metadata={"min": 2, "max": MAX_RUNS, "help": "runs N; each includes every pool record with probability `inclusion`"})
     inclusion: float = field(default=0.5, metadata={"min": 0.0, "max": 1.0, "min_exclusive": True, "max_exclusive": True})
     unit: Literal["auto", "record", "client"] = field(default="auto", metadata={
         "help": "what a run includes at random: records, or whole clients (auto: client when a defense claims client-level DP)"})
@@ -93,12 +102,12 @@ class AccountingConfig:
 class DiagnosticsConfig:
     enabled: bool = field(default=True, metadata={"help": "compute loss-landscape diagnostics of every trained run"})
     sharpness_radii: list[float] = field(default_factory=lambda: [0.05, 0.1, 0.2], metadata={
-        "min": 0.0, "min_exclusive": True, "help": "radii along filter-normalised random directions (Li et al. 2018)"})
-    sharpness_directions: int = field(default=4, metadata={"min": 1})
+        "min": 0.0, "min_exclusive": True, "max": 100.0, "help": "radii along filter-normalised random directions (Li et al. 2018)"})
+    sharpness_directions: int = field(default=4, metadata={"min": 1, "max": 1000})
     perturbation_stds: list[float] = field(default_factory=lambda: [0.005, 0.01, 0.02], metadata={
-        "min": 0.0, "min_exclusive": True, "help": "std s of the weight perturbation N(0, s²I)"})
-    perturbation_repeats: int = field(default=3, metadata={"min": 1})
-    max_records: int = field(default=1000, metadata={"min": 1, "help": "records of the training/test data evaluated"})
+        "min": 0.0, "min_exclusive": True, "max": 100.0, "help": "std s of the weight perturbation N(0, s²I)"})
+    perturbation_repeats: int = field(default=3, metadata={"min": 1, "max": 1000})
+    max_records: int = field(default=1000, metadata={"min": 1, "max": 10**7, "help": "records of the training/test data evaluated"})
 
 
 def _default_training() -> TrainingConfig:
@@ -117,7 +126,7 @@ def _default_attacks() -> list[AttackEntry]:
 @dataclass(frozen=True)
 class AuditConfig:
     name: str = field(default="dpfl-audit", metadata={"help": "shown in the report"})
-    seed: int = field(default=0, metadata={"min": 0, "help": "root of every random choice"})
+    seed: int = field(default=0, metadata={"min": 0, "max": 2**64 - 1, "help": "root of every random choice"})
     device: str = field(default="cpu", metadata={"help": "torch device: cpu, cuda, cuda:1, ..."})
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     partition: PartitionConfig = field(default_factory=PartitionConfig)
@@ -139,14 +148,7 @@ def preset_names() -> list[str]:
     return sorted(["default"] + [p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml")])
 
 
-def _read_yaml(text: str, source: str) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise UserInputError(f"{source}:{where} {problem}") from None
+def _mapping(data: Any, source: str) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -161,7 +163,7 @@ def preset(name: str) -> dict[str, Any]:
     if name not in preset_names():
         raise UserInputError(f"preset: unknown preset '{name}'; allowed: {', '.join(preset_names())}")
     text = (resources.files("audit") / "presets" / f"{name}.yaml").read_text(encoding="utf-8")
-    return _read_yaml(text, f"preset {name}")
+    return _mapping(parse_yaml(text, f"preset {name}"), f"preset {name}")
 
 
 def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -180,10 +182,9 @@ def load_config(path: str | Path | None = None, preset_name: str | None = None,
     """Resolve preset + config file + command-line overrides into a validated :class:`AuditConfig`."""
     user: dict[str, Any] = {}
     if path is not None:
-        file = Path(path)
-        if not file.is_file():
+        if not Path(path).is_file():
             raise UserInputError(f"config: file '{path}' does not exist")
-        user = _read_yaml(file.read_text(encoding="utf-8"), str(path))
+        user = _mapping(read_yaml_file(path), str(path))
     named = user.pop("preset", None)
     if named is not None and not isinstance(named, str):
         raise UserInputError(f"preset: must be a string, got {named!r}")

@@ -2,6 +2,11 @@
 
 ``package.module:factory`` is imported with :mod:`importlib` (the current directory is on the
 path, as for ``python -m``); ``path/to/file.py:factory`` is loaded from that file.
+
+A config that names code runs that code: a config is trusted input, like a Makefile. To audit
+configs one did not write (a CI job on pull requests), plugins can be switched off — the
+``--no-plugins`` option or ``DPFL_AUDIT_NO_PLUGINS=1`` in the environment — and then every
+code-loading name is refused before anything is imported.
 """
 
 from __future__ import annotations
@@ -17,6 +22,14 @@ from typing import Any
 
 from audit.errors import UserInputError
 
+#: environment variable that switches plugins off (any value but "", "0", "false", "no")
+NO_PLUGINS_ENV = "DPFL_AUDIT_NO_PLUGINS"
+
+
+def plugins_allowed() -> bool:
+    """False when ``DPFL_AUDIT_NO_PLUGINS`` is set (``--no-plugins`` sets it for its process)."""
+    return os.environ.get(NO_PLUGINS_ENV, "").strip().lower() in ("", "0", "false", "no")
+
 
 def is_reference(name: str) -> bool:
     """True when ``name`` has the ``module:callable`` form rather than a registry name."""
@@ -25,6 +38,9 @@ def is_reference(name: str) -> bool:
 
 def resolve(reference: str, field: str) -> Callable[..., Any]:
     """Import and return the callable named by ``reference``; ``field`` names the config field for errors."""
+    if not plugins_allowed():
+        raise UserInputError(f"{field}: '{reference}' names code to load, and plugins are off "
+                             f"(--no-plugins or {NO_PLUGINS_ENV}); use a registered name (see `dpfl-audit list`)")
     module_part, _, attribute = reference.rpartition(":")
     if not module_part or not attribute:
         raise UserInputError(f"{field}: '{reference}' is not of the form 'module:callable'")

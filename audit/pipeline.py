@@ -37,12 +37,20 @@ from audit import __version__, provenance
 from audit.atomic import write_json, write_text
 from audit.config import AuditConfig, DatasetConfig, ModelConfig, config_to_yaml, merge
 from audit.errors import UserInputError
+from audit.safe_names import inside, slug
 from audit.schema import from_mapping, to_mapping
 from audit.seeding import derive_seed, numpy_rng
 from audit.store import RunStore
 from audit.tasks import Membership, Task, build_task, client_membership, record_membership
 from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
-from defenses.engine import RecordSpec, TrainingConfig, TrainingJob, chunk_size, initial_vector
+from defenses.engine import (
+    RecordSpec,
+    TrainingConfig,
+    TrainingDiverged,
+    TrainingJob,
+    chunk_size,
+    initial_vector,
+)
 from defenses.flat import ParamLayout
 from defenses.run_batch import train_together
 from reports.soundness import measurement_delta
@@ -77,6 +85,9 @@ class Plan:
     canary_ids: dict[tuple[str, str], list[str]] = field(default_factory=dict)
     #: experiment key → [{"attack", "reason"}] for audits that cannot run on that defense
     skipped: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+    #: experiment key → {"run", "run_id", "round", "what"}: the lowest-index membership run whose
+    #: training diverged (the experiment is a diverged result: nothing of it is attacked)
+    diverged: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: what run 0 stores: ``record`` plus the uploads the run attacks replay (None: as ``record``)
     target_record: RecordSpec | None = None
 
@@ -189,7 +200,7 @@ def plan_audit(config: AuditConfig) -> Plan:
         for target in targets:
             defense = base if target is None else base.calibrate(target, entry.delta, training, num_clients, accounting)
             key = entry.name if target is None else f"{entry.name}-eps{_format_epsilon(target)}"
-            key = key.replace(":", "_").replace("/", "_")
+            key = slug(key.replace(":", "_").replace("/", "_"))  # names folders and run ids
             if key in used_keys:
                 key = f"{key}-{i}"
             used_keys.add(key)
@@ -258,7 +269,7 @@ def canary_run_id(plan: Plan, experiment: Experiment, audit: CanaryAudit, index:
     fingerprint = {"base": base, "audit": audit.name, "label": audit.label, "params": to_mapping(asdict(audit.params)),
                    "index": index}
     digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True, default=str).encode()).hexdigest()[:12]
-    return f"{experiment.key}-{audit.label}-c{index:03d}-{digest}"
+    return f"{experiment.key}-{slug(audit.label)}-c{index:03d}-{digest}"
 
 
 def _bar(total: int, desc: str, quiet: bool) -> tqdm:
@@ -304,24 +315,47 @@ class PendingRun:
     extra: dict[str, Any] | None = None
 
 
-def train_and_store(plan: Plan, store: RunStore, experiment: Experiment, runs: list[PendingRun]) -> list[float | None]:
+def train_and_store(plan: Plan, store: RunStore, experiment: Experiment, runs: list[PendingRun]
+                    ) -> list[tuple[PendingRun, TrainingDiverged]]:
     """Train runs of one experiment together (:func:`defenses.run_batch.train_together`: one
-    batched computation where the defense allows it) and store each; returns their final test
-    accuracies. A run's result does not depend on the runs it is trained with."""
+    batched computation where the defense allows it) and store each that finished; returns the
+    runs whose training diverged. Those are not stored (nothing half-trained looks finished): a
+    rerun trains them again, and they diverge at the same round. A run's result does not depend
+    on the runs it is trained with."""
     if not runs:
         return []
     started = time.perf_counter()
     outcomes = train_together(experiment.defense, [run.job for run in runs])
     seconds = (time.perf_counter() - started) / len(runs)  # shared computation: the mean per run
-    accuracies = []
+    diverged = []
     for run, outcome in zip(runs, outcomes):
+        if isinstance(outcome, TrainingDiverged):
+            diverged.append((run, outcome))
+            continue
         manifest = _manifest(plan, experiment, run.rid, run.index, run.job, outcome, seconds, run.members)
         manifest["timings"]["trained_together"] = len(runs)
         manifest.update(run.extra or {})
         store.save_run(run.rid, manifest, outcome.final_params, run.members, outcome.metrics, outcome.server_view,
                        outcome.global_models)
-        accuracies.append(manifest["utility"]["test_accuracy"])
-    return accuracies
+    return diverged
+
+
+def first_divergence(diverged: list[tuple[PendingRun, TrainingDiverged]]) -> dict[str, Any] | None:
+    """The diverged run of lowest index, as results.json records it (None when none diverged)."""
+    if not diverged:
+        return None
+    run, failure = min(diverged, key=lambda item: item[0].index)
+    return {"run": run.index, "run_id": run.rid, "round": failure.round, "what": failure.what}
+
+
+def divergence_reason(diverged: dict[str, Any], kind: str = "run") -> str:
+    """Why the attacks of a diverged experiment (or one canary audit) are skipped."""
+    return f"training diverged: {kind} {diverged['run']} at round {diverged['round']} ({diverged['what']})"
+
+
+def warn(text: str) -> None:
+    """One line on stderr that leaves the progress bars intact (shown with --quiet too)."""
+    tqdm.write(f"dpfl-audit: warning: {text}", file=sys.stderr)
 
 
 def _job(plan: Plan, experiment: Experiment, clients: list[np.ndarray], seed: int, pool_x=None, pool_y=None,
@@ -345,10 +379,15 @@ def membership_pending(plan: Plan, store: RunStore, experiment: Experiment, r: i
 
 
 def train_membership_runs(plan: Plan, store: RunStore, experiment: Experiment, runs: list[int]) -> list[str]:
-    """Membership runs ``runs`` of ``experiment``, trained together unless the store has them; returns their ids."""
+    """Membership runs ``runs`` of ``experiment``, trained together unless the store has them; returns
+    the ids of those stored. A run whose training diverges is not stored; the lowest-index one is
+    noted in ``plan.diverged``."""
     pending = [p for p in (membership_pending(plan, store, experiment, r) for r in runs) if p is not None]
-    train_and_store(plan, store, experiment, pending)
-    return [run_id(plan, experiment, r) for r in runs]
+    first = first_divergence(train_and_store(plan, store, experiment, pending))
+    noted = plan.diverged.get(experiment.key)
+    if first is not None and (noted is None or first["run"] < noted["run"]):
+        plan.diverged[experiment.key] = first
+    return [rid for rid in (run_id(plan, experiment, r) for r in runs) if store.is_complete(rid)]
 
 
 def joint_run_limit(plan: Plan, experiment: Experiment) -> int:
@@ -389,18 +428,28 @@ def train_runs(plan: Plan, store: RunStore, quiet: bool = False, executor: str =
 
         train_in_ray(plan, store, workers, quiet, ray_address, batch_runs)
     for experiment in plan.experiments:
-        plan.run_ids[experiment.key] = [run_id(plan, experiment, r) for r in range(config.membership.runs)]
+        ids = plan.run_ids[experiment.key] = [run_id(plan, experiment, r) for r in range(config.membership.runs)]
         started = time.perf_counter()
         bar = _bar(config.membership.runs, f"train {experiment.label}", quiet)
         groups = run_groups(plan, store, experiment, batch_runs)
         bar.update(config.membership.runs - sum(len(g) for g in groups))  # resumed from the store
+        # groups go in run order, so the first group with a diverged run holds the lowest-index one
+        # (every earlier run is stored and finite): a rerun records the same run and round
         for group in groups:
             bar.set_postfix_str(f"{len(group)} together", refresh=False)
             train_membership_runs(plan, store, experiment, group)
             bar.update(len(group))
+            if experiment.key in plan.diverged:
+                break  # the experiment is a diverged result: its remaining runs need not train
         bar.close()
-        for audit in plan.canary_audits:
-            train_canary_runs(plan, store, experiment, audit, quiet)
+        diverged = plan.diverged.get(experiment.key)
+        if diverged is not None:
+            plan.run_ids[experiment.key] = ids[:diverged["run"]]  # the runs that finished before it
+            warn(f"{experiment.label!r} run {diverged['run']} diverged at round {diverged['round']} "
+                 f"({diverged['what']}); its attacks are skipped")
+        else:
+            for audit in plan.canary_audits:
+                train_canary_runs(plan, store, experiment, audit, quiet)
         timings[experiment.key] = time.perf_counter() - started
     return timings
 
@@ -455,9 +504,16 @@ def train_canary_runs(plan: Plan, store: RunStore, experiment: Experiment, audit
                                               "count": int(len(injection.inserted)), "inserted": chosen.tolist()}}))
         # runs with canary records have a pool of their own (and cannot share computations): train them now
         if len(group) >= limit or injection.records_x is not None or i == len(ids) - 1:
-            train_and_store(plan, store, experiment, group)
+            first = first_divergence(train_and_store(plan, store, experiment, group))
             bar.update(len(group))
             group = []
+            if first is not None:  # the audit has no result; the experiment's other attacks stand
+                del plan.canary_ids[(experiment.key, audit.label)]
+                plan.skipped.setdefault(experiment.key, []).append(
+                    {"attack": audit.label, "reason": divergence_reason(first, "canary run")})
+                warn(f"{experiment.label!r} {audit.label} canary run {first['run']} diverged at round {first['round']} "
+                     f"({first['what']}); this audit is skipped")
+                break
     bar.close()
 
 
@@ -566,11 +622,12 @@ def side_run(plan: Plan, store: RunStore, experiment: Experiment, dataset: str, 
 def _save_scores(out: Path, experiment: Experiment, result: AttackResult) -> None:
     if result.scores is None or not np.size(result.scores):
         return  # run attacks have metrics, not scores per unit
-    folder = out / "attacks" / experiment.key
+    folder = inside(out, out / "attacks" / experiment.key)
+    name = slug(result.name)  # the attack's label is user text: never a path
     folder.mkdir(parents=True, exist_ok=True)
-    temporary = folder / f".{result.name}.tmp.npz"
+    temporary = inside(out, folder / f".{name}.tmp.npz")
     np.savez_compressed(temporary, scores=result.scores, truth=result.truth)
-    temporary.replace(folder / f"{result.name}.npz")
+    temporary.replace(inside(out, folder / f"{name}.npz"))
 
 
 def attack_runs(plan: Plan, store: RunStore, out: Path, quiet: bool = False) -> tuple[dict[str, list[AttackResult]], dict[str, float]]:
@@ -578,9 +635,13 @@ def attack_runs(plan: Plan, store: RunStore, out: Path, quiet: bool = False) -> 
     results: dict[str, list[AttackResult]] = {}
     timings: dict[str, float] = {}
     for experiment in plan.experiments:
+        results[experiment.key] = []
+        if experiment.key in plan.diverged:  # no finished model to attack
+            reason = divergence_reason(plan.diverged[experiment.key])
+            plan.skipped.setdefault(experiment.key, []).extend({"attack": a.label, "reason": reason} for a in plan.attacks)
+            continue
         target = membership_experiment(plan, store, experiment)
         run_target: TargetRun | None = None  # run 0 as the server holds it, loaded once for all run attacks
-        results[experiment.key] = []
         for attack in plan.attacks:
             started = time.perf_counter()
             if isinstance(attack, CanaryAudit):
@@ -593,7 +654,14 @@ def attack_runs(plan: Plan, store: RunStore, out: Path, quiet: bool = False) -> 
                     produced = []
                 else:
                     run_target = run_target or target_run(plan, store, experiment)
-                    produced = attack.evaluate(run_target)
+                    try:
+                        produced = attack.evaluate(run_target)
+                    except TrainingDiverged as failure:  # a side run (another dataset) diverged
+                        reason = f"training diverged: its side run at round {failure.round} ({failure.what})"
+                        plan.skipped.setdefault(experiment.key, []).append({"attack": attack.label, "reason": reason})
+                        warn(f"{experiment.label!r} {attack.label}: side run diverged at round {failure.round} "
+                             f"({failure.what}); this attack is skipped")
+                        produced = []
             else:
                 bar = _bar(target.runs, f"{attack.label} {experiment.label}", quiet)
 
@@ -629,6 +697,8 @@ def diagnose_runs(plan: Plan, store: RunStore, out: Path, quiet: bool = False) -
     keep_test = torch.as_tensor(numpy_rng(plan.config.seed, "diagnostics", "test").permutation(len(test_y))[:settings.max_records],
                                 device=device)
     for experiment in plan.experiments:
+        if experiment.key in plan.diverged:
+            continue  # nothing finished to diagnose
         bar = _bar(len(plan.run_ids[experiment.key]), f"diagnose {experiment.label}", quiet)
         entries = []
         for r, rid in enumerate(plan.run_ids[experiment.key]):
@@ -648,7 +718,7 @@ def diagnose_runs(plan: Plan, store: RunStore, out: Path, quiet: bool = False) -
             bar.update(1)
         bar.close()
         results[experiment.key] = entries
-        write_json(out / "diagnostics" / f"{experiment.key}.json", entries)
+        write_json(inside(out, out / "diagnostics" / f"{experiment.key}.json"), entries)
     return results
 
 

@@ -40,7 +40,7 @@ from audit.store import RunStore
 from audit.tasks import Task, build_task, run_clients
 from defenses.base import DEFENSES, AccountingSettings, Defense
 from defenses.diagnostics import sharpness
-from defenses.engine import TrainingConfig, TrainingJob
+from defenses.engine import TrainingConfig, TrainingDiverged, TrainingJob
 from defenses.flat import ParamLayout
 
 REPRODUCE_FORMAT = 2  # 2: fully keyed noise streams, sound defaults, claims per observer
@@ -226,7 +226,10 @@ class Runner:
                                                                   epsilon, seed, self.study.delta)
         if not self.store.is_complete(run_id):
             started = time.perf_counter()
-            outcome = defense.train(self.job(training, seed))
+            try:
+                outcome = defense.train(self.job(training, seed))
+            except TrainingDiverged as failure:
+                return self.diverged(arm, epsilon, seed, defense, training, failure)
             seconds = time.perf_counter() - started
             manifest = {"run_id": run_id, "study": self.study.name, "arm": asdict(arm), "epsilon_target": epsilon,
                         "seed": seed, "params": to_mapping(asdict(defense.params)), "claim": outcome.claim.as_dict(),
@@ -263,6 +266,20 @@ class Runner:
             epsilon_server=next((a["epsilon"] for a in manifest["claim"].get("adversaries") or []
                                  if a["adversary"] == "server"), None),
         )
+
+    def diverged(self, arm: Arm, epsilon: float | None, seed: int, defense: Defense, training: TrainingConfig,
+                 failure: TrainingDiverged) -> RunResult:
+        """A run whose training diverged: a result with no utility (NaN), not stored — a rerun
+        trains it again and it diverges at the same round."""
+        tqdm.write(f"dpfl-audit: warning: {arm.key!r} (ε target {epsilon}) seed {seed} diverged at round "
+                   f"{failure.round} ({failure.what})", file=sys.stderr)
+        claim = defense.privacy_claim(training, self.config.partition.clients, training.rounds, self.study.delta,
+                                      self.accounting)
+        nan = math.nan
+        return RunResult(arm=arm.key, epsilon_target=epsilon, seed=seed, epsilon=float(claim.epsilon),
+                         final_accuracy=nan, best_accuracy=nan, train_accuracy=nan, accuracy_by_round={},
+                         epsilon_by_round={}, update_norm_first=nan, update_norm_last=nan, update_norm_mean=nan,
+                         clip_fraction=nan, sharpness=None, seconds=0.0)
 
     def reduction(self, first: Arm, second: Arm) -> ClaimCheck:
         """Train two arms for a few rounds with the same seed; they must give the same bits."""

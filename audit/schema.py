@@ -21,6 +21,12 @@ from audit.errors import UserInputError
 
 T = TypeVar("T")
 
+#: longest list any field accepts unless its metadata says otherwise (a config is not a data file)
+MAX_LIST = 10_000
+#: largest integer a field accepts unless its metadata says otherwise: counts of iterations,
+#: queries, epochs … beyond this are typos, and refusing them beats a run that never ends
+MAX_INT = 1_000_000
+
 
 def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
@@ -99,7 +105,7 @@ def coerce(tp: Any, value: Any, path: str, metadata: typing.Mapping[str, Any] | 
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise UserInputError(f"{path}: must be an integer, got {value!r}")
-        _check_range(value, metadata, path)
+        _check_range(value, {"max": MAX_INT, **metadata}, path)
         return value
     if tp is float:
         if isinstance(value, str):  # YAML 1.1 reads 1e-5 (no dot) as a string
@@ -112,6 +118,8 @@ def coerce(tp: Any, value: Any, path: str, metadata: typing.Mapping[str, Any] | 
         value = float(value)
         if math.isnan(value):
             raise UserInputError(f"{path}: must be a number, got NaN")
+        if math.isinf(value) and not metadata.get("allow_inf"):
+            raise UserInputError(f"{path}: must be a finite number, got {value}")
         _check_range(value, metadata, path)
         return value
     if tp is str:
@@ -127,6 +135,10 @@ def coerce(tp: Any, value: Any, path: str, metadata: typing.Mapping[str, Any] | 
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
             raise UserInputError(f"{path}: must be a list, got {value!r}")
+        if len(value) < metadata.get("min_length", 0):
+            raise UserInputError(f"{path}: must list at least {metadata['min_length']} value(s), got an empty list")
+        if len(value) > metadata.get("max_length", MAX_LIST):
+            raise UserInputError(f"{path}: at most {metadata.get('max_length', MAX_LIST)} values, got {len(value)}")
         item_type = get_args(tp)[0]
         items = [coerce(item_type, v, f"{path}[{i}]", metadata) for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
@@ -168,6 +180,50 @@ def to_mapping(instance: Any) -> Any:
     return instance
 
 
+def describe_range(metadata: typing.Mapping[str, Any], tp: Any = None) -> str:
+    """The documented range of a numeric field, e.g. ``1 ≤ x ≤ 100000`` or ``x > 0`` ('' if none)."""
+    low, high = metadata.get("min"), metadata.get("max")
+    if high is None and _is_int(tp):
+        high = MAX_INT
+    parts = []
+    if low is not None:
+        parts.append(f"{_number(low)} {'<' if metadata.get('min_exclusive') else '≤'} ")
+    parts.append("x")
+    if high is not None:
+        parts.append(f" {'<' if metadata.get('max_exclusive') else '≤'} {_number(high)}")
+    text = "".join(parts)
+    return "" if text == "x" else text
+
+
+def _is_int(tp: Any) -> bool:
+    return tp is int or (get_origin(tp) in (Union, types.UnionType, list) and any(_is_int(a) for a in get_args(tp)))
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() and abs(value) < 1e21 else f"{value:g}"
+
+
+def field_reference(cls: type, path: str = "") -> list[dict[str, Any]]:
+    """Every field of ``cls`` and its nested dataclasses: path, type, default, range, help."""
+    hints = get_type_hints(cls)
+    rows = []
+    for spec in dataclasses.fields(cls):
+        tp = hints[spec.name]
+        full = _join(path, spec.name)
+        nested = next((a for a in (tp, *get_args(tp)) if dataclasses.is_dataclass(a)), None)
+        if nested is not None and get_origin(tp) is not list:
+            rows.extend(field_reference(nested, full))
+            continue
+        default = spec.default if spec.default is not dataclasses.MISSING else (
+            spec.default_factory() if spec.default_factory is not dataclasses.MISSING else None)
+        rows.append({"field": full + ("[]" if get_origin(tp) is list and nested else ""), "type": describe(tp),
+                     "default": to_mapping(default), "range": describe_range(spec.metadata, tp),
+                     "help": spec.metadata.get("help", "")})
+        if nested is not None:
+            rows.extend(field_reference(nested, full + "[]"))
+    return rows
+
+
 def field_help(cls: type) -> list[tuple[str, str, Any, str]]:
     """(name, type description, default, help) of each field, for documentation and ``list``."""
     hints = get_type_hints(cls)
@@ -175,5 +231,7 @@ def field_help(cls: type) -> list[tuple[str, str, Any, str]]:
     for spec in dataclasses.fields(cls):
         default = spec.default if spec.default is not dataclasses.MISSING else (
             spec.default_factory() if spec.default_factory is not dataclasses.MISSING else None)
-        rows.append((spec.name, describe(hints[spec.name]), to_mapping(default), spec.metadata.get("help", "")))
+        span = describe_range(spec.metadata, hints[spec.name])
+        rows.append((spec.name, describe(hints[spec.name]) + (f", {span}" if span else ""), to_mapping(default),
+                     spec.metadata.get("help", "")))
     return rows

@@ -19,18 +19,41 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from audit.atomic import dumps
+from audit.errors import UserInputError
+
+_RUN_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}")
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a stored file could not be read, in a few words (one line, cut short)."""
+    if isinstance(exc, FileNotFoundError):
+        return "missing"
+    if isinstance(exc, IsADirectoryError):
+        return "a folder, not a file"
+    if isinstance(exc, UnicodeDecodeError):
+        return "not UTF-8 text"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}"
+    if isinstance(exc, EOFError):
+        return "empty or truncated"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 160 else text[:157] + "..."
 
 
 class RunStore:
@@ -39,6 +62,9 @@ class RunStore:
         self.runs = self.root / "runs"
 
     def path(self, run_id: str) -> Path:
+        # run ids are built from slugs (audit.safe_names); one that is not would step out of runs/
+        if not _RUN_ID.fullmatch(run_id):
+            raise ValueError(f"run id '{run_id}' is not a safe folder name")
         return self.runs / run_id
 
     def is_complete(self, run_id: str) -> bool:
@@ -57,6 +83,8 @@ class RunStore:
                 os.replace(staging, target)  # atomic on one file system; fails if target exists
             except OSError:
                 if not self.is_complete(run_id):
+                    if target.is_dir():  # a run folder without its manifest: not left by this code
+                        raise self.corrupted(run_id, "manifest.json", "missing") from None
                     raise
                 shutil.rmtree(staging, ignore_errors=True)  # another process finished it first
             return target
@@ -108,27 +136,74 @@ class RunStore:
 
         return self._commit(run_id, write)
 
+    def corrupted(self, run_id: str, file: str, reason: str) -> UserInputError:
+        """The one-line error for a stored run whose ``file`` cannot be read: name the folder and how
+        to discard it (a rerun of the same command retrains exactly the runs that are missing)."""
+        return UserInputError(f"stored run '{self.path(run_id)}' is corrupted ({file}: {reason}); "
+                              "delete that folder and rerun the same command to retrain it")
+
+    @contextmanager
+    def _reading(self, run_id: str, file: str) -> Iterator[None]:
+        """Turn a failure to read or parse ``file`` of stored run ``run_id`` into :meth:`corrupted`.
+        A file missing from a run folder that does not exist at all is a caller's error, re-raised."""
+        folder = self.path(run_id)
+        try:
+            yield
+        except FileNotFoundError as exc:
+            if not folder.is_dir():
+                raise
+            raise self.corrupted(run_id, file, _reason(exc)) from None
+        except PermissionError as exc:
+            raise UserInputError(f"stored run '{folder}' cannot be read ({file}: {exc.strerror or exc}); "
+                                 "check the folder's permissions") from None
+        except UserInputError:
+            raise
+        except (SafetensorError, ValueError, EOFError, OSError, RecursionError) as exc:  # ValueError: JSON, Unicode, numpy
+            raise self.corrupted(run_id, file, _reason(exc)) from None
+
     def load_manifest(self, run_id: str) -> dict[str, Any]:
-        with open(self.path(run_id) / "manifest.json", encoding="utf-8") as handle:
-            return json.load(handle)
+        with self._reading(run_id, "manifest.json"), open(self.path(run_id) / "manifest.json", encoding="utf-8") as handle:
+            manifest = json.load(handle)
+        if not isinstance(manifest, dict):
+            raise self.corrupted(run_id, "manifest.json", "not a JSON object")
+        return manifest
 
     def load_params(self, run_id: str, device: str = "cpu") -> dict[str, torch.Tensor]:
-        return load_file(str(self.path(run_id) / "model.safetensors"), device=device)
+        with self._reading(run_id, "model.safetensors"):
+            return load_file(str(self.path(run_id) / "model.safetensors"), device=device)
 
     def load_membership(self, run_id: str) -> np.ndarray:
-        return np.load(self.path(run_id) / "membership.npy", allow_pickle=False)
+        with self._reading(run_id, "membership.npy"):
+            membership = np.load(self.path(run_id) / "membership.npy", allow_pickle=False)
+        if membership.ndim != 1 or not np.issubdtype(membership.dtype, np.integer):
+            raise self.corrupted(run_id, "membership.npy", f"not a list of indices (a {membership.dtype} array "
+                                                           f"of shape {membership.shape})")
+        return membership
 
     def load_metrics(self, run_id: str) -> list[dict[str, Any]]:
-        with open(self.path(run_id) / "metrics.jsonl", encoding="utf-8") as handle:
-            return [json.loads(line) for line in handle if line.strip()]
+        rows = []
+        with self._reading(run_id, "metrics.jsonl"), open(self.path(run_id) / "metrics.jsonl", encoding="utf-8") as handle:
+            for number, line in enumerate(handle, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise self.corrupted(run_id, "metrics.jsonl", f"line {number} is not valid JSON ({exc.msg} at column {exc.colno})") from None
+                if not isinstance(row, dict):
+                    raise self.corrupted(run_id, "metrics.jsonl", f"line {number} is not a JSON object")
+                rows.append(row)
+        return rows
 
     def load_tensors(self, run_id: str, name: str) -> dict[str, torch.Tensor]:
         path = self.path(run_id) / f"{name}.safetensors"
-        return load_file(str(path)) if path.is_file() else {}
+        with self._reading(run_id, path.name):
+            return load_file(str(path)) if path.is_file() else {}
 
     def load_tensor(self, run_id: str, name: str, key: str, device: str = "cpu") -> torch.Tensor:
         """One tensor of a stored file, read without loading the others (e.g. one round's global model)."""
-        with safe_open(str(self.path(run_id) / f"{name}.safetensors"), framework="pt", device=device) as handle:
+        with self._reading(run_id, f"{name}.safetensors"), \
+                safe_open(str(self.path(run_id) / f"{name}.safetensors"), framework="pt", device=device) as handle:
             return handle.get_tensor(key)
 
     def clean_staging(self) -> None:

@@ -131,10 +131,15 @@ def build_results(plan: Plan, store: RunStore, attack_results: dict[str, list[At
     experiments = []
     for experiment in plan.experiments:
         ids = plan.run_ids[experiment.key]
-        manifests = [store.load_manifest(rid) for rid in ids]
-        metrics = [store.load_metrics(rid) for rid in ids]
+        diverged = plan.diverged.get(experiment.key)
+        # a diverged experiment is a result without a model: no utility, curves or diagnostics
+        # (its finished runs alone would misstate it), its attacks listed as skipped
+        manifests = [] if diverged else [store.load_manifest(rid) for rid in ids]
+        metrics = [] if diverged else [store.load_metrics(rid) for rid in ids]
         claim = trained_claim(plan, store, experiment)
         attacks, soundness, soundness_text = _with_verdicts(claim, [_attack_entry(r) for r in attack_results.get(experiment.key, [])])
+        if diverged:
+            soundness_text = f"training diverged at round {diverged['round']}: nothing was measured"
         experiments.append({
             "key": experiment.key,
             "label": experiment.label,
@@ -157,6 +162,8 @@ def build_results(plan: Plan, store: RunStore, attack_results: dict[str, list[At
             "skipped_attacks": plan.skipped.get(experiment.key, []),
             "runs": ids,
             "canary_runs": {label: runs for (key, label), runs in plan.canary_ids.items() if key == experiment.key},
+            "status": "diverged" if diverged else "completed",
+            **({"diverged": dict(diverged)} if diverged else {}),
         })
     model = task.model_factory()
     document = {
@@ -183,5 +190,20 @@ def build_results(plan: Plan, store: RunStore, attack_results: dict[str, list[At
         "versions": provenance.versions(),
         "experiments": experiments,
     }
-    document["rows"] = rows_from_results(document)
+    document["rows"] = divergence_rows(document, rows_from_results(document))
     return document
+
+
+def divergence_rows(document: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tidy rows with, after a diverged experiment's own rows, two saying where it diverged:
+    attack ``training``, metrics ``diverged_run`` (the membership run) and ``diverged_at_round``."""
+    diverged = {e["key"]: e["diverged"] for e in document["experiments"] if e.get("status") == "diverged"}
+    out: list[dict[str, Any]] = []
+    for i, row in enumerate(rows):
+        out.append(row)
+        last = i + 1 == len(rows) or rows[i + 1]["run"] != row["run"]
+        if last and row["run"] in diverged:
+            entry = diverged.pop(row["run"])
+            for metric, value in (("diverged_run", entry["run"]), ("diverged_at_round", entry["round"])):
+                out.append({**row, "attack": "training", "metric": metric, "value": value, "ci_low": None, "ci_high": None})
+    return out

@@ -226,9 +226,14 @@ def compute_epsilon(
     if schedule.neighboring_relation is not NeighborRel.ADD_OR_REMOVE_ONE:
         raise UserInputError("accountant: 'pld' supports Poisson sampling only; use accountant 'rdp' for fixed-size sampling")
     pld = pld_privacy_accountant.PLDAccountant(NeighborRel.ADD_OR_REMOVE_ONE)
-    with quiet_absl():
-        pld.compose(schedule.round_event(), schedule.steps)
-        eps = float(pld.get_epsilon(delta))
+    try:
+        with quiet_absl():
+            pld.compose(schedule.round_event(), schedule.steps)
+            eps = float(pld.get_epsilon(delta))
+    except (ValueError, OverflowError, MemoryError) as exc:
+        # dp-accounting discretises the privacy loss on a grid; tiny σ makes that grid explode
+        raise UserInputError(f"noise: σ = {schedule.noise_multiplier:g} is beyond the PLD accountant "
+                             f"({type(exc).__name__}: {exc}); use accountant 'rdp' or a larger σ") from None
     return EpsilonReport(eps, delta, "pld", None, None, accountant_label("pld", conversion))
 
 

@@ -29,9 +29,11 @@ from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
 from defenses.claims import AdversaryClaim, gaussian_round_epsilon
 from defenses.engine import (
     TrainingConfig,
+    TrainingDiverged,
     TrainingJob,
     TrainingOutcome,
     chunk_size,
+    divergence,
     optimizer_settings,
 )
 from defenses.evaluation import evaluate
@@ -185,6 +187,9 @@ class AEDPFL(Defense):
         for start in range(0, agents, size):
             chunk = order[start:start + size]
             local = trainer(model, LocalObjective(), initial, schedule.select(chunk), job.pool_x, job.pool_y, sgd)
+            what = divergence(local)
+            if what is not None:  # the agents' votes would be argmaxes of NaN
+                raise TrainingDiverged(1, f"{what} of the agents' local models")
             predictions[start:start + len(chunk)] = self.predict(model, local, query_x)
 
         # 3. noisy votes, summed under secure aggregation
@@ -209,6 +214,10 @@ class AEDPFL(Defense):
                "noiseless_vote_accuracy": float((clean.argmax(1) == query_y).double().mean()),
                "test_loss": test_loss, "test_accuracy": test_accuracy, "train_loss": train_loss,
                "train_accuracy": train_accuracy, "epsilon": claim.epsilon}
+        what = divergence(final, row, ("train_loss",) * bool(len(members)) + ("test_loss",) * bool(len(held_out)))
+        if what is not None:
+            row["diverged"] = what
+            raise TrainingDiverged(1, what, [row])
         view = {"round_0001/votes": noisy.float()} if job.record.wants_uploads(1, 1) else {}
         globals_ = {"round_0001": layout.flatten(final)} if job.record.wants_global(1, 1) else {}
         return TrainingOutcome(final, layout, [row], claim, view, globals_)

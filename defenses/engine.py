@@ -11,7 +11,9 @@ One round (McMahan et al. 2017, FedAvg; 2018, DP-FedAvg Alg. 1):
 4. the defense aggregates the uploads (:meth:`Defense.aggregate`, a mean by default) and the
    server steps w ← w + η_g · aggregate;
 5. metrics: pre-clip update norms, clip fraction, test loss/accuracy, ε so far; and the
-   server view (uploads and global models of the rounds and clients chosen for recording).
+   server view (uploads and global models of the rounds and clients chosen for recording);
+6. divergence: a non-finite global model (or a non-finite loss in an evaluated round) stops
+   the run with :class:`TrainingDiverged` naming the round (a result the pipeline records).
 
 Randomness: the participants of round t come from stream ``(seed, "round", t, "sampling")``,
 client i's batches from the keyed Philox stream ``(seed, "round", t, "client", i, "batches")``
@@ -44,15 +46,15 @@ if TYPE_CHECKING:
 class TrainingConfig:
     """Federated training settings shared by all defenses (a defense may override some per entry)."""
 
-    rounds: int = field(default=30, metadata={"min": 1, "help": "federated rounds T"})
+    rounds: int = field(default=30, metadata={"min": 1, "max": 100_000, "help": "federated rounds T"})
     sampling: Literal["poisson", "fixed"] = field(
         default="poisson", metadata={"help": "client sampling: Poisson(q) or a fixed-size sample without replacement"})
     client_rate: float = field(default=1.0, metadata={"min": 0.0, "min_exclusive": True, "max": 1.0,
                                                       "help": "q: Poisson rate, or m/N for fixed-size sampling"})
-    clients_per_round: int | None = field(default=None, metadata={"min": 1, "help": "m for fixed-size sampling (overrides client_rate)"})
+    clients_per_round: int | None = field(default=None, metadata={"min": 1, "max": 100_000, "help": "m for fixed-size sampling (overrides client_rate)"})
     local_unit: Literal["epochs", "iterations"] = field(default="epochs", metadata={"help": "what local_steps counts"})
-    local_steps: int = field(default=1, metadata={"min": 1, "help": "local epochs or SGD iterations per round"})
-    batch_size: int = field(default=10, metadata={"min": 1})
+    local_steps: int = field(default=1, metadata={"min": 1, "max": 100_000, "help": "local epochs or SGD iterations per round"})
+    batch_size: int = field(default=10, metadata={"min": 1, "max": 1_000_000})
     lr: float = field(default=0.1, metadata={"min": 0.0, "min_exclusive": True, "help": "client learning rate η_l"})
     lr_decay: float = field(default=1.0, metadata={"min": 0.0, "min_exclusive": True, "max": 1.0,
                                                    "help": "η_l(t) = lr · lr_decay^t"})
@@ -64,8 +66,8 @@ class TrainingConfig:
         default="uniform", metadata={"help": "mean of uploads: uniform 1/|P_t| or weighted by client size"})
     engine: Literal["batched", "loop"] = field(
         default="batched", metadata={"help": "batched torch.func clients, or the per-client reference loop"})
-    client_chunk: int = field(default=0, metadata={"min": 0, "help": "clients per batched computation (0: automatic)"})
-    eval_every: int = field(default=1, metadata={"min": 1, "help": "evaluate the global model every k rounds (and at the end)"})
+    client_chunk: int = field(default=0, metadata={"min": 0, "max": 100_000, "help": "clients per batched computation (0: automatic)"})
+    eval_every: int = field(default=1, metadata={"min": 1, "max": 100_000, "help": "evaluate the global model every k rounds (and at the end)"})
 
     def round_size(self, num_clients: int) -> int:
         """m for fixed-size sampling."""
@@ -187,6 +189,39 @@ class RunState:
     metrics: list[dict[str, Any]] = field(default_factory=list)
     server_view: dict[str, torch.Tensor] = field(default_factory=dict)
     global_models: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class TrainingDiverged(RuntimeError):
+    """A run's training produced non-finite numbers (parameters, or a loss where one is computed).
+
+    Training stops at the round where it is detected (``round``, 1-based) instead of carrying NaN
+    through the remaining rounds; ``what`` says what was non-finite and ``metrics`` holds the
+    per-round metrics up to and including that round. A result, not a crash: the caller records
+    the run as diverged and skips what would have used it.
+    """
+
+    def __init__(self, round_number: int, what: str, metrics: list[dict[str, Any]] | None = None):
+        super().__init__(f"training diverged at round {round_number} ({what})")
+        self.round = round_number
+        self.what = what
+        self.metrics = list(metrics or [])
+
+
+LOSS_NAMES = {"train_loss": "training loss", "test_loss": "test loss"}
+
+
+def divergence(params: torch.Tensor | dict[str, torch.Tensor], row: dict[str, Any] | None = None,
+               losses: tuple[str, ...] = ()) -> str | None:
+    """What is non-finite after a round — the global parameters (a flat vector or a parameter dict),
+    or one of the ``losses`` named in the round's metrics ``row`` — or None when all is finite."""
+    tensors = params.values() if isinstance(params, dict) else (params,)
+    if not all(bool(torch.isfinite(t).all()) for t in tensors):
+        return "non-finite parameters"
+    for name in losses:
+        value = (row or {}).get(name)
+        if value is not None and not math.isfinite(value):
+            return f"non-finite {LOSS_NAMES.get(name, name)}"
+    return None
 
 
 @dataclass
@@ -398,13 +433,18 @@ class FederatedEngine:
         if job.record.wants_global(round_number, total):
             state.global_models[f"round_{round_number:04d}"] = state.global_vector.clone()
         state.metrics.append(row)
+        # an empty evaluation set gives a NaN loss that is no divergence
+        losses = (("train_loss",) if len(state.members) else ()) + \
+            (("test_loss",) if state.test_y is not None and len(state.test_y) else ())
+        what = divergence(state.global_vector, row, losses)
+        if what is not None:  # stop here: the remaining rounds would only carry NaN
+            row["diverged"] = what
+            raise TrainingDiverged(round_number, what, state.metrics)
 
     def outcome(self, state: RunState) -> TrainingOutcome:
         job, training = self.job, self.job.training
         claim = self.defense.privacy_claim(training, len(job.clients), training.rounds, job.delta, job.accounting)
         final = {n: v.clone() for n, v in state.layout.unflatten(state.global_vector).items()}
-        if not math.isfinite(float(state.global_vector.abs().max())):
-            state.metrics[-1]["diverged"] = True
         return TrainingOutcome(final, state.layout, state.metrics, claim, state.server_view, state.global_models)
 
     def run(self, on_round: Callable[[int, int, dict[str, Any]], None] | None = None) -> TrainingOutcome:
@@ -412,7 +452,8 @@ class FederatedEngine:
 
     def train_from(self, state: RunState, on_round: Callable[[int, int, dict[str, Any]], None] | None = None
                    ) -> TrainingOutcome:
-        """Every round of a started run, then its outcome."""
+        """Every round of a started run, then its outcome; raises :class:`TrainingDiverged` at the
+        first round that leaves a non-finite global model or loss."""
         total = self.job.training.rounds
         for t in range(total):
             ctx, row = self.begin_round(state, t)

@@ -26,6 +26,7 @@ from defenses.base import Defense
 from defenses.engine import (
     FederatedEngine,
     RoundContext,
+    TrainingDiverged,
     TrainingJob,
     TrainingOutcome,
     optimizer_settings,
@@ -85,21 +86,39 @@ def joint_local_updates(engines: list[FederatedEngine], contexts: list[RoundCont
     return result
 
 
+def _outcome_or_divergence(train: Callable[[], TrainingOutcome]) -> TrainingOutcome | TrainingDiverged:
+    try:
+        return train()
+    except TrainingDiverged as diverged:
+        return diverged
+
+
 def train_together(defense: Defense, jobs: list[TrainingJob],
-                   on_round: Callable[[int, int], None] | None = None) -> list[TrainingOutcome]:
-    """Train the runs ``jobs`` of ``defense``; outcomes in the order of ``jobs``."""
+                   on_round: Callable[[int, int], None] | None = None) -> list[TrainingOutcome | TrainingDiverged]:
+    """Train the runs ``jobs`` of ``defense``; outcomes in the order of ``jobs``. A run whose
+    training diverges stops at that round and gives its :class:`TrainingDiverged` in place of an
+    outcome; the other runs train on, unaffected (every row of a shared computation is its own)."""
     if not joinable(defense, jobs):
-        return [defense.train(job) for job in jobs]
+        return [_outcome_or_divergence(lambda job=job: defense.train(job)) for job in jobs]
     engines = [FederatedEngine(defense, job) for job in jobs]
     states = [engine.start() for engine in engines]
     if not engines[0].defense.local_objective().joins_runs:
-        return [engine.train_from(state) for engine, state in zip(engines, states)]
+        return [_outcome_or_divergence(lambda engine=engine, state=state: engine.train_from(state))
+                for engine, state in zip(engines, states)]
     total = jobs[0].training.rounds
+    stopped: dict[int, TrainingDiverged] = {}
     for t in range(total):
-        begun = [engine.begin_round(state, t) for engine, state in zip(engines, states)]
-        updates = joint_local_updates(engines, [ctx for ctx, _ in begun])
-        for engine, state, (ctx, row), delta in zip(engines, states, begun, updates):
-            engine.finish_round(state, t, ctx, delta, row)
+        live = [k for k in range(len(jobs)) if k not in stopped]
+        if not live:
+            break
+        begun = [engines[k].begin_round(states[k], t) for k in live]
+        updates = joint_local_updates([engines[k] for k in live], [ctx for ctx, _ in begun])
+        for k, (ctx, row), delta in zip(live, begun, updates):
+            try:
+                engines[k].finish_round(states[k], t, ctx, delta, row)
+            except TrainingDiverged as diverged:
+                stopped[k] = diverged
         if on_round is not None:
             on_round(t + 1, total)
-    return [engine.outcome(state) for engine, state in zip(engines, states)]
+    return [stopped[k] if k in stopped else engine.outcome(state)
+            for k, (engine, state) in enumerate(zip(engines, states))]

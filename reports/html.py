@@ -71,6 +71,11 @@ def summary_lines(document: dict[str, Any]) -> list[str]:
         lines.append(f"Soundness VIOLATION — {experiment['label']}: {experiment['soundness_text']}.")
     for experiment in warned:
         lines.append(f"Soundness warning — {experiment['label']}: {experiment['soundness_text']}.")
+    for experiment in experiments:
+        if experiment.get("status") == "diverged":
+            where = experiment["diverged"]
+            lines.append(f"Training diverged — {experiment['label']}: membership run {where['run']} stopped at round "
+                         f"{where['round']} ({where['what']}); its attacks were skipped.")
     checked = [e for e in experiments if e.get("soundness") == "consistent"]
     if not violated and checked:
         lines.append(f"No measured ε lower bound contradicts a claim: {len(checked)} of {len(experiments)} "
@@ -89,6 +94,8 @@ def summary_lines(document: dict[str, Any]) -> list[str]:
                       f"claims ({claim['epsilon']:.3g}, {claim['delta']:.1e})-DP per {claim['unit']} [{claim['accountant']}]"
                       + _observers_text(claim))
         acc_text = "accuracy n/a" if accuracy["value"] is None else f"test accuracy {100 * accuracy['value']:.1f} %"
+        if experiment.get("status") == "diverged":
+            acc_text = f"training diverged at round {experiment['diverged']['round']}"
         leak = _leak_metric(experiment)
         leak_text = "" if leak is None else f"; {leak[0]} AUC {leak[1]:.3f}"
         soundness = experiment.get("soundness")

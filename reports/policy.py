@@ -77,9 +77,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from audit.errors import UserInputError
+from audit.strict_yaml import read_yaml_file
 from reports.results import load_results as read_results
 
 POLICY_VERSIONS = (1,)
@@ -277,19 +276,12 @@ def parse_policy(document: Any, source: str = "policy") -> Policy:
 
 
 def load_policy(path: str | Path, option: str = "--policy") -> Policy:
-    """Read and validate a policy YAML file (``yaml.safe_load``)."""
+    """Read and validate a policy YAML file, strictly (:func:`audit.strict_yaml.read_yaml_file`: UTF-8
+    text only, no duplicate keys, no lone surrogates)."""
     path = Path(path)
     if not path.is_file():
         raise UserInputError(f"{option}: file '{path}' does not exist")
-    try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise UserInputError(f"{option}: '{path}' is not valid YAML: {problem}{where}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserInputError(f"{option}: cannot read '{path}': {exc}") from None
+    document = read_yaml_file(path, f"{option}: '{path}' is not valid YAML")
     return parse_policy(document, str(path))
 
 
@@ -623,6 +615,18 @@ def summary_line(outcomes: list[Outcome]) -> str:
     return f"check passed: all {tally[PASS]} checks hold{skipped}"
 
 
+def _check_junit_path(path: Path) -> None:
+    """``--junit FILE`` must name a file in a folder that exists: the check creates no folders
+    (the atomic writer would), so a typo cannot scatter files outside what the user named."""
+    if path.is_dir():
+        raise UserInputError(f"--junit: '{path}' is a directory; give a file name such as junit.xml")
+    folder = path.parent
+    if not folder.exists():
+        raise UserInputError(f"--junit: folder '{folder}' does not exist; create it or give a file in an existing folder")
+    if not folder.is_dir():
+        raise UserInputError(f"--junit: '{folder}' is not a folder; give a file in an existing folder")
+
+
 def check_command(results_path: str, policy_path: str, baseline_path: str | None = None,
                   junit_path: str | None = None, as_json: bool = False) -> bool:
     """``dpfl-audit check``: load and validate everything first (a :class:`UserInputError` leaves
@@ -631,11 +635,11 @@ def check_command(results_path: str, policy_path: str, baseline_path: str | None
     from audit.atomic import dumps, write_text
     from reports.junit import junit_xml
 
+    if junit_path is not None:
+        _check_junit_path(Path(junit_path))
     policy = load_policy(policy_path)
     results = load_results(results_path, "RESULTS")
     baseline = load_results(baseline_path, "--baseline") if baseline_path is not None else None
-    if junit_path is not None and Path(junit_path).is_dir():
-        raise UserInputError(f"--junit: '{junit_path}' is a directory; give a file name such as junit.xml")
     outcomes = evaluate_policy(policy, results, baseline)
     passed = not failing_rules(outcomes)
     if junit_path is not None:

@@ -13,7 +13,9 @@ cells.
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,11 @@ from audit.atomic import dumps, write_text
 from audit.errors import UserInputError
 
 SCHEMA_VERSION = "2.1"  # reports/schema/results.schema.json describes it
+#: the versions ``load_results`` reads: only the one this code writes. 1.x is another layout; 2.0
+#: lacks the claims per observer (the claim's ``relation``, ``adversary``, ``adversaries``), which
+#: the HTML report needs. Any other version is refused rather than misread.
+READABLE_SCHEMA_VERSIONS = (SCHEMA_VERSION,)
+SCHEMA_FILE = Path(__file__).with_name("schema") / "results.schema.json"
 COLUMNS = ["run", "dataset", "defense", "label", "epsilon", "delta", "unit", "accountant", "seed",
            "attack", "metric", "value", "ci_low", "ci_high"]
 
@@ -62,24 +69,125 @@ def write_results(document: dict[str, Any], out: Path) -> dict[str, str]:
     return {"results_csv": str(csv_path), "results_json": str(json_path)}
 
 
+def _read_json(file: Path, option: str) -> Any:
+    """A stored JSON file, strictly: UTF-8 text holding one JSON value; any failure is one line."""
+    try:
+        text = file.read_bytes().decode("utf-8")
+        return json.loads(text)
+    except OSError as exc:
+        raise UserInputError(f"{option}: cannot read '{file}' ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise UserInputError(f"{option}: '{file}' is not UTF-8 text (byte {exc.start} is 0x{exc.object[exc.start]:02x}); "
+                             "is it a file written by `dpfl-audit run`?") from None
+    except json.JSONDecodeError as exc:
+        raise UserInputError(f"{option}: '{file}' is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+    except RecursionError:
+        raise UserInputError(f"{option}: '{file}' is not a readable JSON document: nested too deeply") from None
+
+
+def _json_path(parts) -> str:
+    """``experiments[0].attacks[2].metrics['tpr_at_fpr_1%'].value`` from a path of keys and indices."""
+    text = ""
+    for part in parts:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", part):
+            text += f".{part}" if text else part
+        else:
+            text += f"[{part!r}]"
+    return text or "the document"
+
+
+def _shown(value: Any) -> str:
+    """A value as an error message shows it: scalars literally (strings quoted, cut short), containers by kind."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return repr(value) if len(value) <= 60 else repr(value[:57] + "...")
+    return "a list" if isinstance(value, list) else "an object" if isinstance(value, dict) else type(value).__name__
+
+
+_TYPE_NAMES = {"number": "a number", "integer": "an integer", "string": "a string", "array": "a list",
+               "object": "an object", "boolean": "true or false", "null": "null"}
+
+
+def _schema_problem(error) -> str:
+    """One ``jsonschema`` error as ``<JSON path>: <what is wrong; allowed values>``."""
+    parts, kind, expected, value = list(error.absolute_path), error.validator, error.validator_value, error.instance
+    if kind == "type":
+        names = [expected] if isinstance(expected, str) else list(expected)
+        return f"{_json_path(parts)}: must be {' or '.join(_TYPE_NAMES.get(n, n) for n in names)}, got {_shown(value)}"
+    if kind == "required":
+        missing = next(name for name in expected if name not in value)
+        return f"{_json_path([*parts, missing])}: missing"
+    if kind == "additionalProperties" and expected is False:
+        allowed = list(error.schema.get("properties", {}))
+        extra = next(name for name in value if name not in allowed)
+        return f"{_json_path([*parts, extra])}: unknown field; allowed: {', '.join(allowed)}"
+    if kind == "const":
+        return f"{_json_path(parts)}: {_shown(value)} is not allowed; allowed: {_shown(expected)}"
+    if kind == "enum":
+        return f"{_json_path(parts)}: {_shown(value)} is not allowed; allowed: {', '.join(str(v) for v in expected)}"
+    if kind in ("minimum", "maximum"):
+        return f"{_json_path(parts)}: must be {'>=' if kind == 'minimum' else '<='} {expected:g}, got {_shown(value)}"
+    return f"{_json_path(parts)}: {' '.join(error.message.split())[:200]}"
+
+
+@functools.cache
+def _validator(version: str):
+    """A JSON Schema validator of results.json ``version`` (one of :data:`READABLE_SCHEMA_VERSIONS`)."""
+    import jsonschema
+
+    schema = json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
+    schema["properties"]["schema_version"] = {"const": version}
+    return jsonschema.Draft202012Validator(schema)
+
+
+def validate_results(document: Any, where: str) -> None:
+    """Refuse a results.json document this code cannot read as written: an unknown or missing
+    ``schema_version`` (the readable ones: :data:`READABLE_SCHEMA_VERSIONS`) or anything the schema
+    in ``reports/schema`` does not allow (a number given as a string, a missing field, ...).
+    The :class:`UserInputError` names ``where`` and the JSON path of the offending field."""
+    allowed = ", ".join(repr(v) for v in READABLE_SCHEMA_VERSIONS)
+    version = document.get("schema_version") if isinstance(document, dict) else None
+    if version is None:
+        raise UserInputError(f"{where}: schema_version: missing; allowed: {allowed} (is it the results.json of `dpfl-audit run`?)")
+    if not isinstance(version, str) or version not in READABLE_SCHEMA_VERSIONS:
+        raise UserInputError(f"{where}: schema_version: {_shown(version)} is not supported; allowed: {allowed} "
+                             "(rerun the audit with this version of dpfl-audit)")
+    # the shallowest problem, the first in the document among equally deep ones
+    error = min(_validator(version).iter_errors(document), default=None,
+                key=lambda e: (len(e.absolute_path), [(isinstance(p, str), p) for p in e.absolute_path]))
+    if error is not None:
+        raise UserInputError(f"{where}: {_schema_problem(error)}")
+
+
 def load_results(path: str | Path, option: str = "results") -> tuple[dict[str, Any], dict[str, Any], Path]:
     """(results.json document, manifest.json or {}, results folder) from a `dpfl-audit run` output
-    folder or its results.json. Bad input raises :class:`UserInputError` naming ``option``."""
+    folder or its results.json, both read strictly (:func:`validate_results`). Bad input raises
+    :class:`UserInputError` naming ``option``, the file and the offending field."""
     path = Path(path)
     file = path / "results.json" if path.is_dir() else path
     if not file.is_file():
         missing = f"no results.json in directory '{path}'" if path.is_dir() else f"'{path}' does not exist"
         raise UserInputError(f"{option}: {missing}; give an output directory of `dpfl-audit run` or its results.json")
-    try:
-        document = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserInputError(f"{option}: '{file}' is not a readable JSON document: {exc}") from None
+    document = _read_json(file, option)
     experiments = document.get("experiments") if isinstance(document, dict) else None
     if not isinstance(experiments, list):
         raise UserInputError(f"{option}: '{file}' has no 'experiments' list; is it the results.json of `dpfl-audit run`?")
     for i, experiment in enumerate(experiments):
         if not isinstance(experiment, dict) or not isinstance(experiment.get("key"), str):
             raise UserInputError(f"{option}: '{file}': experiments[{i}] has no 'key'; is it the results.json of `dpfl-audit run`?")
+    validate_results(document, f"{option}: '{file}'")
     manifest_file = file.parent / "manifest.json"
-    manifest = json.loads(manifest_file.read_text(encoding="utf-8")) if manifest_file.is_file() else {}
+    manifest = _read_json(manifest_file, option) if manifest_file.is_file() else {}
+    if not isinstance(manifest, dict):
+        raise UserInputError(f"{option}: '{manifest_file}': must be an object, got {_shown(manifest)}")
+    for key in ("versions", "machine"):
+        if not isinstance(manifest.get(key, {}), dict):
+            raise UserInputError(f"{option}: '{manifest_file}': {key}: must be an object, got {_shown(manifest[key])}")
     return document, manifest, file.parent

@@ -71,12 +71,34 @@ def default_experiments() -> list[dict]:
                        auc=(0.507, 0.47, 0.54))]
 
 
+def _stored(experiment: dict) -> dict:
+    """``experiment`` with the members results.json always has that the checker does not read
+    (claim per observer, ROC, figures, curves, diagnostics), as ``load_results`` demands them."""
+    experiment = json.loads(json.dumps(experiment))
+    claim = experiment["claim"]
+    claim.setdefault("mechanism", "")
+    claim.setdefault("notes", "")
+    claim.setdefault("relation", "add-remove" if claim["epsilon"] is not None else "none")
+    claim.setdefault("adversary", "released")
+    claim.setdefault("adversaries", [])
+    for attack in experiment["attacks"]:
+        if attack.get("kind") in ("membership", "canary"):
+            attack["metrics"].setdefault("tpr_at_fpr_0.1%", estimate(0.0, 0.0, 0.05))
+        attack.setdefault("roc", {"fpr": [], "tpr": []})
+        attack.setdefault("figures", [])
+    for key, empty in (("rounds", []), ("diagnostics", {}), ("runs", [])):
+        experiment.setdefault(key, empty)
+    return experiment
+
+
 def write_results(folder: Path, experiments: list[dict]) -> Path:
-    """A results directory holding a minimal valid results.json."""
+    """A results directory holding a minimal valid results.json (schema_version 2.1)."""
     folder.mkdir(parents=True, exist_ok=True)
-    document = {"schema_version": "1.0", "tool": {"name": "dpfl-audit", "version": "0.1.0"},
-                "audit": {"name": "test", "seed": 0, "dataset": "digits"}, "config": {}, "experiments": experiments,
-                "rows": []}
+    audit = {"name": "test", "seed": 0, "dataset": "digits", "kind": "image", "pool_size": 400, "test_size": 200,
+             "clients": 5, "model": "mlp", "membership_runs": 8, "membership_unit": "client", "accounting": {},
+             "metric_definitions": {}}
+    document = {"schema_version": "2.1", "tool": {"name": "dpfl-audit", "version": "0.1.0"}, "audit": audit,
+                "config": {}, "experiments": [_stored(e) for e in experiments], "rows": []}
     (folder / "results.json").write_text(json.dumps(document, indent=2), encoding="utf-8")
     return folder
 
@@ -310,6 +332,7 @@ def test_junit_is_well_formed_with_one_testcase_per_outcome(tmp_path, capsys):
                              {"kind": "no-regression", "metric": "auc"}]  # one skipped outcome: no baseline
     policy = write_policy(tmp_path / "policy.yaml", rules)
     junit = tmp_path / "reports" / "junit.xml"
+    junit.parent.mkdir()  # --junit creates no folders
     assert main(["check", str(results), "--policy", str(policy), "--junit", str(junit)]) == 1
     suite = ET.parse(junit).getroot()
     cases = suite.findall("testcase")

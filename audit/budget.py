@@ -1,0 +1,190 @@
+"""What an audit will cost, estimated before anything is trained, and the refusal when it is too much.
+
+The estimate counts the training an audit must do — every membership run, canary run and side
+run of every experiment: rounds × participating clients × local examples — at the model's
+measured FLOPs per example (forward ×3 for forward and backward, counted by
+``torch.utils.flop_counter``), and divides by this machine's measured matrix-multiply peak. Real
+training of small models reaches a few per cent of that peak (see ``benchmarks/README.md``), and
+defense-specific work (SAM's second pass, FL-TOP's reconstruction) is not counted, so the time is
+a **lower bound**: an audit refused here could not have finished within the budget.
+
+Memory and disk are estimated from what the runs keep: the recorded global models and uploads
+of one run in memory (all runs of an experiment may train together), and every run's files on
+disk. An estimate above the machine's memory or the free disk space of the output folder is
+refused too. None of this is a guess at a limit: the user raises ``--max-hours`` when a long
+audit is intended.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from audit.errors import UserInputError
+
+if TYPE_CHECKING:
+    from audit.pipeline import Experiment, Plan
+
+#: default of ``--max-hours``: a day of training at the machine's peak is no typo-sized audit
+DEFAULT_MAX_HOURS = 24.0
+_BYTES = 4  # float32 parameters
+
+
+@dataclass(frozen=True)
+class Estimate:
+    trainings: int  # federated trainings (membership, canary and side runs)
+    examples: float  # training examples processed (forward and backward), all trainings
+    flops: float  # training FLOPs, a lower bound
+    peak_flops: float  # this machine's measured fp32 matrix-multiply rate (FLOP/s)
+    stored_bytes: float  # run files written
+    memory_bytes: float  # recorded views held at once, plus the data
+
+    @property
+    def hours(self) -> float:
+        """Training time at the measured peak: a lower bound on the audit's time."""
+        return self.flops / self.peak_flops / 3600
+
+    def describe(self) -> str:
+        return (f"{self.trainings} trainings, {self.examples:.3g} training examples, {self.flops:.3g} FLOP "
+                f"(≥ {_duration(self.hours * 3600)} at this machine's {self.peak_flops / 1e9:.0f} GFLOP/s peak), "
+                f"{_size(self.stored_bytes)} of runs stored")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.3g} h"
+
+
+def _size(size: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if size < 1000 or unit == "TB":
+            return f"{size:.3g} {unit}"
+        size /= 1000
+    return f"{size:.3g} TB"
+
+
+def forward_flops(model: torch.nn.Module, input_shape: tuple[int, ...]) -> float:
+    """FLOPs of one example's forward pass (counted by torch; 2 × parameters if it cannot count)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    params = sum(p.numel() for p in model.parameters())
+    try:
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            model(torch.zeros((1, *input_shape)))
+        counted = float(counter.get_total_flops())
+    except Exception:  # a user's model the counter cannot trace: fall back to the dense estimate
+        counted = 0.0
+    return max(counted, 2.0 * params)
+
+
+def matmul_peak(device: str = "cpu", size: int = 1024) -> float:
+    """Measured fp32 matrix-multiply rate (FLOP/s): best of a few products on ``device``."""
+    a = torch.ones(size, size, device=device)
+    best = math.inf
+    for _ in range(5):
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        a @ a
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - started)
+    return 2.0 * size**3 / max(best, 1e-9)
+
+
+def _rounds_recorded(selection, total: int) -> int:
+    if selection == "all":
+        return total
+    if selection == "none":
+        return 0
+    if selection == "final":
+        return 1
+    return len(set(selection))
+
+
+def _canary_trainings(plan: Plan) -> int:
+    return sum(int(getattr(audit.params, "runs", 1)) for audit in plan.canary_audits)
+
+
+def _run_examples(experiment: Experiment, records: float, clients: int) -> float:
+    """Examples one training of ``experiment`` processes: local training, plus evaluation passes
+    (a forward pass, a third of a training example) every ``eval_every`` rounds."""
+    training = experiment.training
+    per_round = training.round_size(clients) if training.sampling == "fixed" else training.client_rate * clients
+    if training.local_unit == "epochs":
+        local = training.local_steps * records * per_round / max(clients, 1)
+    else:
+        local = training.local_steps * training.batch_size * per_round
+    evaluations = math.ceil(training.rounds / training.eval_every)
+    return training.rounds * local + evaluations * records / 3
+
+
+def estimate(plan: Plan) -> Estimate:
+    """The cost of ``plan``'s training, before any of it runs."""
+    config, task = plan.config, plan.task
+    model = task.model_factory()
+    params = sum(p.numel() for p in model.parameters())
+    per_example = 3.0 * forward_flops(model, tuple(task.pool.features.shape[1:]))
+    clients = config.partition.clients
+    runs = config.membership.runs
+    records = float(np.mean([sum(len(c) for c in run) for run in plan.clients])) if plan.clients else 0.0
+    others = _canary_trainings(plan) + sum(1 for a in plan.attacks if a.kind == "run")
+    examples = stored = held = 0.0
+    for experiment in plan.experiments:
+        total = experiment.training.rounds
+        one = _run_examples(experiment, records, clients)
+        examples += (runs + others) * one
+        kept = 1 + _rounds_recorded(plan.record.global_rounds, total)
+        uploads = _rounds_recorded(plan.record.upload_rounds, total) * (
+            clients if plan.record.upload_clients == "all" else len(plan.record.upload_clients))
+        per_run = (kept + uploads) * params * _BYTES
+        stored += (runs + others) * per_run
+        held = max(held, runs * per_run)  # the runs of an experiment may train together
+    data = float(task.pool.features.numel() + task.test.features.numel()) * _BYTES
+    return Estimate(len(plan.experiments) * (runs + others), examples, examples * per_example,
+                    matmul_peak(config.device if config.device.startswith("cuda") else "cpu"), stored, held + data)
+
+
+def _free_disk(out: Path) -> float:
+    folder = out.resolve()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return float(shutil.disk_usage(folder).free)
+
+
+def _total_memory() -> float:
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return math.inf
+
+
+def check_budget(plan: Plan, out: str | os.PathLike, max_hours: float = DEFAULT_MAX_HOURS) -> Estimate:
+    """The plan's estimate, or a one-line :class:`UserInputError` when it exceeds ``max_hours``
+    (0: no limit), the machine's memory or the free disk space under ``out``."""
+    cost = estimate(plan)
+    hint = "lower training.rounds, membership.runs, partition.clients or local work"
+    if max_hours > 0 and cost.hours > max_hours:
+        raise UserInputError(f"plan: this audit needs at least {cost.hours:.3g} hours of training ({cost.describe()}), "
+                             f"more than --max-hours {max_hours:g}; {hint}, or raise --max-hours")
+    memory = _total_memory()
+    if cost.memory_bytes > memory:
+        raise UserInputError(f"plan: the runs' recorded views need about {_size(cost.memory_bytes)} of memory, more than this "
+                             f"machine's {_size(memory)}; record fewer rounds (record.global_rounds, record.upload_rounds) "
+                             "or fewer runs")
+    free = _free_disk(Path(out))
+    if cost.stored_bytes > free:
+        raise UserInputError(f"plan: the runs would store about {_size(cost.stored_bytes)}, more than the "
+                             f"{_size(free)} free under '{out}'; record fewer rounds or choose another --out")
+    return cost

@@ -1,0 +1,84 @@
+"""Read YAML a user wrote, strictly: UTF-8 text, no duplicate keys, valid Unicode.
+
+``yaml.safe_load`` builds no objects but is lenient where a silent guess changes an audit:
+a key given twice keeps the last value, and a ``"\\ud800"`` escape yields a string that
+cannot be written back out. Here both are one-line errors naming the source and line, as
+are files that are not UTF-8 text (binary, Latin-1, UTF-16).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from audit.errors import UserInputError
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate mapping keys and strings with lone surrogates."""
+
+    def construct_mapping(self, node, deep=False):  # type: ignore[override]
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                duplicate = key in seen
+            except TypeError:  # an unhashable key: SafeLoader reports it below
+                continue
+            if duplicate:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key '{key}' (first given on line {seen[key] + 1})", key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+    def construct_yaml_str(self, node):  # type: ignore[override]
+        value = super().construct_yaml_str(node)
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise yaml.constructor.ConstructorError(
+                None, None, "a string holds a lone surrogate (e.g. \\ud800), which is not valid Unicode",
+                node.start_mark) from None
+        return value
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:str", _StrictLoader.construct_yaml_str)
+
+
+def decode_text(data: bytes, source: str) -> str:
+    """``data`` as UTF-8 text (a UTF-8 byte-order mark is allowed), or a one-line error."""
+    if b"\x00" in data:
+        raise UserInputError(f"{source}: not a text file (it holds NUL bytes); expected UTF-8 YAML")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise UserInputError(f"{source}: not UTF-8 text (byte {exc.start} is 0x{data[exc.start]:02x}); "
+                             "save the file as UTF-8") from None
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """Parse ``text`` strictly; errors name ``source`` and the line."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}:" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise UserInputError(f"{source}:{where} {problem}") from None
+    except RecursionError:
+        raise UserInputError(f"{source}: nested too deeply") from None
+
+
+def read_yaml_file(path: str | Path, source: str | None = None) -> Any:
+    """Read and parse a user's YAML file strictly (missing file, bad encoding, bad YAML: one line)."""
+    file = Path(path)
+    source = source or str(path)
+    if not file.is_file():
+        raise UserInputError(f"{source}: file does not exist")
+    try:
+        data = file.read_bytes()
+    except OSError as exc:
+        raise UserInputError(f"{source}: cannot read ({exc.strerror})") from None
+    return parse_yaml(decode_text(data, source), source)

@@ -1,0 +1,213 @@
+"""Hostile and broken input (issue 15): nothing escapes --out, one line and exit 2, code only when allowed."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from audit.cli import main
+from audit.extensions import NO_PLUGINS_ENV
+from audit.safe_names import MAX_LENGTH, inside, is_safe, slug
+
+
+def tiny(training: str = "{rounds: 2, local_steps: 1, batch_size: 10, lr: 0.1}", runs: int = 4) -> str:
+    return ("dataset: {name: digits, max_pool: 160, max_test: 100}\npartition: {clients: 4}\n"
+            f"training: {training}\nmembership: {{runs: {runs}}}\ndiagnostics: {{enabled: false}}\n")
+
+
+TINY = tiny()
+
+
+def files_under(folder: Path) -> set[Path]:
+    return {p for p in folder.rglob("*")} if folder.exists() else set()
+
+
+def run_cli(capsys, *args: str) -> tuple[int, list[str]]:
+    code = main(list(args))
+    return code, capsys.readouterr().err.splitlines()
+
+
+# --------------------------------------------------------------------------- safe names
+
+
+@given(st.text(max_size=200))
+@settings(max_examples=300)
+def test_slug_is_one_safe_component(text):
+    name = slug(text)
+    assert is_safe(name) and len(name) <= MAX_LENGTH
+    assert "/" not in name and "\\" not in name and not name.startswith(".") and name not in ("", ".", "..")
+
+
+@given(st.text(max_size=60), st.text(max_size=60))
+@settings(max_examples=300)
+def test_distinct_texts_get_distinct_slugs(first, second):
+    if first != second:
+        assert slug(first) != slug(second)
+
+
+def test_safe_names_are_kept_and_lookalikes_are_told_apart():
+    assert slug("lira-online") == "lira-online" and slug("dp-fedavg-eps1") == "dp-fedavg-eps1"
+    assert len({slug("a/b"), slug("a-b"), slug("a b"), slug("a\\b"), slug("a:b")}) == 5
+    assert slug("..") != ".." and slug("") and slug("x" * 500) != slug("x" * 501)
+
+
+def test_inside_refuses_paths_that_leave_the_folder(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    assert inside(out, out / "attacks" / "x.npz") == out / "attacks" / "x.npz"
+    with pytest.raises(ValueError, match="outside the output folder"):
+        inside(out, out / ".." / "escaped.npz")
+    (out / "link").symlink_to(tmp_path)
+    with pytest.raises(ValueError, match="outside the output folder"):
+        inside(out, out / "link" / "escaped.npz")
+
+
+# --------------------------------------------------------------------------- labels never leave --out
+
+
+def test_attack_labels_with_traversal_and_slashes_stay_inside_out(tmp_path, capsys):
+    target = tmp_path / "x"
+    traversal = "/.." * 12 + f"{target}/TRAVERSED"
+    config = tmp_path / "labels.yaml"
+    config.write_text(TINY + "defenses: [{name: fedavg}]\nattacks:\n"
+                      f"  - {{name: loss-threshold, label: {json.dumps(traversal)}}}\n"
+                      "  - {name: loss-threshold, label: a/b}\n"
+                      f"  - {{name: record-canaries, label: {json.dumps(traversal + '-canary')}, params: {{canaries: 8}}}}\n",
+                      encoding="utf-8")
+    out = tmp_path / "out"
+    code, err = run_cli(capsys, "run", str(config), "--out", str(out), "--quiet")
+    assert code == 0, err
+    assert not target.exists()  # the traversal label wrote nothing outside --out
+    written = files_under(tmp_path) - {config}
+    assert written and all(out in p.parents or p == out for p in written)
+    scores = sorted(p.name for p in (out / "attacks" / "fedavg").iterdir())
+    assert len(scores) == 3 and all(is_safe(name.removesuffix(".npz")) for name in scores)
+    labels = {a["attack"] for e in json.loads((out / "results.json").read_text())["experiments"] for a in e["attacks"]}
+    assert {traversal, "a/b"} <= labels  # the report shows the text the user wrote
+
+
+# --------------------------------------------------------------------------- code named by a config
+
+
+@pytest.mark.parametrize("how", ["flag", "environment"])
+def test_no_plugins_refuses_code_loading_names_before_running_them(tmp_path, capsys, monkeypatch, how):
+    marker = tmp_path / "MARKER"
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text(f"open({str(marker)!r}, 'w').write('ran')\n\ndef build(*args, **kwargs):\n    raise SystemExit(3)\n")
+    config = tmp_path / "plugin.yaml"
+    config.write_text(TINY + f"model: {{name: {json.dumps(f'{plugin}:build')}}}\n", encoding="utf-8")
+    out = tmp_path / "out"
+    args = ["run", str(config), "--out", str(out), "--quiet"]
+    if how == "flag":
+        args.append("--no-plugins")
+        monkeypatch.setenv(NO_PLUGINS_ENV, "")  # "" = plugins on; restored to unset after the test
+    else:
+        monkeypatch.setenv(NO_PLUGINS_ENV, "1")
+    code, err = run_cli(capsys, *args)
+    assert code == 2 and len(err) == 1 and "model.name" in err[0] and "plugins are off" in err[0]
+    assert not marker.exists() and not out.exists()
+    assert not any(name.endswith("_plugin") for name in sys.modules)  # never imported
+
+
+def test_plugins_run_when_allowed(tmp_path, capsys, monkeypatch):
+    """The same config with plugins on does run the file (so the refusal above is the flag's doing)."""
+    monkeypatch.delenv(NO_PLUGINS_ENV, raising=False)
+    marker = tmp_path / "MARKER"
+    plugin = tmp_path / "plugin_on.py"
+    plugin.write_text(f"open({str(marker)!r}, 'w').write('ran')\n\ndef build(*args, **kwargs):\n"
+                      "    raise ValueError('no model here')\n")
+    config = tmp_path / "plugin.yaml"
+    config.write_text(TINY + f"model: {{name: {json.dumps(f'{plugin}:build')}}}\n", encoding="utf-8")
+    code, err = run_cli(capsys, "run", str(config), "--out", str(tmp_path / "out"), "--quiet")
+    assert marker.exists() and code == 2 and len(err) == 1
+
+
+# --------------------------------------------------------------------------- strict files, bounds, budget
+
+
+@pytest.mark.parametrize("content, field", [
+    (b"seed: 1\nseed: 2\n", "duplicate key 'seed'"),
+    (b"name: caf\xe9\n", "not UTF-8"),
+    ("name: x\n".encode("utf-16"), "not a text file"),
+    (bytes(range(256)), "not a text file"),
+    (b'name: "a\\ud800b"\n', "lone surrogate"),
+    (b"training: {rounds: 1000000000000000000000000000000}\n", "training.rounds"),
+    (b"training: {local_steps: 1000000000000000000000000000000}\n", "training.local_steps"),
+    (b"membership: {runs: 100000000}\n", "membership.runs"),
+    (b"membership: {runs: 1e30}\n", "membership.runs"),
+    (b"training: {lr: .inf}\n", "training.lr"),
+    (b"training: {server_lr: .inf}\n", "training.server_lr"),
+    (b"training: {weight_decay: .inf}\n", "training.weight_decay"),
+    (b"defenses: [{name: dp-fedavg, epsilons: []}]\n", "defenses[0].epsilons"),
+    (b"defenses: [{name: dp-fedavg, epsilons: [1e308]}]\n", "defenses[0].epsilons[0]"),
+])
+def test_broken_configs_exit_2_with_one_line_and_write_nothing(tmp_path, capsys, content, field):
+    config = tmp_path / "broken.yaml"
+    config.write_bytes(content)
+    out = tmp_path / "out"
+    code, err = run_cli(capsys, "run", str(config), "--out", str(out), "--quiet")
+    assert code == 2 and len(err) == 1 and field in err[0], err
+    assert files_under(tmp_path) == {config}
+
+
+def test_plan_beyond_the_budget_is_refused_before_anything_is_written(tmp_path, capsys):
+    config = tmp_path / "big.yaml"
+    config.write_text(tiny("{rounds: 100000, local_steps: 1000}", 4096), encoding="utf-8")
+    code, err = run_cli(capsys, "run", str(config), "--out", str(tmp_path / "out"))
+    assert code == 2 and len(err) == 1 and "--max-hours" in err[0] and "hours of training" in err[0]
+    assert files_under(tmp_path) == {config}
+
+
+def test_budget_counts_the_work_of_the_plan(tmp_path):
+    """Training FLOPs are linear in rounds and in runs (every run trains every round)."""
+    from audit.budget import estimate
+    from audit.config import load_config
+    from audit.pipeline import plan_audit
+
+    def flops(rounds: int, runs: int) -> float:
+        config = tmp_path / f"c{rounds}-{runs}.yaml"
+        config.write_text(tiny(f"{{rounds: {rounds}, eval_every: 1000}}", runs)
+                          + "defenses: [{name: fedavg}]\nattacks: [{name: loss-threshold}]\n", encoding="utf-8")
+        return estimate(plan_audit(load_config(config))).flops
+
+    base = flops(10, 4)
+    assert flops(20, 4) == pytest.approx(2 * base, rel=0.02)
+    assert flops(10, 8) == pytest.approx(2 * base, rel=0.02)
+
+
+@pytest.mark.parametrize("args, field", [
+    (["epsilon", "--noise", "1e-9", "--rate", "1", "--steps", "100", "--delta", "1e-5", "--accountant", "pld"], "noise"),
+    (["invert", "--attack", "dlg", "--seed", "-1"], "--seed"),
+    (["audit-mechanism", "--mechanism", "gaussian", "--noise", "1", "--trials", "1e30"], "--trials"),
+    (["conformance", "dp-fedavg", "--trials", "100000000"], "--trials"),
+    (["epsilon", "--noise", "nan", "--rate", "1", "--steps", "10", "--delta", "1e-5"], "--noise"),
+    (["run", "--max-hours", "inf"], "--max-hours"),
+])
+def test_bad_command_line_values_exit_2_with_one_line(tmp_path, capsys, args, field, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, err = run_cli(capsys, *args)
+    assert code == 2 and len(err) == 1 and field in err[0], err
+    assert not any(tmp_path.iterdir())
+
+
+def test_unexpected_errors_are_one_line_with_a_hint_and_verbose_shows_the_traceback(capsys, monkeypatch):
+    import audit.cli as cli
+
+    def broken(args):
+        raise RuntimeError("boom\nsecond line")
+
+    monkeypatch.setitem(cli.COMMANDS, "list", broken)
+    code, err = run_cli(capsys, "list")
+    assert code == 1 and len(err) == 1 and "RuntimeError: boom second line" in err[0] and "-v" in err[0]
+    with pytest.raises(RuntimeError):
+        main(["list", "-v"])
+
+
+def test_environment_flag_is_not_left_on_by_these_tests():
+    assert os.environ.get(NO_PLUGINS_ENV) is None
