@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 #: a run name that would execute if the report did not escape it
 HOSTILE = "<script>alert(1)</script>"
@@ -18,3 +20,18 @@ def shared_data(*parts: str) -> Path:
     if not path.exists():
         pytest.skip(f"shared real data not present at {path}")
     return path
+
+
+def tiny_config(**sections: Any) -> str:
+    """YAML of a seconds-long audit on digits (2 clients, 1 round, 2 runs, fedavg, loss threshold);
+    each keyword replaces one whole top-level section, e.g. ``training={"rounds": 2, ...}``."""
+    document: dict[str, Any] = {
+        "name": "tiny",
+        "dataset": {"name": "digits", "max_pool": 100, "max_test": 50},
+        "partition": {"name": "iid", "clients": 2},
+        "training": {"rounds": 1, "local_steps": 1, "batch_size": 10, "lr": 0.05},
+        "defenses": [{"name": "fedavg"}],
+        "membership": {"runs": 2},
+        "attacks": [{"name": "loss-threshold"}],
+    }
+    return yaml.safe_dump({**document, **sections}, sort_keys=False, allow_unicode=True)

@@ -14,14 +14,13 @@ from hypothesis import strategies as st
 from audit.cli import main
 from audit.extensions import NO_PLUGINS_ENV
 from audit.safe_names import MAX_LENGTH, inside, is_safe, slug
+from tests.helpers import tiny_config
 
 
-def tiny(training: str = "{rounds: 2, local_steps: 1, batch_size: 10, lr: 0.1}", runs: int = 4) -> str:
-    return ("dataset: {name: digits, max_pool: 160, max_test: 100}\npartition: {clients: 4}\n"
-            f"training: {training}\nmembership: {{runs: {runs}}}\ndiagnostics: {{enabled: false}}\n")
-
-
-TINY = tiny()
+def tiny(training: dict | None = None, runs: int = 4, **sections) -> str:
+    return tiny_config(dataset={"name": "digits", "max_pool": 160, "max_test": 100}, partition={"clients": 4},
+                       training=training or {"rounds": 2, "local_steps": 1, "batch_size": 10, "lr": 0.1},
+                       membership={"runs": runs}, diagnostics={"enabled": False}, **sections)
 
 
 def files_under(folder: Path) -> set[Path]:
@@ -75,10 +74,9 @@ def test_attack_labels_with_traversal_and_slashes_stay_inside_out(tmp_path, caps
     target = tmp_path / "x"
     traversal = "/.." * 12 + f"{target}/TRAVERSED"
     config = tmp_path / "labels.yaml"
-    config.write_text(TINY + "defenses: [{name: fedavg}]\nattacks:\n"
-                      f"  - {{name: loss-threshold, label: {json.dumps(traversal)}}}\n"
-                      "  - {name: loss-threshold, label: a/b}\n"
-                      f"  - {{name: record-canaries, label: {json.dumps(traversal + '-canary')}, params: {{canaries: 8}}}}\n",
+    config.write_text(tiny(attacks=[{"name": "loss-threshold", "label": traversal},
+                                    {"name": "loss-threshold", "label": "a/b"},
+                                    {"name": "record-canaries", "label": traversal + "-canary", "params": {"canaries": 8}}]),
                       encoding="utf-8")
     out = tmp_path / "out"
     code, err = run_cli(capsys, "run", str(config), "--out", str(out), "--quiet")
@@ -101,7 +99,7 @@ def test_no_plugins_refuses_code_loading_names_before_running_them(tmp_path, cap
     plugin = tmp_path / "plugin.py"
     plugin.write_text(f"open({str(marker)!r}, 'w').write('ran')\n\ndef build(*args, **kwargs):\n    raise SystemExit(3)\n")
     config = tmp_path / "plugin.yaml"
-    config.write_text(TINY + f"model: {{name: {json.dumps(f'{plugin}:build')}}}\n", encoding="utf-8")
+    config.write_text(tiny(model={"name": f"{plugin}:build"}), encoding="utf-8")
     out = tmp_path / "out"
     args = ["run", str(config), "--out", str(out), "--quiet"]
     if how == "flag":
@@ -123,7 +121,7 @@ def test_plugins_run_when_allowed(tmp_path, capsys, monkeypatch):
     plugin.write_text(f"open({str(marker)!r}, 'w').write('ran')\n\ndef build(*args, **kwargs):\n"
                       "    raise ValueError('no model here')\n")
     config = tmp_path / "plugin.yaml"
-    config.write_text(TINY + f"model: {{name: {json.dumps(f'{plugin}:build')}}}\n", encoding="utf-8")
+    config.write_text(tiny(model={"name": f"{plugin}:build"}), encoding="utf-8")
     code, err = run_cli(capsys, "run", str(config), "--out", str(tmp_path / "out"), "--quiet")
     assert marker.exists() and code == 2 and len(err) == 1
 
@@ -158,7 +156,7 @@ def test_broken_configs_exit_2_with_one_line_and_write_nothing(tmp_path, capsys,
 
 def test_plan_beyond_the_budget_is_refused_before_anything_is_written(tmp_path, capsys):
     config = tmp_path / "big.yaml"
-    config.write_text(tiny("{rounds: 100000, local_steps: 1000}", 4096), encoding="utf-8")
+    config.write_text(tiny({"rounds": 100000, "local_steps": 1000}, 4096), encoding="utf-8")
     code, err = run_cli(capsys, "run", str(config), "--out", str(tmp_path / "out"))
     assert code == 2 and len(err) == 1 and "--max-hours" in err[0] and "hours of training" in err[0]
     assert files_under(tmp_path) == {config}
@@ -172,8 +170,7 @@ def test_budget_counts_the_work_of_the_plan(tmp_path):
 
     def flops(rounds: int, runs: int) -> float:
         config = tmp_path / f"c{rounds}-{runs}.yaml"
-        config.write_text(tiny(f"{{rounds: {rounds}, eval_every: 1000}}", runs)
-                          + "defenses: [{name: fedavg}]\nattacks: [{name: loss-threshold}]\n", encoding="utf-8")
+        config.write_text(tiny({"rounds": rounds, "eval_every": 1000}, runs), encoding="utf-8")
         return estimate(plan_audit(load_config(config))).flops
 
     base = flops(10, 4)

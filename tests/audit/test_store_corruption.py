@@ -13,6 +13,7 @@ import torch
 from audit.cli import main
 from audit.errors import UserInputError
 from audit.store import RunStore
+from tests.helpers import tiny_config
 
 RUN = "exp-r000-0123456789ab"
 
@@ -129,16 +130,7 @@ def test_a_run_that_was_never_stored_is_not_called_corrupted(tmp_path):
 
 # --------------------------------------------------------------------------- through the CLI
 
-TINY = """\
-name: tiny
-dataset: {name: digits, max_pool: 100, max_test: 50}
-partition: {name: iid, clients: 2}
-training: {rounds: 1, local_steps: 1, batch_size: 10, lr: 0.05}
-defenses:
-  - name: fedavg
-membership: {runs: 2}
-attacks: [{name: loss-threshold}]
-"""
+TINY = tiny_config()
 
 
 @pytest.fixture(scope="module")

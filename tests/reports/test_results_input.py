@@ -13,19 +13,10 @@ import pytest
 from audit.cli import main
 from audit.errors import UserInputError
 from reports.results import SCHEMA_VERSION, load_results
+from tests.helpers import tiny_config
 
-TINY = """\
-name: tiny
-dataset: {name: digits, max_pool: 100, max_test: 50}
-partition: {name: iid, clients: 2}
-training: {rounds: 2, local_steps: 1, batch_size: 10, lr: 0.05}
-defenses:
-  - name: fedavg
-  - name: dp-fedavg
-    epsilons: [8]
-membership: {runs: 2}
-attacks: [{name: loss-threshold}]
-"""
+TINY = tiny_config(training={"rounds": 2, "local_steps": 1, "batch_size": 10, "lr": 0.05},
+                   defenses=[{"name": "fedavg"}, {"name": "dp-fedavg", "epsilons": [8]}])
 
 POLICY = "rules:\n  - kind: no-violation\n  - {kind: max, attack: loss-threshold, metric: auc, value: 1.0}\n"
 
