@@ -70,10 +70,10 @@ from sklearn.preprocessing import StandardScaler
 from torch import nn
 from torch.func import functional_call
 
-from audit.datasets import Dataset
-from audit.seeding import derive_seed, numpy_rng, sklearn_random_state
+from audit.core.datasets import Dataset
+from audit.core.metrics import Estimate, clopper_pearson
+from audit.core.seeding import derive_seed, numpy_rng, sklearn_random_state
 from defenses.evaluation import logits_of
-from reports.metrics import Estimate, clopper_pearson
 
 #: ties between candidate scores closer than this (log-probability units) go to the prior
 TIE_TOLERANCE = 1e-6
@@ -158,7 +158,7 @@ def with_attribute_columns(features: torch.Tensor, columns: Sequence[int], value
 
 def last_linear(model: nn.Module) -> nn.Linear:
     """The last ``nn.Linear`` registered in ``model`` — the classifier head in every model of
-    :mod:`audit.models` (``nn.Sequential`` ends with it; torchvision's ResNet registers ``fc``
+    :mod:`audit.core.models` (``nn.Sequential`` ends with it; torchvision's ResNet registers ``fc``
     last). A model whose head is registered before other layers needs its own hook."""
     linears = [module for module in model.modules() if isinstance(module, nn.Linear)]
     if not linears:

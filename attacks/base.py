@@ -31,10 +31,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from audit.errors import UserInputError
-from audit.registry import Registry
-from defenses.evaluation import logits_of
-from reports.metrics import (
+from audit.core.errors import UserInputError
+from audit.core.metrics import (
     Estimate,
     auc,
     balanced_accuracy,
@@ -43,6 +41,8 @@ from reports.metrics import (
     roc_points_for_plot,
     tpr_at_fpr,
 )
+from audit.core.registry import Registry
+from defenses.evaluation import logits_of
 
 UNITS = ("auto", "record", "client")
 
@@ -270,8 +270,8 @@ class SideRun:
     """The audited defense trained once more on another dataset (e.g. a tabular one with a
     sensitive attribute, when the audit's own data have none), by the same pipeline."""
 
-    dataset: Any  # audit.datasets.Dataset
-    pool: Any  # audit.datasets.Split: the candidate records
+    dataset: Any  # audit.core.datasets.Dataset
+    pool: Any  # audit.core.datasets.Split: the candidate records
     members: np.ndarray  # pool indices the run trained on
     model: nn.Module
     params: dict[str, torch.Tensor]
@@ -296,7 +296,7 @@ class TargetRun:
     clients: list[np.ndarray]  # pool indices per client
     test_x: torch.Tensor
     test_y: torch.Tensor
-    dataset: Any  # audit.datasets.Dataset (attributes, value names, attribute columns)
+    dataset: Any  # audit.core.datasets.Dataset (attributes, value names, attribute columns)
     kind: str  # "image" or "tabular"
     seed: int
     device: str = "cpu"

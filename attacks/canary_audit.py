@@ -26,9 +26,9 @@ import numpy as np
 import torch
 
 from attacks.base import Attack, AttackResult, membership_metrics
-from audit.seeding import numpy_rng
-from reports.empirical_epsilon import gaussian_fit_epsilon, one_run_audit
-from reports.metrics import Estimate, held_out_epsilon_lower_bound
+from audit.core.empirical_epsilon import gaussian_fit_epsilon, one_run_audit
+from audit.core.metrics import Estimate, held_out_epsilon_lower_bound
+from audit.core.seeding import numpy_rng
 
 if TYPE_CHECKING:
     from defenses.base import Defense

@@ -34,7 +34,7 @@ from torch.func import functional_call, vmap
 from attacks.base import ATTACKS, AttackResult, MembershipAttack, MembershipExperiment
 from attacks.lira import VARIANTS, LiRA, LiRAParams
 from attacks.signals import logit_scaled_confidence
-from audit.seeding import numpy_rng, torch_generator
+from audit.core.seeding import numpy_rng, torch_generator
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,7 @@ from attacks.gradient_matching import (
     labels_for,
     last_layer,
 )
-from audit.seeding import torch_generator
+from audit.core.seeding import torch_generator
 
 #: the papers' 300 L-BFGS ``step`` calls, counted here as iterations
 DEFAULT_ITERATIONS = 300

@@ -7,7 +7,7 @@ batch (best-matched order, :mod:`attacks.image_quality`). :func:`invert` is the 
 experiment: the classic single-gradient setting on an *untrained* model (initialised from the
 seed, as DLG and Inverting Gradients evaluate), batch after batch.
 
-Random streams (:mod:`audit.seeding`): model init (seed, "invert", "model"); image choice
+Random streams (:mod:`audit.core.seeding`): model init (seed, "invert", "model"); image choice
 (seed, "invert", "images"); batch b's observation noise and attack restarts under
 derive_seed(seed, "invert", "batch", b). The same seed gives the same numbers.
 """
@@ -23,8 +23,8 @@ from torch import nn
 from attacks import dlg, inverting_gradients
 from attacks.gradient_matching import Params, Reconstruction, ThreatModel
 from attacks.image_quality import image_grid_png, image_quality
-from audit.errors import UserInputError
-from audit.seeding import derive_seed, numpy_rng, seed_torch
+from audit.core.errors import UserInputError
+from audit.core.seeding import derive_seed, numpy_rng, seed_torch
 
 #: name → reconstruct(model, params, observed, threat, image_shape, labels=None, iterations=, restarts=, seed=, data_range=)
 RECONSTRUCTION_ATTACKS: dict[str, Callable[..., Reconstruction]] = {
@@ -90,7 +90,7 @@ def attack_batch(attack: str, model: nn.Module, params: Params, images: torch.Te
 def untrained_model(model_name: str, input_shape: Sequence[int], num_classes: int, seed: int) -> nn.Module:
     """The model at its initialisation from (seed, "invert", "model"), in eval mode (no dropout);
     the global torch random state is left as it was."""
-    from audit.models import build_model
+    from audit.core.models import build_model
 
     with torch.random.fork_rng(devices=[]):
         seed_torch(seed, "invert", "model")

@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from audit.errors import UserInputError
-from audit.seeding import torch_generator
+from audit.core.errors import UserInputError
+from audit.core.seeding import torch_generator
 from defenses.clipping import clip_rows
 from defenses.noise import gaussian_rows
 
@@ -144,7 +144,7 @@ def noisy_upload(upload: Params, clip: float, noise: float, generator: torch.Gen
     """The DP threat model: the upload clipped to ℓ2 norm C, plus N(0, (σC)²) on every coordinate.
 
     ``noise`` is the noise multiplier σ (the Gaussian mechanism of DP-SGD / DP-FedAvg applied
-    to this one upload); the noise comes from ``generator`` (:func:`audit.seeding.torch_generator`).
+    to this one upload); the noise comes from ``generator`` (:func:`audit.core.seeding.torch_generator`).
     """
     clipped = clip_upload({name: value.detach() for name, value in upload.items()}, clip)
     flat = _flat(clipped)

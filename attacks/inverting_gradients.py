@@ -46,7 +46,7 @@ from attacks.gradient_matching import (
     cosine_distance,
     total_variation,
 )
-from audit.seeding import torch_generator
+from audit.core.seeding import torch_generator
 
 #: the paper runs 4,800 iterations on 32×32 CIFAR-10 (24,000 for ImageNet); on 25×25 LeNet
 #: 2,000 suffice for all but near-black images (README, "Gradient inversion")

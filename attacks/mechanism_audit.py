@@ -23,11 +23,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from audit.errors import UserInputError
-from audit.seeding import torch_generator
+from audit.core.errors import UserInputError
+from audit.core.metrics import held_out_epsilon_lower_bound
+from audit.core.seeding import torch_generator
 from defenses.harmonizer import ACCOUNTINGS, epsilon
 from defenses.mechanisms import CLIP_NORMS, MECHANISMS, Mechanism, make_mechanism
-from reports.metrics import held_out_epsilon_lower_bound
 
 CANARIES = ("both", "concentrated", "spread")
 

@@ -23,7 +23,7 @@ only moves away from x̄ when that helps on records it was not fitted to.
 
 Network inputs: the output vector f(x) (``query="probabilities"``, the softmax confidences
 of Fredrikson et al., or ``"log-probabilities"``), standardised with the auxiliary records'
-statistics. Training: Adam, mini-batches, all randomness from :mod:`audit.seeding`.
+statistics. Training: Adam, mini-batches, all randomness from :mod:`audit.core.seeding`.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from audit.seeding import numpy_rng, seed_torch, torch_generator
+from audit.core.metrics import Estimate
+from audit.core.seeding import numpy_rng, seed_torch, torch_generator
 from defenses.evaluation import logits_of
-from reports.metrics import Estimate
 
 #: bootstrap resamples are drawn in blocks of at most this many (resample × record) counts
 _BOOTSTRAP_BLOCK = 4_000_000

@@ -29,7 +29,7 @@ bucket h(i) ∈ {0, …, k−1}. It keeps inner products in expectation, needs O
 per update (a dense Gaussian projection would need d·k), and is seeded like everything else.
 
 Metrics over the target clients: ROC AUC of the classifier's score with DeLong's interval
-(:func:`reports.metrics.auc`) and the accuracy of its 0.5-probability decision with a
+(:func:`audit.core.metrics.auc`) and the accuracy of its 0.5-probability decision with a
 Clopper–Pearson interval. Chance is AUC 0.5 (and the accuracy of guessing the majority).
 """
 
@@ -49,8 +49,8 @@ from sklearn.preprocessing import StandardScaler
 from torch import nn
 from torch.func import functional_call, grad
 
-from audit.seeding import numpy_rng, sklearn_random_state
-from reports.metrics import Estimate, auc, clopper_pearson
+from audit.core.metrics import Estimate, auc, clopper_pearson
+from audit.core.seeding import numpy_rng, sklearn_random_state
 
 UpdateFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

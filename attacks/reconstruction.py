@@ -32,8 +32,8 @@ from attacks.gradient_inversion import REFERENCES, attack_batch, data_range_of
 from attacks.gradient_matching import ThreatModel
 from attacks.image_quality import image_grid_png, png_base64
 from attacks.server_view import not_replayed_reason, upload_view
-from audit.seeding import derive_seed, numpy_rng
-from reports.metrics import mean_estimate
+from audit.core.metrics import mean_estimate
+from audit.core.seeding import derive_seed, numpy_rng
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import torch
 from attacks.base import ATTACKS
 from attacks.canary_audit import CanaryAudit, CanaryContext, CanaryInjection, CanaryRun
 from attacks.signals import logit_scaled_confidence
-from audit.seeding import numpy_rng, torch_generator
+from audit.core.seeding import numpy_rng, torch_generator
 from defenses.evaluation import logits_of
 
 

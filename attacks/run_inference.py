@@ -30,7 +30,7 @@ from attacks.image_quality import image_grid_png, png_base64
 from attacks.model_inversion import model_inversion
 from attacks.property_inference import flat_gradient, property_inference
 from attacks.server_view import not_replayed_reason, upload_view
-from audit.seeding import derive_seed, numpy_rng, torch_generator
+from audit.core.seeding import derive_seed, numpy_rng, torch_generator
 from defenses.clipping import clip_rows
 
 

@@ -25,7 +25,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from attacks.base import ATTACKS, AttackResult, MembershipAttack, MembershipExperiment
-from audit.seeding import derive_seed, numpy_rng, sklearn_random_state
+from audit.core.seeding import derive_seed, numpy_rng, sklearn_random_state
 
 
 @dataclass(frozen=True)

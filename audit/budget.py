@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from audit.errors import UserInputError
+from audit.core.errors import UserInputError
 
 if TYPE_CHECKING:
     from audit.pipeline import Experiment, Plan

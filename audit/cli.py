@@ -27,8 +27,8 @@ from typing import Any
 
 from audit import __version__
 from audit.budget import DEFAULT_MAX_HOURS
-from audit.errors import UserInputError
-from audit.extensions import NO_PLUGINS_ENV
+from audit.core.errors import UserInputError
+from audit.core.extensions import NO_PLUGINS_ENV
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
@@ -283,9 +283,9 @@ def command_list(args: argparse.Namespace) -> int:
     import defenses.catalog  # noqa: F401
     from attacks.base import ATTACKS
     from audit.config import preset_names
-    from audit.datasets import DATASETS
-    from audit.models import MODELS
-    from audit.schema import field_help
+    from audit.core.datasets import DATASETS
+    from audit.core.models import MODELS
+    from audit.core.schema import field_help
     from defenses.base import DEFENSES
 
     def doc(entry) -> str:
@@ -327,7 +327,7 @@ def _claims_at_defaults(registry) -> dict[str, dict[str, Any]]:
     """Every defense's claim per observer with its default hyper-parameters at the default audit's
     settings (digits, the default model, 20 clients, every client every round, 30 rounds, δ = 1e-5)."""
     from audit.config import AuditConfig
-    from audit.models import build_model
+    from audit.core.models import build_model
     from defenses.base import AccountingSettings
     from defenses.engine import TrainingConfig
     from defenses.flat import ParamLayout
@@ -419,7 +419,7 @@ def _conformance_defenses(args: argparse.Namespace) -> tuple[list, list[dict[str
     import yaml
 
     import defenses.catalog  # noqa: F401
-    from audit.schema import from_mapping
+    from audit.core.schema import from_mapping
     from defenses.base import DEFENSES
 
     if args.all and args.defenses:
@@ -498,7 +498,7 @@ def command_conformance(args: argparse.Namespace) -> int:
 def to_params(defense) -> dict[str, Any]:
     from dataclasses import asdict
 
-    from audit.schema import to_mapping
+    from audit.core.schema import to_mapping
 
     return to_mapping(asdict(defense.params))
 
@@ -506,8 +506,8 @@ def to_params(defense) -> dict[str, Any]:
 def _check_invert_options(args: argparse.Namespace) -> None:
     """Every option of ``invert`` checked before anything is loaded or written."""
     from attacks.gradient_inversion import RECONSTRUCTION_ATTACKS
-    from audit.datasets import DATASETS
-    from audit.models import MODELS
+    from audit.core.datasets import DATASETS
+    from audit.core.models import MODELS
 
     if args.attack not in RECONSTRUCTION_ATTACKS:
         raise UserInputError(f"--attack: unknown attack '{args.attack}'; allowed: {', '.join(RECONSTRUCTION_ATTACKS)}")
@@ -534,8 +534,8 @@ def command_invert(args: argparse.Namespace) -> int:
     import time
 
     from attacks.gradient_inversion import invert
-    from audit.atomic import write_bytes, write_json
-    from audit.datasets import load_dataset
+    from audit.core.atomic import write_bytes, write_json
+    from audit.core.datasets import load_dataset
 
     _check_invert_options(args)
     dataset = load_dataset(args.dataset, args.data_root)
@@ -551,7 +551,7 @@ def command_invert(args: argparse.Namespace) -> int:
     result["grid"] = str(grid)
     write_json(results, result)
     if args.json:
-        from audit.atomic import dumps
+        from audit.core.atomic import dumps
 
         print(dumps(result))
         return EXIT_OK
@@ -583,7 +583,7 @@ def command_report(args: argparse.Namespace) -> int:
 
 def command_config(args: argparse.Namespace) -> int:
     from audit.config import AuditConfig, config_to_yaml, load_config
-    from audit.schema import MAX_INT, field_reference
+    from audit.core.schema import MAX_INT, field_reference
 
     if args.reference:
         print(f"{'field':<34} {'type':<40} {'range':<26} default")

@@ -16,9 +16,9 @@ from typing import Any, Literal
 
 import yaml
 
-from audit.errors import UserInputError
-from audit.schema import from_mapping, to_mapping
-from audit.strict_yaml import parse_yaml, read_yaml_file
+from audit.core.errors import UserInputError
+from audit.core.schema import from_mapping, to_mapping
+from audit.core.strict_yaml import parse_yaml, read_yaml_file
 from defenses.engine import TrainingConfig
 
 #: upper bounds of the config's sizes: far above any audit this tool is for, low enough that a

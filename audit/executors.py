@@ -103,7 +103,7 @@ def train_in_processes(plan: Plan, store: RunStore, workers: int | None = None, 
 
 
 def _import_ray():
-    from audit.errors import UserInputError
+    from audit.core.errors import UserInputError
 
     try:
         import ray
@@ -162,7 +162,7 @@ def _check_reachable(address: str, timeout: float = 10.0) -> None:
     an unreachable cluster for minutes, printing a warning every few seconds."""
     import socket
 
-    from audit.errors import UserInputError
+    from audit.core.errors import UserInputError
 
     host, _, port = address.split("://", 1)[-1].rpartition(":")
     if not host or not port.isdigit():
@@ -178,7 +178,7 @@ def ray_session(address: str | None = None, workers: int | None = None) -> Itera
     """Ray, initialised: joined to the cluster at ``address``, or a local instance of ``workers``
     CPUs (default: the CPU count). Shuts down only what it started; an already initialised Ray is
     used as it is."""
-    from audit.errors import UserInputError
+    from audit.core.errors import UserInputError
 
     ray = _import_ray()
     if ray.is_initialized():
@@ -241,7 +241,7 @@ def train_in_ray(plan: Plan, store: RunStore, workers: int | None = None, quiet:
 def check_executor(executor: str, workers: int | None, ray_address: str | None = None,
                    batch_runs: int | None = None) -> None:
     """Check the executor options before any work; for ``ray``, that Ray can be imported."""
-    from audit.errors import UserInputError
+    from audit.core.errors import UserInputError
 
     if executor not in EXECUTORS:
         raise UserInputError(f"--executor: unknown executor '{executor}'; allowed: {', '.join(EXECUTORS)}")
@@ -257,7 +257,7 @@ def check_executor(executor: str, workers: int | None, ray_address: str | None =
 
 def check_executor_plan(executor: str, plan: Plan) -> None:
     """Checks that need the plan (run before the output directory exists)."""
-    from audit.errors import UserInputError
+    from audit.core.errors import UserInputError
 
     if executor == "ray" and plan.config.device != "cpu":  # Ray hides the GPUs from tasks that do not reserve one
         raise UserInputError(f"--executor ray trains on the CPU only; got device '{plan.config.device}' "

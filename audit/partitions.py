@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from audit.errors import UserInputError
-from audit.seeding import numpy_rng
+from audit.core.errors import UserInputError
+from audit.core.seeding import numpy_rng
 
 PARTITIONS = ("iid", "dirichlet", "shards")
 

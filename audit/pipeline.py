@@ -34,12 +34,12 @@ from attacks.base import (
 )
 from attacks.canary_audit import CanaryAudit, CanaryContext, CanaryRun
 from audit import __version__, provenance
-from audit.atomic import write_json, write_text
 from audit.config import AuditConfig, DatasetConfig, ModelConfig, config_to_yaml, merge
-from audit.errors import UserInputError
-from audit.safe_names import inside, slug
-from audit.schema import from_mapping, to_mapping
-from audit.seeding import derive_seed, numpy_rng
+from audit.core.atomic import write_json, write_text
+from audit.core.errors import UserInputError
+from audit.core.safe_names import inside, slug
+from audit.core.schema import from_mapping, to_mapping
+from audit.core.seeding import derive_seed, numpy_rng
 from audit.store import RunStore
 from audit.tasks import Membership, Task, build_task, client_membership, record_membership
 from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim

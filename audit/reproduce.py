@@ -30,12 +30,12 @@ from tqdm import tqdm
 
 import defenses.catalog  # noqa: F401  (registers the defenses)
 from audit import provenance
-from audit.atomic import write_json, write_text
 from audit.config import AuditConfig
-from audit.errors import UserInputError
+from audit.core.atomic import write_json, write_text
+from audit.core.errors import UserInputError
+from audit.core.schema import from_mapping, to_mapping
+from audit.core.seeding import derive_seed, numpy_rng
 from audit.pipeline import check_device
-from audit.schema import from_mapping, to_mapping
-from audit.seeding import derive_seed, numpy_rng
 from audit.store import RunStore
 from audit.tasks import Task, build_task, run_clients
 from defenses.base import DEFENSES, AccountingSettings, Defense

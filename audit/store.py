@@ -32,8 +32,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from audit.atomic import dumps
-from audit.errors import UserInputError
+from audit.core.atomic import dumps
+from audit.core.errors import UserInputError
 
 _RUN_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}")
 
@@ -62,7 +62,7 @@ class RunStore:
         self.runs = self.root / "runs"
 
     def path(self, run_id: str) -> Path:
-        # run ids are built from slugs (audit.safe_names); one that is not would step out of runs/
+        # run ids are built from slugs (audit.core.safe_names); one that is not would step out of runs/
         if not _RUN_ID.fullmatch(run_id):
             raise ValueError(f"run id '{run_id}' is not a safe folder name")
         return self.runs / run_id

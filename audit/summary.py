@@ -15,10 +15,10 @@ import numpy as np
 
 from attacks.base import MEMBERSHIP_METRICS, AttackResult
 from audit import __version__, provenance
-from audit.schema import to_mapping
+from audit.core.metrics import mean_estimate
+from audit.core.schema import to_mapping
 from audit.store import RunStore
 from defenses.accounting import dp_accounting_version
-from reports.metrics import mean_estimate
 from reports.results import SCHEMA_VERSION, rows_from_results
 from reports.soundness import attack_verdicts, experiment_sentence, experiment_verdict
 
@@ -30,7 +30,7 @@ ROUND_METRICS = ("test_accuracy", "test_loss", "train_accuracy", "update_norm_me
 
 
 def mean_interval(values: list[float], confidence: float = 0.95) -> dict[str, Any]:
-    """Mean over runs with a Student-t interval (:func:`reports.metrics.mean_estimate`) as a
+    """Mean over runs with a Student-t interval (:func:`audit.core.metrics.mean_estimate`) as a
     results.json entry: null bounds below two finite values, the per-run values above."""
     finite = [float(v) for v in values if v is not None and math.isfinite(v)]
     if not finite:

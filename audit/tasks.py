@@ -24,11 +24,11 @@ import numpy as np
 from torch import nn
 
 from audit.config import AuditConfig, MembershipConfig, PartitionConfig
-from audit.datasets import Dataset, Split, load_dataset
-from audit.errors import UserInputError
-from audit.models import build_model
+from audit.core.datasets import Dataset, Split, load_dataset
+from audit.core.errors import UserInputError
+from audit.core.models import build_model
+from audit.core.seeding import numpy_rng
 from audit.partitions import partition
-from audit.seeding import numpy_rng
 
 
 @dataclass

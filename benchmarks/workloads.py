@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from audit.datasets import load_dataset
-from audit.models import build_model
+from audit.core.datasets import load_dataset
+from audit.core.models import build_model
 from defenses.engine import TrainingConfig, TrainingJob
 from defenses.fedavg import DPFedAvg, DPFedAvgParams
 

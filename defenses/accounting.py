@@ -48,7 +48,7 @@ from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from audit.errors import UserInputError
+from audit.core.errors import UserInputError
 
 ACCOUNTANTS = ("rdp", "pld")
 CONVERSIONS = ("improved", "classic")
@@ -204,6 +204,14 @@ class EpsilonReport:
             "optimal_order": self.optimal_order,
             "label": self.label,
         }
+
+
+@dataclass(frozen=True)
+class AccountingSettings:
+    """Which accountant and RDP→(ε, δ) conversion a run's claim uses (config section ``accounting``)."""
+
+    accountant: str = "rdp"
+    conversion: str = "improved"
 
 
 def compute_epsilon(

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from audit.seeding import numpy_rng, seed_torch, torch_generator
+from audit.core.seeding import numpy_rng, seed_torch, torch_generator
 from defenses.accounting import GaussianSchedule, calibrate_noise, compute_epsilon
 from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
 from defenses.claims import AdversaryClaim, gaussian_round_epsilon

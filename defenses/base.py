@@ -4,30 +4,30 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 
-from audit.errors import UserInputError
-from audit.registry import Registry
+from audit.core.errors import UserInputError
+from audit.core.registry import Registry
+from defenses.accounting import AccountingSettings
 from defenses.claims import UNITS, PrivacyClaim
+from defenses.engine import (
+    FederatedEngine,
+    RoundContext,
+    TrainingConfig,
+    TrainingJob,
+    TrainingOutcome,
+    mean_update,
+)
 from defenses.flat import ParamLayout
-
-if TYPE_CHECKING:
-    from defenses.engine import RoundContext, TrainingConfig, TrainingJob, TrainingOutcome
-    from defenses.local_training import LocalObjective
-    from defenses.release_probe import ReleaseProbe
+from defenses.local_training import LocalObjective, client_batches
+from defenses.release_probe import ReleaseProbe, engine_probe
 
 
 @dataclass(frozen=True)
 class NoParams:
     """A defense without hyper-parameters."""
-
-
-@dataclass(frozen=True)
-class AccountingSettings:
-    accountant: str = "rdp"
-    conversion: str = "improved"
 
 
 class Defense:
@@ -87,12 +87,10 @@ class Defense:
     # ---------------------------------------------------------------- training
 
     def train(self, job: TrainingJob, progress: Any = None) -> TrainingOutcome:
-        from defenses.engine import FederatedEngine
 
         return FederatedEngine(self, job).run(progress)
 
     def local_objective(self) -> LocalObjective:
-        from defenses.local_training import LocalObjective
 
         return LocalObjective()
 
@@ -108,7 +106,6 @@ class Defense:
 
     def local_batches(self, num_records: int, training: TrainingConfig, rng) -> list:
         """A client's mini-batches for one round (local indices); default: epochs or iterations of fixed size."""
-        from defenses.local_training import client_batches
 
         return client_batches(num_records, training.local_unit, training.local_steps, training.batch_size, rng)
 
@@ -125,7 +122,6 @@ class Defense:
         the engine's privatise → release path for round-based defenses; a defense that trains
         otherwise, or whose noise lives elsewhere (DP-SGD inside local training), overrides it.
         None: no probe (a private defense without one fails the audit)."""
-        from defenses.release_probe import engine_probe
 
         return engine_probe(self, job) if type(self).train is Defense.train else None
 
@@ -147,7 +143,6 @@ class Defense:
 
     def aggregate(self, uploads: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
         """Combine uploads into the global step direction (length d)."""
-        from defenses.engine import mean_update
 
         return mean_update(uploads, ctx)
 

@@ -26,7 +26,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from audit.errors import UserInputError
+from audit.core.errors import UserInputError
 from defenses.base import DEFENSES
 from defenses.engine import RoundContext, TrainingConfig
 from defenses.fedavg import DPFedAvg, DPFedAvgParams

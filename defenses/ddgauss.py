@@ -47,8 +47,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from audit.errors import UserInputError
-from audit.seeding import numpy_rng
+from audit.core.errors import UserInputError
+from audit.core.seeding import numpy_rng
 from defenses.accounting import (
     INTEGER_ORDERS,
     accountant_label,

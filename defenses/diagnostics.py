@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from audit.seeding import torch_generator
+from audit.core.seeding import torch_generator
 from defenses.evaluation import evaluate
 
 Params = dict[str, torch.Tensor]

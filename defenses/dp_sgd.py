@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
-from audit.seeding import torch_generator
+from audit.core.seeding import torch_generator
 from defenses.local_training import LocalObjective, Params
 from defenses.mechanisms import Mechanism
 

@@ -32,8 +32,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from audit.seeding import numpy_rng, philox_rng, seed_torch, torch_generator
-from defenses.base import AccountingSettings, PrivacyClaim
+from audit.core.seeding import numpy_rng, philox_rng, seed_torch, torch_generator
+from defenses.accounting import AccountingSettings
+from defenses.claims import PrivacyClaim
 from defenses.evaluation import evaluate
 from defenses.flat import ParamLayout, parameters_of
 from defenses.local_training import TRAINERS, LocalSchedule, OptimizerSettings

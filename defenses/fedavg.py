@@ -34,7 +34,7 @@ from typing import Literal
 
 import torch
 
-from audit.errors import UserInputError
+from audit.core.errors import UserInputError
 from defenses.accounting import (
     GaussianSchedule,
     accountant_label,

@@ -37,8 +37,8 @@ import torch.nn.functional as F
 from scipy import fft
 from torch.func import functional_call, grad
 
-from audit.errors import UserInputError
-from audit.seeding import numpy_rng, torch_generator
+from audit.core.errors import UserInputError
+from audit.core.seeding import numpy_rng, torch_generator
 from defenses.accounting import (
     GaussianSchedule,
     calibrate_noise,

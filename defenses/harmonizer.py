@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from audit.errors import UserInputError
+from audit.core.errors import UserInputError
 from defenses.accounting import (
     INTEGER_ORDERS,
     GaussianSchedule,

@@ -32,7 +32,7 @@ from typing import Literal
 
 import torch
 
-from audit.errors import UserInputError
+from audit.core.errors import UserInputError
 from defenses.base import DEFENSES, Defense, PrivacyClaim
 from defenses.claims import AdversaryClaim
 from defenses.engine import RoundContext, TrainingConfig

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from audit.errors import UserInputError
+from audit.core.errors import UserInputError
 from defenses.accounting import GaussianSchedule, accountant_label, compute_epsilon
 from defenses.base import DEFENSES, Defense, PrivacyClaim
 from defenses.claims import AdversaryClaim, gaussian_round_epsilon, known_participation_epsilon

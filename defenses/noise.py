@@ -1,6 +1,6 @@
 """Noise for updates — Gaussian and discrete Gaussian — drawn from per-(run, round, client) generators.
 
-Each client's noise comes from its own :func:`audit.seeding.torch_generator` stream, so the
+Each client's noise comes from its own :func:`audit.core.seeding.torch_generator` stream, so the
 noise a client adds does not depend on which other clients are in the round, on the order in
 which they are processed, or on whether the batched or the per-client engine path runs.
 """

@@ -26,9 +26,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from defenses.engine import FederatedEngine, TrainingJob
+
 if TYPE_CHECKING:
     from defenses.base import Defense
-    from defenses.engine import TrainingJob
 
 Views = dict[str, torch.Tensor]
 
@@ -63,7 +64,6 @@ def engine_probe(defense: Defense, job: TrainingJob) -> ReleaseProbe:
     The defense is prepared and bound as in training (:meth:`FederatedEngine.start`), every
     client of ``job`` takes part, and contribution row i is client i's raw update Δ_i.
     """
-    from defenses.engine import FederatedEngine
 
     engine = FederatedEngine(defense, job)
     state = engine.start()

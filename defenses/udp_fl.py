@@ -34,7 +34,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from audit.errors import UserInputError
+from audit.core.errors import UserInputError
 from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
 from defenses.claims import AdversaryClaim
 from defenses.dp_sgd import DPSGDObjective, clip_and_sum

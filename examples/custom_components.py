@@ -3,7 +3,7 @@
 Run it with ``dpfl-audit run examples/custom.yaml``. Each callable follows the contract of the
 built-in registries:
 
-* a dataset loader ``f(root=None, **options) -> audit.datasets.Dataset``;
+* a dataset loader ``f(root=None, **options) -> audit.core.datasets.Dataset``;
 * a model factory ``f(input_shape, num_classes, **options) -> torch.nn.Module`` (no buffers);
 * a defense: a subclass of ``defenses.base.Defense`` with a ``Params`` dataclass. Round-based
   defenses override the engine's hooks (``local_objective``, ``privatize``, ``aggregate``) and
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from audit.datasets import Dataset, Split
+from audit.core.datasets import Dataset, Split
 from defenses.base import Defense, PrivacyClaim
 from defenses.local_training import LocalObjective
 

@@ -13,7 +13,7 @@ from typing import Any
 import jinja2
 import yaml
 
-from audit.atomic import write_text
+from audit.core.atomic import write_text
 from reports import plots
 
 TEMPLATES = Path(__file__).with_name("templates")

@@ -10,10 +10,8 @@ results and policy give the same bytes — the file can be diffed and cached.
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from reports.policy import Outcome
+from reports.outcomes import Outcome
 
 SUITE_NAME = "dpfl-audit check"
 

@@ -64,7 +64,7 @@ silently. Within the experiments a rule matches, an experiment without the named
 attack skipped for it) gives no outcome.
 
 Every malformed policy — unknown field, wrong type, unknown rule kind, missing field — raises
-:class:`~audit.errors.UserInputError` naming the field path and the allowed values, e.g.
+:class:`~audit.core.errors.UserInputError` naming the field path and the allowed values, e.g.
 ``rules[2].kind: unknown rule 'maxx'; allowed: max, min, no-violation, no-regression``
 (rules are counted from 0).
 """
@@ -73,12 +73,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from audit.errors import UserInputError
-from audit.strict_yaml import read_yaml_file
+from audit.core.errors import UserInputError
+from audit.core.strict_yaml import read_yaml_file
+from reports.junit import junit_xml
+from reports.outcomes import Outcome
 from reports.results import load_results as read_results
 
 POLICY_VERSIONS = (1,)
@@ -276,7 +278,7 @@ def parse_policy(document: Any, source: str = "policy") -> Policy:
 
 
 def load_policy(path: str | Path, option: str = "--policy") -> Policy:
-    """Read and validate a policy YAML file, strictly (:func:`audit.strict_yaml.read_yaml_file`: UTF-8
+    """Read and validate a policy YAML file, strictly (:func:`audit.core.strict_yaml.read_yaml_file`: UTF-8
     text only, no duplicate keys, no lone surrogates)."""
     path = Path(path)
     if not path.is_file():
@@ -360,29 +362,6 @@ def _find(experiment: dict[str, Any] | None, attack: str, metric: str) -> _Measu
 
 
 # --------------------------------------------------------------------------- evaluation
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """The verdict of one rule on one target (an experiment, or an experiment's attack metric).
-
-    ``value`` is the number (or soundness status) that was compared, ``threshold`` what it was
-    compared with by ``relation``; ``value_basis``/``threshold_basis`` say which number each is
-    (``ci_low``, ``baseline ci_high``, ...) where that is not obvious; ``sentence`` explains."""
-
-    rule: str
-    kind: str
-    target: str
-    verdict: str  # PASS, FAIL or SKIP
-    value: float | str | None
-    threshold: float | str | None
-    relation: str
-    sentence: str
-    value_basis: str = ""
-    threshold_basis: str = ""
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _selected_experiments(rule: Rule, results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -632,8 +611,7 @@ def check_command(results_path: str, policy_path: str, baseline_path: str | None
     """``dpfl-audit check``: load and validate everything first (a :class:`UserInputError` leaves
     nothing written), evaluate, print a table or JSON, write JUnit XML if asked; True when every
     rule holds (skipped outcomes do not fail)."""
-    from audit.atomic import dumps, write_text
-    from reports.junit import junit_xml
+    from audit.core.atomic import dumps, write_text
 
     if junit_path is not None:
         _check_junit_path(Path(junit_path))

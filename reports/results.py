@@ -21,8 +21,8 @@ from typing import Any
 
 import pandas as pd
 
-from audit.atomic import dumps, write_text
-from audit.errors import UserInputError
+from audit.core.atomic import dumps, write_text
+from audit.core.errors import UserInputError
 
 SCHEMA_VERSION = "2.1"  # reports/schema/results.schema.json describes it
 #: the versions ``load_results`` reads: only the one this code writes. 1.x is another layout; 2.0

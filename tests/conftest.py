@@ -9,8 +9,8 @@ import pytest
 import torch
 from hypothesis import settings
 
-from audit.datasets import load_dataset
-from audit.models import build_model
+from audit.core.datasets import load_dataset
+from audit.core.models import build_model
 from audit.partitions import partition
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))

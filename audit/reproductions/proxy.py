@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from audit.errors import UserInputError
+from audit.core.errors import UserInputError
 
 DATASETS = ("mnist", "digits")
 

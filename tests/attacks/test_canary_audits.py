@@ -14,8 +14,8 @@ from attacks.base import ATTACKS
 from attacks.canary_audit import CanaryRun, canary_result
 from audit.cli import main
 from audit.config import load_config
+from audit.core.seeding import derive_seed
 from audit.pipeline import canary_context, plan_audit, train_runs
-from audit.seeding import derive_seed
 from audit.store import RunStore
 from defenses.base import DEFENSES
 from defenses.engine import initial_vector
@@ -108,7 +108,7 @@ def test_canary_result_null_and_leaky_statistics():
     assert null.metrics["epsilon_gaussian_fit"].low == 0.0
     # a Gaussian mechanism with μ = 4 (ε ≈ 12 at δ = 1e-5): every figure far above 0, none above the truth
     leaky = canary_result("x", "record", rng.normal(size=(1, 1000)) + 4.0 * inserted, inserted, 1e-5, 0, "")
-    from reports.empirical_epsilon import gaussian_pair_epsilon
+    from audit.core.empirical_epsilon import gaussian_pair_epsilon
 
     truth = gaussian_pair_epsilon(1e-5, 4.0, 1.0, 0.0, 1.0)
     assert 2.0 < leaky.metrics["epsilon_one_run"].value < truth

@@ -42,8 +42,8 @@ from attacks.image_quality import (
     ssim_per_image,
 )
 from audit.cli import main
-from audit.datasets import load_dataset
-from audit.seeding import torch_generator
+from audit.core.datasets import load_dataset
+from audit.core.seeding import torch_generator
 
 
 @pytest.fixture(autouse=True)
@@ -190,7 +190,7 @@ def test_secure_sum_is_the_sum_of_the_clients_uploads(faces, lenet):
 
 
 def test_threat_model_rejects_bad_settings():
-    from audit.errors import UserInputError
+    from audit.core.errors import UserInputError
 
     with pytest.raises(UserInputError, match="threat.noise: needs a clip"):
         ThreatModel(noise=1.0)

@@ -27,9 +27,9 @@ from attacks.property_inference import (
     local_sgd_delta,
     property_inference,
 )
-from audit.datasets import load_dataset
-from audit.models import build_model
-from reports.metrics import Estimate
+from audit.core.datasets import load_dataset
+from audit.core.metrics import Estimate
+from audit.core.models import build_model
 from tests.helpers import shared_data
 
 

@@ -8,7 +8,7 @@ from scipy import stats
 
 from attacks.base import membership_metrics
 from attacks.lira import LiRA, LiRAParams
-from reports.metrics import auc
+from audit.core.metrics import auc
 
 
 def _naive_scores(signals, keep, per_example):

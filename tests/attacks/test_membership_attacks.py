@@ -181,7 +181,7 @@ def test_trajectory_rounds():
 
 
 def test_shokri_classifiers_and_bad_unit():
-    from audit.errors import UserInputError
+    from audit.core.errors import UserInputError
 
     experiment = _experiment(leaky=True, unit="record")
     for classifier in ("logistic", "gradient-boosting"):

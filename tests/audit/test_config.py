@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from audit.config import AuditConfig, load_config, merge, preset_names
-from audit.errors import UserInputError
+from audit.core.errors import UserInputError
+from audit.core.schema import from_mapping
 from audit.pipeline import plan_audit
-from audit.schema import from_mapping
 
 
 def _error(data) -> str:

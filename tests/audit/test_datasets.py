@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from audit.datasets import DATASETS, load_dataset
-from audit.errors import UserInputError
+from audit.core.datasets import DATASETS, load_dataset
+from audit.core.errors import UserInputError
 from tests.helpers import shared_data
 
 

@@ -85,7 +85,7 @@ def test_a_diverged_experiment_is_a_result_and_the_audit_completes(tmp_path, cap
 def test_a_later_run_diverging_keeps_the_runs_before_it_and_reruns_alike(tmp_path, monkeypatch, capsys):
     """Run 1 of 4 diverges at round 2 (forced): runs 0 (and those trained beside it) are stored, the
     experiment records run 1, and a rerun — which trains run 1 again — writes the same bytes."""
-    from audit.seeding import derive_seed
+    from audit.core.seeding import derive_seed
 
     target_seed = derive_seed(0, "run", 1)
     finish_round = FederatedEngine.finish_round
@@ -114,7 +114,7 @@ def test_a_later_run_diverging_keeps_the_runs_before_it_and_reruns_alike(tmp_pat
 def test_a_diverged_canary_or_side_run_skips_only_its_audit(tmp_path, monkeypatch, capsys):
     """A canary audit's own run, or the side run an attack retrains on another dataset, diverges
     (forced): that audit is skipped with the reason; the experiment and its other attacks stand."""
-    from audit.seeding import derive_seed
+    from audit.core.seeding import derive_seed
 
     failing_seeds = {derive_seed(0, "canary-run", "record-canaries", 0),
                      derive_seed(0, "side-run", "fedavg", "diabetes")}

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from audit.cli import main
 from audit.config import AuditConfig
-from audit.schema import field_reference
+from audit.core.schema import field_reference
 
 BASE = {
     "dataset": {"name": "digits", "max_pool": 160, "max_test": 100},

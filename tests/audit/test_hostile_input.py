@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from audit.cli import main
-from audit.extensions import NO_PLUGINS_ENV
-from audit.safe_names import MAX_LENGTH, inside, is_safe, slug
+from audit.core.extensions import NO_PLUGINS_ENV
+from audit.core.safe_names import MAX_LENGTH, inside, is_safe, slug
 from tests.helpers import tiny_config
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from audit.errors import UserInputError
-from audit.models import MODELS, build_model, count_parameters
+from audit.core.errors import UserInputError
+from audit.core.models import MODELS, build_model, count_parameters
 
 
 @pytest.mark.parametrize("name,shape,classes,expected", [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from audit.errors import UserInputError
+from audit.core.errors import UserInputError
 from audit.partitions import partition
 
 LABELS = np.repeat(np.arange(10), 60)

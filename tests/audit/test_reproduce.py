@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from audit.cli import main
-from audit.errors import UserInputError
+from audit.core.errors import UserInputError
 from audit.reproduce import Results, RunResult, compare, make_study, reproduce, smaller
 
 

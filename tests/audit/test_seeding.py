@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from audit.seeding import (
+from audit.core.seeding import (
     _mt_state,
     _path_digest,
     derive_seed,

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from audit.cli import main
-from audit.errors import UserInputError
+from audit.core.errors import UserInputError
 from audit.store import RunStore
 from tests.helpers import tiny_config
 

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import integrate, stats
 
-from audit.errors import UserInputError
+from audit.core.errors import UserInputError
 from defenses.accounting import (
     GaussianSchedule,
     calibrate_noise,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from audit.errors import UserInputError
+from audit.core.errors import UserInputError
 from defenses.blur_lus import (
     BLURLUSParams,
     BLURObjective,
@@ -37,7 +37,7 @@ def _round_context(job, defense, round_index=0):
     Like the engine, it binds ``defense`` to the model's layout and calls its ``prepare`` with the
     initial model (in place, so the caller's object is the prepared one).
     """
-    from audit.seeding import seed_torch
+    from audit.core.seeding import seed_torch
 
     engine = FederatedEngine(defense, job)
     seed_torch(job.seed, "torch")

@@ -9,7 +9,7 @@ import pytest
 import torch
 from scipy import stats
 
-from audit.errors import UserInputError
+from audit.core.errors import UserInputError
 from defenses.accounting import (
     GaussianSchedule,
     compute_epsilon,

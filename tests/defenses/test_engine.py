@@ -13,7 +13,7 @@ import pytest
 import torch
 from scipy import stats
 
-from audit.errors import UserInputError
+from audit.core.errors import UserInputError
 from defenses.base import AccountingSettings
 from defenses.clipping import clip_rows
 from defenses.engine import RecordSpec, RoundContext, TrainingConfig, sample_participants

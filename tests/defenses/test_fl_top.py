@@ -60,7 +60,7 @@ def test_fl_top_dp_accounting_reproduces_the_calibration():
 
 def _initial_model(job):
     """The engine's initial global model for this job (same seed, same draw)."""
-    from audit.seeding import seed_torch
+    from audit.core.seeding import seed_torch
 
     seed_torch(job.seed, "torch")
     return job.model_factory()
@@ -165,7 +165,7 @@ def test_private_topk_costs_one_more_round(digits_job):
 
 
 def test_weight_decay_is_rejected():
-    from audit.errors import UserInputError
+    from audit.core.errors import UserInputError
 
     with pytest.raises(UserInputError, match="weight_decay"):
         FLTop(FLTopParams()).validate(TrainingConfig(weight_decay=1e-4), 10)

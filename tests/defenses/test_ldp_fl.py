@@ -122,7 +122,7 @@ def test_unlinked_view_has_no_identities_and_two_values_per_id(digits_job):
 
 
 def _initial_vector(job):
-    from audit.seeding import seed_torch
+    from audit.core.seeding import seed_torch
     from defenses.flat import parameters_of
 
     seed_torch(job.seed, "torch")

@@ -29,7 +29,7 @@ from tests.defenses.test_blur_lus import _round_context
 
 
 def _model_and_batch(digits, count=12):
-    from audit.models import build_model
+    from audit.core.models import build_model
 
     torch.manual_seed(0)
     model = build_model("mlp", (1, 8, 8), 10, {"hidden": [16]})

@@ -9,7 +9,7 @@ import pytest
 import torch
 from scipy import stats
 
-from audit.errors import UserInputError
+from audit.core.errors import UserInputError
 from defenses.accounting import GaussianSchedule, calibrate_noise, rdp_per_round
 from defenses.harmonizer import PAPER_ORDERS, dominance, epsilon, harmonize, rdp_per_step
 from defenses.mechanisms import GaussianNoise, LaplaceNoise, StaircaseNoise, numeric_rdp

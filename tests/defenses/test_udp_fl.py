@@ -10,7 +10,7 @@ import pytest
 import torch
 from scipy import stats
 
-from audit.errors import UserInputError
+from audit.core.errors import UserInputError
 from defenses.base import AccountingSettings
 from defenses.dp_sgd import clip_factors, per_example_gradients
 from defenses.engine import TrainingConfig
@@ -137,7 +137,7 @@ def test_one_client_noiseless_fedavg_is_centralised_training(digits_job):
     job = replace(job, clients=[job.clients[0]])
     outcome = FedAvg().train(job)
     torch.manual_seed(0)
-    from audit.seeding import seed_torch
+    from audit.core.seeding import seed_torch
     from defenses.engine import batch_stream
 
     seed_torch(job.seed, "torch")

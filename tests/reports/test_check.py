@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from audit.cli import main
-from audit.errors import UserInputError
+from audit.core.errors import UserInputError
 from reports.junit import junit_xml
 from reports.policy import (
     FAIL,

@@ -10,7 +10,7 @@ import pytest
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 
-from reports.empirical_epsilon import (
+from audit.core.empirical_epsilon import (
     gaussian_fit_epsilon,
     gaussian_pair_delta,
     gaussian_pair_epsilon,

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from reports.metrics import (
+from audit.core.metrics import (
     auc,
     auc_convex_hull,
     balanced_accuracy,

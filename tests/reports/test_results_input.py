@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from audit.cli import main
-from audit.errors import UserInputError
+from audit.core.errors import UserInputError
 from reports.results import SCHEMA_VERSION, load_results
 from tests.helpers import tiny_config
 

@@ -105,7 +105,7 @@ def _mt_template() -> np.ndarray:
                  and int(words[0]) == seed and int(words[1]) == second)
     if not layout_ok:  # pragma: no cover - a torch release with a new generator layout
         raise RuntimeError(f"torch {torch.__version__}: unexpected CPU generator state layout; "
-                           "audit.seeding cannot key torch streams in full")
+                           "audit.core.seeding cannot key torch streams in full")
     return state
 
 

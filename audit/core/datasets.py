@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from audit.errors import UserInputError
-from audit.registry import Registry
+from audit.core.errors import UserInputError
+from audit.core.registry import Registry
 
 
 @dataclass
@@ -459,5 +459,5 @@ def load_dataset(name: str, root: str | None = None, options: dict | None = None
         kwargs["root"] = root
     dataset = loader(**kwargs)
     if not isinstance(dataset, Dataset):
-        raise UserInputError(f"dataset.name: '{name}' returned {type(dataset).__name__}, not audit.datasets.Dataset")
+        raise UserInputError(f"dataset.name: '{name}' returned {type(dataset).__name__}, not audit.core.datasets.Dataset")
     return dataset

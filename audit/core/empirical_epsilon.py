@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from reports.metrics import Estimate
+from audit.core.metrics import Estimate
 
 # --------------------------------------------------------------------------- one-run audit (Steinke et al. 2023)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from audit.errors import UserInputError
+from audit.core.errors import UserInputError
 
 
 class _StrictLoader(yaml.SafeLoader):

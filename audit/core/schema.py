@@ -17,7 +17,7 @@ import types
 import typing
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
-from audit.errors import UserInputError
+from audit.core.errors import UserInputError
 
 T = TypeVar("T")
 

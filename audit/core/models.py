@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from audit.errors import UserInputError
-from audit.registry import Registry
+from audit.core.errors import UserInputError
+from audit.core.registry import Registry
 
 ModelFactory = Callable[..., nn.Module]
 MODELS: Registry[ModelFactory] = Registry("model")

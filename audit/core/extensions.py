@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from audit.errors import UserInputError
+from audit.core.errors import UserInputError
 
 #: environment variable that switches plugins off (any value but "", "0", "false", "no")
 NO_PLUGINS_ENV = "DPFL_AUDIT_NO_PLUGINS"

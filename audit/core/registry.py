@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
-from audit.errors import UserInputError
-from audit.extensions import is_reference, resolve
+from audit.core.errors import UserInputError
+from audit.core.extensions import is_reference, resolve
 
 T = TypeVar("T")
 

@@ -1,0 +1,29 @@
+"""One rule's verdict on one target: what ``dpfl-audit check`` prints, writes as JSON and as JUnit."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The verdict of one rule on one target (an experiment, or an experiment's attack metric).
+
+    ``value`` is the number (or soundness status) that was compared, ``threshold`` what it was
+    compared with by ``relation``; ``value_basis``/``threshold_basis`` say which number each is
+    (``ci_low``, ``baseline ci_high``, ...) where that is not obvious; ``sentence`` explains."""
+
+    rule: str
+    kind: str
+    target: str
+    verdict: str  # PASS, FAIL or SKIP
+    value: float | str | None
+    threshold: float | str | None
+    relation: str
+    sentence: str
+    value_basis: str = ""
+    threshold_basis: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
