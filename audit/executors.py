@@ -30,12 +30,17 @@ from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
+import torch
 from tqdm import tqdm
+
+from audit.config import config_to_yaml
+from audit.core.errors import UserInputError
+from audit.plan import Plan, plan_audit
+from audit.store import RunStore
+from audit.training import run_groups, train_membership_runs
 
 if TYPE_CHECKING:
     from audit.config import AuditConfig
-    from audit.pipeline import Plan
-    from audit.store import RunStore
 
 EXECUTORS = ("local", "process", "ray")
 RAY_MISSING = "--executor ray needs Ray, which is not installed; install it with: pip install 'dpfl-audit[distributed]'"
@@ -49,20 +54,13 @@ Job = tuple[int, tuple[int, ...]]  # (experiment index, membership runs trained 
 
 def pending_jobs(plan: Plan, store: RunStore, workers: int, batch_runs: int | None = None) -> list[Job]:
     """The membership runs not yet in the store, as jobs: groups of runs of one experiment trained
-    together (:func:`audit.pipeline.run_groups`), split so that ``workers`` workers all get work.
+    together (:func:`audit.training.run_groups`), split so that ``workers`` workers all get work.
     A run's result does not depend on its group, so any split trains the same bytes."""
-    from audit.pipeline import run_groups
-
     return [(e, tuple(group)) for e, experiment in enumerate(plan.experiments)
             for group in run_groups(plan, store, experiment, batch_runs, parts=workers)]
 
 
 def _start_worker(config: AuditConfig, root: str) -> None:
-    import torch
-
-    from audit.pipeline import plan_audit
-    from audit.store import RunStore
-
     torch.set_num_threads(1)
     _WORKER["plan"], _WORKER["store"] = plan_audit(config), RunStore(root)
 
@@ -71,8 +69,6 @@ def train_job(plan: Plan, store: RunStore, job: Job) -> list[str]:
     """Train the membership runs of one job into ``store`` (those not in it yet); returns their ids.
 
     The one code path of every pool: a job is what :func:`pending_jobs` lists."""
-    from audit.pipeline import train_membership_runs
-
     experiment, runs = job
     return train_membership_runs(plan, store, plan.experiments[experiment], list(runs))
 
@@ -103,8 +99,6 @@ def train_in_processes(plan: Plan, store: RunStore, workers: int | None = None, 
 
 
 def _import_ray():
-    from audit.core.errors import UserInputError
-
     try:
         import ray
     except ImportError:
@@ -114,16 +108,12 @@ def _import_ray():
 
 def config_key(config: AuditConfig) -> str:
     """A hash of everything the plan is built from: the resolved config."""
-    from audit.config import config_to_yaml
-
     return hashlib.sha256(config_to_yaml(config).encode("utf-8")).hexdigest()
 
 
 def _worker_plan(config: AuditConfig, key: str) -> Plan:
     """The plan of ``config``, built once per worker process (planning is deterministic but not free)."""
     if key not in _RAY_PLAN:
-        from audit.pipeline import plan_audit
-
         _RAY_PLAN.clear()  # one audit at a time: keep only the latest plan
         _RAY_PLAN[key] = plan_audit(config)
     return _RAY_PLAN[key]
@@ -132,10 +122,6 @@ def _worker_plan(config: AuditConfig, key: str) -> Plan:
 def _train_remotely(config: AuditConfig, key: str, job: Job) -> dict[str, dict[str, bytes]]:
     """Body of the Ray task: train ``job`` into a temporary store on this node and return its runs,
     ``{run id: {path inside the run directory: bytes}}``."""
-    import torch
-
-    from audit.store import RunStore
-
     torch.set_num_threads(1)  # the other tasks fill the other cores
     plan = _worker_plan(config, key)
     with tempfile.TemporaryDirectory(prefix="dpfl-audit-ray-") as scratch:
@@ -162,8 +148,6 @@ def _check_reachable(address: str, timeout: float = 10.0) -> None:
     an unreachable cluster for minutes, printing a warning every few seconds."""
     import socket
 
-    from audit.core.errors import UserInputError
-
     host, _, port = address.split("://", 1)[-1].rpartition(":")
     if not host or not port.isdigit():
         return  # "auto" and other forms: Ray resolves them
@@ -178,8 +162,6 @@ def ray_session(address: str | None = None, workers: int | None = None) -> Itera
     """Ray, initialised: joined to the cluster at ``address``, or a local instance of ``workers``
     CPUs (default: the CPU count). Shuts down only what it started; an already initialised Ray is
     used as it is."""
-    from audit.core.errors import UserInputError
-
     ray = _import_ray()
     if ray.is_initialized():
         yield ray
@@ -241,8 +223,6 @@ def train_in_ray(plan: Plan, store: RunStore, workers: int | None = None, quiet:
 def check_executor(executor: str, workers: int | None, ray_address: str | None = None,
                    batch_runs: int | None = None) -> None:
     """Check the executor options before any work; for ``ray``, that Ray can be imported."""
-    from audit.core.errors import UserInputError
-
     if executor not in EXECUTORS:
         raise UserInputError(f"--executor: unknown executor '{executor}'; allowed: {', '.join(EXECUTORS)}")
     if workers is not None and workers < 1:
@@ -257,8 +237,6 @@ def check_executor(executor: str, workers: int | None, ray_address: str | None =
 
 def check_executor_plan(executor: str, plan: Plan) -> None:
     """Checks that need the plan (run before the output directory exists)."""
-    from audit.core.errors import UserInputError
-
     if executor == "ray" and plan.config.device != "cpu":  # Ray hides the GPUs from tasks that do not reserve one
         raise UserInputError(f"--executor ray trains on the CPU only; got device '{plan.config.device}' "
                              "(use --device cpu, or --executor local or process)")

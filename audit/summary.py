@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -17,13 +17,12 @@ from attacks.base import MEMBERSHIP_METRICS, AttackResult
 from audit import __version__, provenance
 from audit.core.metrics import mean_estimate
 from audit.core.schema import to_mapping
+from audit.plan import Plan
 from audit.store import RunStore
+from audit.training import trained_claim
 from defenses.accounting import dp_accounting_version
 from reports.results import SCHEMA_VERSION, rows_from_results
 from reports.soundness import attack_verdicts, experiment_sentence, experiment_verdict
-
-if TYPE_CHECKING:
-    from audit.pipeline import Plan
 
 ROUND_METRICS = ("test_accuracy", "test_loss", "train_accuracy", "update_norm_median", "update_norm_q25",
                  "update_norm_q75", "clip_fraction", "epsilon")
@@ -125,8 +124,6 @@ def diagnostics_summary(manifests: list[dict], metrics: list[list[dict]], landsc
 
 def build_results(plan: Plan, store: RunStore, attack_results: dict[str, list[AttackResult]],
                   landscape: dict[str, list[dict]] | None = None) -> dict[str, Any]:
-    from audit.pipeline import trained_claim
-
     config, task = plan.config, plan.task
     experiments = []
     for experiment in plan.experiments:

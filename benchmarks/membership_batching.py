@@ -27,8 +27,9 @@ from dataclasses import replace
 import torch
 
 from audit.config import AuditConfig, DefenseEntry
-from audit.pipeline import Plan, plan_audit, run_id, train_membership_runs
+from audit.plan import Plan, plan_audit, run_id
 from audit.store import RunStore
+from audit.training import train_membership_runs
 
 
 def experiment_plan(runs: int) -> Plan:

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from audit.reproduce import Arm, ClaimCheck, Results, Study, compare, smaller
 from audit.reproductions.proxy import proxy_dataset
+from audit.study import Arm, ClaimCheck, Results, Study, compare, smaller
 
 PAPER = "Cheng, Wang, Zhang, Cheng, Differentially Private Federated Learning with Local Regularization and Sparsification (CVPR 2022)"
 

@@ -17,8 +17,8 @@ really supports.
 
 from __future__ import annotations
 
-from audit.reproduce import Arm, ClaimCheck, Results, Study, compare, smaller
 from audit.reproductions.proxy import proxy_dataset
+from audit.study import Arm, ClaimCheck, Results, Study, compare, smaller
 from defenses.accounting import GaussianSchedule, epsilon_trajectory
 
 PAPER = ("Shi, Wei, Shen, Liu, Wang, Yuan, Tao, Towards the Flatter Landscape and Better Generalization in "

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from audit.reproduce import Arm, ClaimCheck, Results, Study, compare
 from audit.reproductions.proxy import proxy_dataset
+from audit.study import Arm, ClaimCheck, Results, Study, compare
 from defenses.fl_top import kept_count, table_kilobytes
 
 PAPER = ("Kerkouche, Ács, Castelluccia, Genevès, Constrained Differentially Private Federated Learning for "

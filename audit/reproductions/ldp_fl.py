@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from audit.reproduce import Arm, ClaimCheck, Results, Study
 from audit.reproductions.proxy import proxy_dataset
+from audit.study import Arm, ClaimCheck, Results, Study
 from defenses.ldp import shuffle_amplification
 
 PAPER = "Sun, Qian, Chen, LDP-FL: Practical Private Aggregation in Federated Learning with Local Differential Privacy (IJCAI 2021)"

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from audit.reproduce import Arm, ClaimCheck, Results, Study, compare
 from audit.reproductions.proxy import proxy_dataset
+from audit.study import Arm, ClaimCheck, Results, Study, compare
 
 PAPER = ("Feng, Mohammady, Hong, Yan, Kundu, Wang, Hong, Universally Harmonizing Differential Privacy Mechanisms "
          "for Federated Learning (arXiv 2407.14710)")

@@ -15,7 +15,8 @@ from attacks.canary_audit import CanaryRun, canary_result
 from audit.cli import main
 from audit.config import load_config
 from audit.core.seeding import derive_seed
-from audit.pipeline import canary_context, plan_audit, train_runs
+from audit.pipeline import train_runs
+from audit.plan import canary_context, plan_audit
 from audit.store import RunStore
 from defenses.base import DEFENSES
 from defenses.engine import initial_vector

@@ -9,7 +9,8 @@ import pytest
 
 from audit.cli import main
 from audit.core.errors import UserInputError
-from audit.reproduce import Results, RunResult, compare, make_study, reproduce, smaller
+from audit.reproduce import make_study, reproduce
+from audit.study import Results, RunResult, compare, smaller
 
 
 def _run(arm, epsilon, seed, accuracy, norm=0.5):

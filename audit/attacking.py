@@ -1,0 +1,104 @@
+"""Running every attack and canary audit on every experiment; raw scores saved under
+``<out>/attacks/<experiment>/`` (file names are slugs of the attacks' labels)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from attacks.base import (
+    AttackResult,
+    RunAttack,
+    TargetRun,
+)
+from attacks.canary_audit import CanaryAudit, CanaryRun
+from audit.core.safe_names import inside, slug
+from audit.core.seeding import derive_seed
+from audit.plan import Experiment, Plan, canary_context
+from audit.store import RunStore
+from audit.targets import membership_experiment, target_run
+from audit.training import divergence_reason, progress_bar, trained_claim, warn
+from defenses.engine import (
+    TrainingDiverged,
+    initial_vector,
+)
+from reports.soundness import measurement_delta
+
+
+def evaluate_canaries(plan: Plan, store: RunStore, experiment: Experiment, audit: CanaryAudit) -> AttackResult | None:
+    ids = plan.canary_ids.get((experiment.key, audit.label))
+    if not ids:
+        return None
+    device = plan.config.device
+    delta = measurement_delta(trained_claim(plan, store, experiment), audit.unit, experiment.delta)
+    context = canary_context(plan, experiment, delta)
+    model = plan.task.model_factory().to(device)
+    runs = []
+    for i, rid in enumerate(ids):
+        params = store.load_params(rid, device=device)
+        _, layout, initial = initial_vector(plan.task.model_factory, derive_seed(plan.config.seed, "canary-run", audit.label, i))
+        runs.append(CanaryRun(audit.injection(context, i), layout.flatten(params).cpu(), initial, params))
+    return audit.evaluate(context, runs, model)
+
+
+def _save_scores(out: Path, experiment: Experiment, result: AttackResult) -> None:
+    if result.scores is None or not np.size(result.scores):
+        return  # run attacks have metrics, not scores per unit
+    folder = inside(out, out / "attacks" / experiment.key)
+    name = slug(result.name)  # the attack's label is user text: never a path
+    folder.mkdir(parents=True, exist_ok=True)
+    temporary = inside(out, folder / f".{name}.tmp.npz")
+    np.savez_compressed(temporary, scores=result.scores, truth=result.truth)
+    temporary.replace(inside(out, folder / f"{name}.npz"))
+
+
+def attack_runs(plan: Plan, store: RunStore, out: Path, quiet: bool = False) -> tuple[dict[str, list[AttackResult]], dict[str, float]]:
+    """Run every attack on every experiment; scores are saved under ``<out>/attacks/<experiment>/``."""
+    results: dict[str, list[AttackResult]] = {}
+    timings: dict[str, float] = {}
+    for experiment in plan.experiments:
+        results[experiment.key] = []
+        if experiment.key in plan.diverged:  # no finished model to attack
+            reason = divergence_reason(plan.diverged[experiment.key])
+            plan.skipped.setdefault(experiment.key, []).extend({"attack": a.label, "reason": reason} for a in plan.attacks)
+            continue
+        target = membership_experiment(plan, store, experiment)
+        run_target: TargetRun | None = None  # run 0 as the server holds it, loaded once for all run attacks
+        for attack in plan.attacks:
+            started = time.perf_counter()
+            if isinstance(attack, CanaryAudit):
+                result = evaluate_canaries(plan, store, experiment, attack)
+                produced = [] if result is None else [result]
+            elif isinstance(attack, RunAttack):
+                reason = attack.not_applicable(experiment.defense, plan.task.dataset)
+                if reason is not None:
+                    plan.skipped.setdefault(experiment.key, []).append({"attack": attack.label, "reason": reason})
+                    produced = []
+                else:
+                    run_target = run_target or target_run(plan, store, experiment)
+                    try:
+                        produced = attack.evaluate(run_target)
+                    except TrainingDiverged as failure:  # a side run (another dataset) diverged
+                        reason = f"training diverged: its side run at round {failure.round} ({failure.what})"
+                        plan.skipped.setdefault(experiment.key, []).append({"attack": attack.label, "reason": reason})
+                        warn(f"{experiment.label!r} {attack.label}: side run diverged at round {failure.round} "
+                             f"({failure.what}); this attack is skipped")
+                        produced = []
+            else:
+                bar = progress_bar(target.runs, f"{attack.label} {experiment.label}", quiet)
+
+                def progress(done: int, total: int, bar: tqdm = bar) -> None:
+                    bar.total = total
+                    bar.n = done
+                    bar.refresh()
+
+                produced = attack.run(target, progress)
+                bar.close()
+            for result in produced:
+                _save_scores(out, experiment, result)
+            results[experiment.key].extend(produced)
+            timings[f"{experiment.key}/{attack.label}"] = time.perf_counter() - started
+    return results, timings

@@ -1,0 +1,260 @@
+"""The plan of an audit: every check a config needs, before anything is written.
+
+:func:`plan_audit` resolves registry names, hyper-parameters, dataset files, the model,
+partitions and noise calibration into a :class:`Plan` — the experiments (one per defense and ε),
+the attacks and the membership runs — so bad input fails fast with a one-line error and leaves no
+output directory. Run ids (:func:`run_id`, :func:`canary_run_id`) hash everything that
+determines a run, so a rerun finds the runs it already stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+import attacks.catalog  # noqa: F401  (registers the attacks)
+import defenses.catalog  # noqa: F401  (registers the defenses)
+from attacks.base import (
+    ATTACKS,
+    Attack,
+)
+from attacks.canary_audit import CanaryAudit, CanaryContext
+from audit.config import AuditConfig, merge
+from audit.core.errors import UserInputError
+from audit.core.safe_names import slug
+from audit.core.schema import from_mapping, to_mapping
+from audit.tasks import Membership, Task, build_task, client_membership, record_membership
+from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
+from defenses.engine import (
+    RecordSpec,
+    TrainingConfig,
+)
+from defenses.flat import ParamLayout
+
+STORE_FORMAT = 4  # bump when a change makes stored runs incompatible (or trains them differently: 3 = Philox batch streams, 4 = fully keyed noise streams, claims per observer)
+
+
+@dataclass
+class Experiment:
+    """One defense configuration (one ε of a sweep), trained as N membership runs."""
+
+    key: str
+    label: str
+    defense: Defense
+    training: TrainingConfig
+    delta: float
+    target_epsilon: float | None
+    claim: PrivacyClaim
+
+
+@dataclass
+class Plan:
+    config: AuditConfig
+    task: Task
+    experiments: list[Experiment]
+    attacks: list[Attack]
+    membership: Membership
+    accounting: AccountingSettings
+    record: RecordSpec
+    run_ids: dict[str, list[str]] = field(default_factory=dict)
+    #: (experiment key, audit label) → the audit's own runs
+    canary_ids: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+    #: experiment key → [{"attack", "reason"}] for audits that cannot run on that defense
+    skipped: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+    #: experiment key → {"run", "run_id", "round", "what"}: the lowest-index membership run whose
+    #: training diverged (the experiment is a diverged result: nothing of it is attacked)
+    diverged: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: what run 0 stores: ``record`` plus the uploads the run attacks replay (None: as ``record``)
+    target_record: RecordSpec | None = None
+
+    def record_for(self, run_index: int) -> RecordSpec:
+        return self.target_record if run_index == 0 and self.target_record is not None else self.record
+
+    @property
+    def keep(self) -> np.ndarray:
+        return self.membership.keep
+
+    @property
+    def clients(self) -> list[list[np.ndarray]]:
+        return self.membership.clients
+
+    @property
+    def membership_attacks(self) -> list[Attack]:
+        return [a for a in self.attacks if a.kind == "membership"]
+
+    @property
+    def canary_audits(self) -> list[CanaryAudit]:
+        return [a for a in self.attacks if isinstance(a, CanaryAudit)]
+
+
+def _format_epsilon(value: float) -> str:
+    return f"{value:g}"
+
+
+def _defense_class(name: str, field_path: str) -> type[Defense]:
+    entry = DEFENSES.get(name, field_path)
+    if not (isinstance(entry, type) and issubclass(entry, Defense)):
+        raise UserInputError(f"{field_path}: '{name}' is not a subclass of defenses.base.Defense")
+    return entry
+
+
+def _union_rounds(first: str | tuple[int, ...], second: str | tuple[int, ...]) -> str | tuple[int, ...]:
+    """Rounds stored for either request ("final" adds nothing: the final model is always stored)."""
+    if "all" in (first, second):
+        return "all"
+    listed = sorted({int(r) for r in (first, second) if isinstance(r, tuple) for r in r})
+    if listed:
+        return tuple(listed)
+    return "final" if "final" in (first, second) else "none"
+
+
+def _record_spec(config: AuditConfig, attacks: list[Attack], target: bool = False) -> RecordSpec:
+    """What the runs store: the config's ``record`` plus the global models the attacks score; the
+    ``target`` run (run 0, which the run attacks read) also the uploads they replay."""
+    def norm(value):
+        return tuple(value) if isinstance(value, list) else value
+
+    global_rounds, upload_rounds = norm(config.record.global_rounds), norm(config.record.upload_rounds)
+    for attack in attacks:
+        global_rounds = _union_rounds(global_rounds, attack.rounds_needed(config.training.rounds))
+        if target:
+            upload_rounds = _union_rounds(upload_rounds, attack.uploads_needed(config.training.rounds))
+    return RecordSpec(global_rounds, upload_rounds, norm(config.record.upload_clients))
+
+
+def check_device(device: str) -> None:
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        raise UserInputError(f"device: '{device}' is not a torch device; allowed: cpu, cuda, cuda:N, mps") from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise UserInputError(f"device: '{device}' requested but no CUDA device is available; use cpu")
+    if parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise UserInputError(f"device: '{device}' requested but MPS is not available; use cpu")
+
+
+def resolve_entries(config: AuditConfig) -> tuple[list[tuple], list[Attack]]:
+    """Check every defense and attack entry (names, hyper-parameters, training overrides) without data."""
+    check_device(config.device)
+    defense_specs = []
+    for i, entry in enumerate(config.defenses):
+        cls = _defense_class(entry.name, f"defenses[{i}].name")
+        params = from_mapping(cls.Params, entry.params, f"defenses[{i}].params")
+        training = from_mapping(TrainingConfig, merge(to_mapping(config.training), entry.training), f"defenses[{i}].training")
+        if entry.epsilons and not cls.private:
+            raise UserInputError(f"defenses[{i}].epsilons: '{entry.name}' is not a DP defense; remove 'epsilons'")
+        defense_specs.append((i, entry, cls, params, training))
+    attack_list: list[Attack] = []
+    for i, entry in enumerate(config.attacks):
+        cls = ATTACKS.get(entry.name, f"attacks[{i}].name")
+        if cls.kind == "membership" and config.membership.runs < cls.min_runs:
+            raise UserInputError(f"membership.runs: attack '{entry.name}' needs at least {cls.min_runs} runs, got {config.membership.runs}")
+        attack = cls(from_mapping(cls.Params, entry.params, f"attacks[{i}].params"), entry.label)
+        if attack.label in {a.label for a in attack_list}:
+            raise UserInputError(f"attacks[{i}].label: two attacks are named '{attack.label}'; give one a different label")
+        attack_list.append(attack)
+    if not config.defenses:
+        raise UserInputError("defenses: the list is empty; name at least one defense")
+    return defense_specs, attack_list
+
+
+def plan_audit(config: AuditConfig) -> Plan:
+    """Validate and resolve a config into a plan; writes nothing."""
+    accounting = AccountingSettings(config.accounting.accountant, config.accounting.conversion)
+    defense_specs, attack_list = resolve_entries(config)
+
+    task = build_task(config)
+    num_clients = config.partition.clients
+    layout = ParamLayout.of(task.model_factory())
+
+    experiments: list[Experiment] = []
+    used_keys: set[str] = set()
+    for i, entry, cls, params, training in defense_specs:
+        base = cls(params, layout)
+        base.validate(training, num_clients)
+        targets = entry.epsilons or [None]
+        for target in targets:
+            defense = base if target is None else base.calibrate(target, entry.delta, training, num_clients, accounting)
+            key = entry.name if target is None else f"{entry.name}-eps{_format_epsilon(target)}"
+            key = slug(key.replace(":", "_").replace("/", "_"))  # names folders and run ids
+            if key in used_keys:
+                key = f"{key}-{i}"
+            used_keys.add(key)
+            label = entry.label or entry.name
+            if target is not None:
+                label = f"{label} (ε={_format_epsilon(target)})"
+            claim = defense.privacy_claim(training, num_clients, training.rounds, entry.delta, accounting)
+            experiments.append(Experiment(key, label, defense, training, entry.delta, target, claim))
+    unit = config.membership.unit
+    if unit == "auto":  # audit whole clients when a defense protects whole clients
+        unit = "client" if any(e.claim.unit == "client" for e in experiments) else "record"
+    _check_attack_targets(attack_list, unit, experiments)
+    build = client_membership if unit == "client" else record_membership
+    membership = build(task.pool.labels.numpy(), config.membership, config.partition, config.seed)
+    return Plan(config, task, experiments, attack_list, membership, accounting, _record_spec(config, attack_list),
+                target_record=_record_spec(config, attack_list, target=True))
+
+
+def _check_attack_targets(attacks: list[Attack], unit: str, experiments: list[Experiment]) -> None:
+    for i, attack in enumerate(attacks):
+        if getattr(attack.params, "unit", None) == "client" and unit != "client":
+            raise UserInputError(f"attacks[{i}].params.unit: 'client' needs runs that include whole clients; "
+                                 "set membership.unit: client")
+        rounds = getattr(attack.params, "rounds", "final")
+        if isinstance(rounds, list):
+            for experiment in experiments:
+                if max(rounds) > experiment.training.rounds:
+                    raise UserInputError(f"attacks[{i}].params.rounds: round {max(rounds)} exceeds the "
+                                         f"{experiment.training.rounds} rounds of '{experiment.label}'")
+
+
+def run_id(plan: Plan, experiment: Experiment, run_index: int) -> str:
+    """A stable id: the experiment key, the run index and a hash of everything that determines the run."""
+    config = plan.config
+    fingerprint = {
+        "format": STORE_FORMAT,
+        "seed": config.seed,
+        "dataset": to_mapping(config.dataset),
+        "model": to_mapping(config.model),
+        "partition": to_mapping(config.partition),
+        "membership": to_mapping(config.membership),
+        "training": to_mapping(experiment.training),
+        "defense": experiment.defense.name or type(experiment.defense).__name__,
+        "params": to_mapping(asdict(experiment.defense.params)),
+        "delta": experiment.delta,
+        "accounting": asdict(plan.accounting),
+        "record": asdict(plan.record_for(run_index)),
+        "run": run_index,
+        "keep": hashlib.sha256(np.packbits(plan.keep[run_index]).tobytes()).hexdigest(),
+        "clients": clients_digest(plan.clients[run_index]),
+        "device": config.device,
+    }
+    digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return f"{experiment.key}-r{run_index:03d}-{digest}"
+
+
+def clients_digest(clients: list[np.ndarray]) -> str:
+    digest = hashlib.sha256()
+    for part in clients:
+        digest.update(np.asarray(part, dtype=np.int64).tobytes() + b"|")
+    return digest.hexdigest()
+
+
+def canary_run_id(plan: Plan, experiment: Experiment, audit: CanaryAudit, index: int) -> str:
+    base = run_id(plan, experiment, index % plan.config.membership.runs)
+    fingerprint = {"base": base, "audit": audit.name, "label": audit.label, "params": to_mapping(asdict(audit.params)),
+                   "index": index}
+    digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return f"{experiment.key}-{slug(audit.label)}-c{index:03d}-{digest}"
+
+
+def canary_context(plan: Plan, experiment: Experiment, delta: float | None = None) -> CanaryContext:
+    task = plan.task
+    return CanaryContext(experiment.key, experiment.defense, experiment.training, task.pool.features, task.pool.labels,
+                         task.test.features, task.test.labels, task.dataset.num_classes, ParamLayout.of(task.model_factory()),
+                         plan.config.seed, experiment.delta if delta is None else delta, plan.config.partition.clients)
