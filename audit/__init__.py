@@ -1,6 +1,50 @@
-"""dpfl-audit orchestration: CLI, configuration, datasets, partitions, models, run store, pipeline.
+"""dpfl-audit: train DPFL defenses, attack them, and report claimed vs measured privacy.
 
-The heavy modules are imported lazily by the CLI so that ``dpfl-audit --help`` stays fast.
+The public API, importable without the CLI (each name is loaded on first use, so ``import audit``
+stays light and the foundation in :mod:`audit.core` imports nothing above it)::
+
+    import audit
+    config = audit.load_config("my.yaml")            # or None: the default audit; preset="smoke"
+    plan = audit.plan(config)                        # every check, nothing written
+    audit.train(plan, "out")                         # the runs, into out/runs (resumable)
+    results = audit.attack(plan, "out")              # {experiment: [AttackResult, ...]}
+    summary = audit.audit(config, "out")             # all of it: results.csv/json, report.html
+    audit.write_report(summary["summary"], "out/report.html")
+    outcomes = audit.check("out", "examples/policy.yaml")   # the CI gate's outcomes
+
+Packages, lowest layer first: :mod:`audit.core` (foundation) → :mod:`defenses` → :mod:`attacks`
+→ :mod:`reports` → the rest of :mod:`audit` (plan, training, targets, attacking, pipeline, CLI).
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 __version__ = "0.1.0"
+
+#: public name → (module, attribute)
+_API = {
+    "load_config": ("audit.config", "load_config"),
+    "plan": ("audit.planning", "plan_audit"),
+    "train": ("audit.pipeline", "train"),
+    "attack": ("audit.pipeline", "attack"),
+    "audit": ("audit.pipeline", "run_audit"),
+    "write_report": ("reports.html", "write_report"),
+    "check": ("reports.policy", "check"),
+}
+
+__all__ = ["__version__", *_API]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _API:
+        module, attribute = _API[name]
+        value = getattr(importlib.import_module(module), attribute)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    raise AttributeError(f"module 'audit' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_API))

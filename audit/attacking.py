@@ -17,7 +17,7 @@ from attacks.base import (
 from attacks.canary_audit import CanaryAudit, CanaryRun
 from audit.core.safe_names import inside, slug
 from audit.core.seeding import derive_seed
-from audit.plan import Experiment, Plan, canary_context
+from audit.planning import Experiment, Plan, canary_context
 from audit.store import RunStore
 from audit.targets import membership_experiment, target_run
 from audit.training import divergence_reason, progress_bar, trained_claim, warn

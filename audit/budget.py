@@ -31,7 +31,7 @@ import torch
 from audit.core.errors import UserInputError
 
 if TYPE_CHECKING:
-    from audit.plan import Experiment, Plan
+    from audit.planning import Experiment, Plan
 
 #: default of ``--max-hours``: a day of training at the machine's peak is no typo-sized audit
 DEFAULT_MAX_HOURS = 24.0

@@ -256,7 +256,7 @@ def command_run(args: argparse.Namespace, attack: bool) -> int:
     from audit.budget import check_budget
     from audit.executors import check_executor, check_executor_plan
     from audit.pipeline import run_audit
-    from audit.plan import plan_audit
+    from audit.planning import plan_audit
 
     check_executor(args.executor, args.workers, args.ray_address, args.batch_runs)  # for ray: that Ray is installed
     config = _load(args)

@@ -10,7 +10,7 @@ import torch
 from audit.core.atomic import write_json
 from audit.core.safe_names import inside
 from audit.core.seeding import derive_seed, numpy_rng
-from audit.plan import Plan
+from audit.planning import Plan
 from audit.store import RunStore
 from audit.training import progress_bar
 

@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from audit.config import config_to_yaml
 from audit.core.errors import UserInputError
-from audit.plan import Plan, plan_audit
+from audit.planning import Plan, plan_audit
 from audit.store import RunStore
 from audit.training import run_groups, train_membership_runs
 

@@ -14,13 +14,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from attacks.base import AttackResult
 from audit import __version__, provenance
 from audit.attacking import attack_runs
 from audit.config import AuditConfig, config_to_yaml
 from audit.core.atomic import write_json, write_text
 from audit.diagnosis import diagnose_runs
 from audit.executors import train_in_processes, train_in_ray
-from audit.plan import Plan, plan_audit, run_id
+from audit.planning import Plan, plan_audit, run_id
 from audit.store import RunStore
 from audit.summary import build_results
 from audit.training import progress_bar, run_groups, train_canary_runs, train_membership_runs, warn
@@ -67,11 +68,27 @@ def train_runs(plan: Plan, store: RunStore, quiet: bool = False, executor: str =
     return timings
 
 
+def train(plan: Plan, out: str | Path, quiet: bool = True) -> RunStore:
+    """Train every run of ``plan`` not yet stored under ``out`` (public API): the membership runs,
+    then each canary audit's runs. Rerunning resumes; returns the run store."""
+    store = RunStore(out)
+    store.clean_staging()
+    train_runs(plan, store, quiet)
+    return store
+
+
+def attack(plan: Plan, out: str | Path, quiet: bool = True) -> dict[str, list[AttackResult]]:
+    """Every attack of ``plan`` on every experiment (public API), training first what is not yet
+    stored under ``out``; returns ``{experiment key: [AttackResult, ...]}`` (scores saved under
+    ``out/attacks``)."""
+    store = train(plan, out, quiet)
+    return attack_runs(plan, store, Path(out), quiet)[0]
+
+
 def run_audit(config: AuditConfig, out: str | Path, *, attack: bool = True, quiet: bool = False,
               plan: Plan | None = None, executor: str = "local", workers: int | None = None,
               batch_runs: int | None = None, ray_address: str | None = None) -> dict[str, Any]:
     """Plan (unless given), train, attack and report. Returns paths and the results summary."""
-
     started = time.perf_counter()
     plan = plan or plan_audit(config)
     out = Path(out)

@@ -34,7 +34,7 @@ from audit.core.atomic import write_json, write_text
 from audit.core.errors import UserInputError
 from audit.core.schema import from_mapping, to_mapping
 from audit.core.seeding import derive_seed, numpy_rng
-from audit.plan import check_device
+from audit.planning import check_device
 from audit.reproductions import STUDIES
 from audit.store import RunStore
 from audit.study import Arm, ClaimCheck, Results, RunResult, Study

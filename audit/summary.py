@@ -17,7 +17,7 @@ from attacks.base import MEMBERSHIP_METRICS, AttackResult
 from audit import __version__, provenance
 from audit.core.metrics import mean_estimate
 from audit.core.schema import to_mapping
-from audit.plan import Plan
+from audit.planning import Plan
 from audit.store import RunStore
 from audit.training import trained_claim
 from defenses.accounting import dp_accounting_version

@@ -17,7 +17,7 @@ from attacks.base import (
 )
 from audit.config import DatasetConfig, ModelConfig
 from audit.core.seeding import derive_seed
-from audit.plan import Experiment, Plan, clients_digest, run_id
+from audit.planning import Experiment, Plan, clients_digest, run_id
 from audit.store import RunStore
 from audit.tasks import build_task, record_membership
 from audit.training import trained_claim

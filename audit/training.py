@@ -17,7 +17,7 @@ from attacks.canary_audit import CanaryAudit
 from audit import provenance
 from audit.core.schema import to_mapping
 from audit.core.seeding import derive_seed
-from audit.plan import Experiment, Plan, canary_context, canary_run_id, run_id
+from audit.planning import Experiment, Plan, canary_context, canary_run_id, run_id
 from audit.store import RunStore
 from defenses.engine import (
     RecordSpec,

@@ -27,7 +27,7 @@ from dataclasses import replace
 import torch
 
 from audit.config import AuditConfig, DefenseEntry
-from audit.plan import Plan, plan_audit, run_id
+from audit.planning import Plan, plan_audit, run_id
 from audit.store import RunStore
 from audit.training import train_membership_runs
 

@@ -80,8 +80,7 @@ def summary_lines(document: dict[str, Any]) -> list[str]:
     if not violated and checked:
         lines.append(f"No measured ε lower bound contradicts a claim: {len(checked)} of {len(experiments)} "
                      "configurations checked and consistent.")
-    leaks = [(e, _leak_metric(e)) for e in experiments]
-    leaks = [(e, m) for e, m in leaks if m is not None]
+    leaks = [(e, metric) for e in experiments if (metric := _leak_metric(e)) is not None]
     if leaks:
         worst, (attack, value) = max(leaks, key=lambda item: item[1][1])
         lines.append(f"Most leaky configuration: {worst['label']} ({attack} AUC {value:.3f}; 0.5 is chance).")
@@ -171,6 +170,8 @@ def render_report(document: dict[str, Any], manifest_extra: dict[str, Any] | Non
 
 
 def write_report(document: dict[str, Any], path: str | Path, manifest_extra: dict[str, Any] | None = None) -> Path:
+    """Write the self-contained HTML report of a results document (results.json's content) to
+    ``path``, atomically; ``manifest_extra`` adds package versions and the machine. Returns the path."""
     path = Path(path)
     write_text(path, render_report(document, manifest_extra))
     return path

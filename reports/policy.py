@@ -75,7 +75,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from audit.core.errors import UserInputError
 from audit.core.strict_yaml import read_yaml_file
@@ -265,7 +265,8 @@ def parse_policy(document: Any, source: str = "policy") -> Policy:
     entries = document["rules"]
     if not isinstance(entries, list) or not entries:
         raise UserInputError(f"rules: expected a non-empty list of rules, got {_type_name(entries)} {entries!r}")
-    rules, seen = [], {}
+    rules: list[Rule] = []
+    seen: dict[str, int] = {}
     for index, entry in enumerate(entries):
         rule = _parse_rule(entry, index)
         if rule.name in seen:
@@ -425,6 +426,7 @@ def _evaluate_threshold(rule: Rule, experiments: list[dict[str, Any]]) -> list[O
     is_max = rule.kind == "max"
     relation, bound = ("≤", "maximum") if is_max else ("≥", "minimum")
     basis = "" if rule.use == "value" else rule.use
+    threshold = cast(float, rule.threshold)  # parse_policy requires a value for max and min rules
     for measure in measures:
         number = measure.number(rule.use)
         if number is None:
@@ -433,7 +435,7 @@ def _evaluate_threshold(rule: Rule, experiments: list[dict[str, Any]]) -> list[O
             outcomes.append(Outcome(rule.name, rule.kind, measure.target, FAIL, None, rule.threshold, relation,
                                     sentence, basis))
             continue
-        holds = number <= rule.threshold if is_max else number >= rule.threshold
+        holds = number <= threshold if is_max else number >= threshold
         what = measure.described if rule.use == "value" else f"the {rule.use} of {measure.described}"
         if holds:
             sentence = f"{what} is {_format(number)}, within the {bound} {rule.threshold:g}"
@@ -477,13 +479,14 @@ def _compare_with_baseline(rule: Rule, new: _Measure, old: _Measure) -> Outcome:
     lower_worse = _lower_is_worse(rule, new.metric)
     direction = "lower is worse" if lower_worse else "higher is worse"
     if new.has_interval and old.has_interval:
+        new_low, new_high, old_low, old_high = (cast(float, x) for x in (new.ci_low, new.ci_high, old.ci_low, old.ci_high))
         # beyond noise only when the two 95 % intervals do not even touch, on the worse side
         if lower_worse:
-            value, threshold, relation, value_basis, threshold_basis = new.ci_high, old.ci_low, "≥", "ci_high", "baseline ci_low"
-            regressed = new.ci_high < old.ci_low
+            value, threshold, relation, value_basis, threshold_basis = new_high, old_low, "≥", "ci_high", "baseline ci_low"
+            regressed = new_high < old_low
         else:
-            value, threshold, relation, value_basis, threshold_basis = new.ci_low, old.ci_high, "≤", "ci_low", "baseline ci_high"
-            regressed = new.ci_low > old.ci_high
+            value, threshold, relation, value_basis, threshold_basis = new_low, old_high, "≤", "ci_low", "baseline ci_high"
+            regressed = new_low > old_high
         comparison = (f"{new.described}: {_interval(new)} vs baseline {_interval(old)} ({direction}; "
                       f"95 % intervals compared)")
         side = "below" if lower_worse else "above"
@@ -555,6 +558,17 @@ def evaluate_policy(policy: Policy, results: dict[str, Any], baseline: dict[str,
 
 
 # --------------------------------------------------------------------------- output
+
+
+def check(results: str | Path | dict[str, Any], policy: str | Path | Policy,
+          baseline: str | Path | dict[str, Any] | None = None) -> list[Outcome]:
+    """The outcomes of a policy on an audit's results (public API; ``dpfl-audit check`` without
+    printing): ``results``/``baseline`` a results folder, its results.json, or the document;
+    ``policy`` a policy file or a parsed :class:`Policy`. The gate passes when no outcome is FAIL."""
+    document = results if isinstance(results, dict) else load_results(results)
+    old = baseline if baseline is None or isinstance(baseline, dict) else load_results(baseline, "--baseline")
+    rules = policy if isinstance(policy, Policy) else load_policy(policy)
+    return evaluate_policy(rules, document, old)
 
 
 def _cell(number: float | str | None, basis: str) -> str:

@@ -143,7 +143,7 @@ def coerce(tp: Any, value: Any, path: str, metadata: typing.Mapping[str, Any] | 
         items = [coerce(item_type, v, f"{path}[{i}]", metadata) for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
     if dataclasses.is_dataclass(tp):
-        return from_mapping(tp, value, path)
+        return from_mapping(typing.cast(type, tp), value, path)
     raise TypeError(f"unsupported annotation {tp!r} at {path}")
 
 
@@ -210,7 +210,7 @@ def field_reference(cls: type, path: str = "") -> list[dict[str, Any]]:
     for spec in dataclasses.fields(cls):
         tp = hints[spec.name]
         full = _join(path, spec.name)
-        nested = next((a for a in (tp, *get_args(tp)) if dataclasses.is_dataclass(a)), None)
+        nested = typing.cast("type | None", next((a for a in (tp, *get_args(tp)) if dataclasses.is_dataclass(a)), None))
         if nested is not None and get_origin(tp) is not list:
             rows.extend(field_reference(nested, full))
             continue

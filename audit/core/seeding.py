@@ -66,7 +66,7 @@ def numpy_rng(root: int, *path: int | str) -> np.random.Generator:
 
 def _path_digest(root: int, path: tuple, person: bytes) -> bytes:
     # an injective encoding: integers and strings are tagged apart, so 3 and "3" differ
-    parts = [f"i{_key_to_int(k)}" if isinstance(k, (int, np.integer)) else f"s{k}" for k in (root, *path)]
+    parts = [f"i{_key_to_int(int(k))}" if isinstance(k, (int, np.integer)) else f"s{k}" for k in (root, *path)]
     return hashlib.blake2b("\x1f".join(parts).encode("utf-8"), digest_size=16, person=person).digest()
 
 

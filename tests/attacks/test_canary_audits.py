@@ -16,7 +16,7 @@ from audit.cli import main
 from audit.config import load_config
 from audit.core.seeding import derive_seed
 from audit.pipeline import train_runs
-from audit.plan import canary_context, plan_audit
+from audit.planning import canary_context, plan_audit
 from audit.store import RunStore
 from defenses.base import DEFENSES
 from defenses.engine import initial_vector

@@ -7,7 +7,7 @@ import pytest
 from audit.config import AuditConfig, load_config, merge, preset_names
 from audit.core.errors import UserInputError
 from audit.core.schema import from_mapping
-from audit.plan import plan_audit
+from audit.planning import plan_audit
 
 
 def _error(data) -> str:
@@ -82,7 +82,7 @@ def test_yaml_syntax_errors_are_one_line(tmp_path):
 
 @pytest.mark.parametrize("name", [p for p in preset_names() if p != "default"])
 def test_every_preset_is_valid(name):
-    from audit.plan import resolve_entries
+    from audit.planning import resolve_entries
 
     config = load_config(preset_name=name)
     specs, attacks = resolve_entries(config)

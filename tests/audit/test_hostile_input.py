@@ -166,7 +166,7 @@ def test_budget_counts_the_work_of_the_plan(tmp_path):
     """Training FLOPs are linear in rounds and in runs (every run trains every round)."""
     from audit.budget import estimate
     from audit.config import load_config
-    from audit.plan import plan_audit
+    from audit.planning import plan_audit
 
     def flops(rounds: int, runs: int) -> float:
         config = tmp_path / f"c{rounds}-{runs}.yaml"

@@ -236,3 +236,17 @@ def test_policy_is_read_strictly(results_copy, tmp_path, capsys, content, expect
     line = one_error_line(capsys)
     assert line.startswith(f"dpfl-audit: error: --policy: '{policy}' ") and expected in line, line
     assert not junit.exists()
+
+
+def test_public_check_gives_the_outcomes_the_cli_prints(audit_out, tmp_path, capsys):
+    """``audit.check`` (the public API) and ``dpfl-audit check --json`` agree outcome for outcome."""
+    import audit
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY, encoding="utf-8")
+    outcomes = audit.check(audit_out, policy)
+    capsys.readouterr()
+    main(["check", str(audit_out), "--policy", str(policy), "--json"])
+    printed = json.loads(capsys.readouterr().out)
+    assert [o.as_dict() for o in outcomes] == printed["outcomes"]
+    assert outcomes and all(o.verdict in ("pass", "fail", "skip") for o in outcomes)

@@ -107,7 +107,7 @@ def _union_rounds(first: str | tuple[int, ...], second: str | tuple[int, ...]) -
     """Rounds stored for either request ("final" adds nothing: the final model is always stored)."""
     if "all" in (first, second):
         return "all"
-    listed = sorted({int(r) for r in (first, second) if isinstance(r, tuple) for r in r})
+    listed = sorted({int(r) for rounds in (first, second) if isinstance(rounds, tuple) for r in rounds})
     if listed:
         return tuple(listed)
     return "final" if "final" in (first, second) else "none"
@@ -144,17 +144,18 @@ def resolve_entries(config: AuditConfig) -> tuple[list[tuple], list[Attack]]:
     defense_specs = []
     for i, entry in enumerate(config.defenses):
         cls = _defense_class(entry.name, f"defenses[{i}].name")
-        params = from_mapping(cls.Params, entry.params, f"defenses[{i}].params")
+        params: Any = from_mapping(cls.Params, entry.params, f"defenses[{i}].params")
         training = from_mapping(TrainingConfig, merge(to_mapping(config.training), entry.training), f"defenses[{i}].training")
         if entry.epsilons and not cls.private:
             raise UserInputError(f"defenses[{i}].epsilons: '{entry.name}' is not a DP defense; remove 'epsilons'")
         defense_specs.append((i, entry, cls, params, training))
     attack_list: list[Attack] = []
-    for i, entry in enumerate(config.attacks):
-        cls = ATTACKS.get(entry.name, f"attacks[{i}].name")
-        if cls.kind == "membership" and config.membership.runs < cls.min_runs:
-            raise UserInputError(f"membership.runs: attack '{entry.name}' needs at least {cls.min_runs} runs, got {config.membership.runs}")
-        attack = cls(from_mapping(cls.Params, entry.params, f"attacks[{i}].params"), entry.label)
+    for i, attack_entry in enumerate(config.attacks):
+        attack_cls = ATTACKS.get(attack_entry.name, f"attacks[{i}].name")
+        if attack_cls.kind == "membership" and config.membership.runs < attack_cls.min_runs:
+            raise UserInputError(f"membership.runs: attack '{attack_entry.name}' needs at least {attack_cls.min_runs} "
+                                 f"runs, got {config.membership.runs}")
+        attack = attack_cls(from_mapping(attack_cls.Params, attack_entry.params, f"attacks[{i}].params"), attack_entry.label)
         if attack.label in {a.label for a in attack_list}:
             raise UserInputError(f"attacks[{i}].label: two attacks are named '{attack.label}'; give one a different label")
         attack_list.append(attack)
