@@ -25,12 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
-
 from audit.core.errors import UserInputError
 
 if TYPE_CHECKING:
+    import torch
+
     from audit.planning import Experiment, Plan
 
 #: default of ``--max-hours``: a day of training at the machine's peak is no typo-sized audit
@@ -76,6 +75,7 @@ def _size(size: float) -> str:
 
 def forward_flops(model: torch.nn.Module, input_shape: tuple[int, ...]) -> float:
     """FLOPs of one example's forward pass (counted by torch; 2 × parameters if it cannot count)."""
+    import torch  # here, not at the top: the CLI imports this module for --help, which must stay fast
     from torch.utils.flop_counter import FlopCounterMode
 
     params = sum(p.numel() for p in model.parameters())
@@ -90,6 +90,7 @@ def forward_flops(model: torch.nn.Module, input_shape: tuple[int, ...]) -> float
 
 def matmul_peak(device: str = "cpu", size: int = 1024) -> float:
     """Measured fp32 matrix-multiply rate (FLOP/s): best of a few products on ``device``."""
+    import torch
     a = torch.ones(size, size, device=device)
     best = math.inf
     for _ in range(5):
@@ -132,6 +133,7 @@ def _run_examples(experiment: Experiment, records: float, clients: int) -> float
 
 def estimate(plan: Plan) -> Estimate:
     """The cost of ``plan``'s training, before any of it runs."""
+    import numpy as np
     config, task = plan.config, plan.task
     model = task.model_factory()
     params = sum(p.numel() for p in model.parameters())
