@@ -42,3 +42,10 @@ def test_the_example_trains_attacks_and_prints_the_table(tmp_path):
     assert all(0.0 <= auc <= 1.0 for auc in aucs.values())
     assert aucs[("fedavg", "lira-online")] >= 0.55  # the smoke preset's FedAvg overfits: LiRA sees it
     assert (tmp_path / "out" / "runs").is_dir() and (tmp_path / "out" / "attacks").is_dir()
+
+
+def test_the_command_line_loads_torch_only_for_commands_that_need_it():
+    """`dpfl-audit --help` and argument errors must not pay for torch (seconds on a small machine)."""
+    code = "import sys, audit.cli; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert out.strip() == "False"
