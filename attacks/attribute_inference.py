@@ -70,6 +70,7 @@ from sklearn.preprocessing import StandardScaler
 from torch import nn
 from torch.func import functional_call
 
+from attacks.base import ATTACKS, AttackResult, RunAttack, TargetRun, auxiliary_records, run_result
 from audit.core.datasets import Dataset
 from audit.core.metrics import Estimate, clopper_pearson
 from audit.core.seeding import derive_seed, numpy_rng, sklearn_random_state
@@ -443,3 +444,58 @@ def attribute_inference_on_dataset(
         model, params, records.features, records.labels, records.attributes[attribute],
         dataset.attribute_columns[attribute], dataset.attribute_values[attribute],
         target_index, auxiliary_index, seed, attribute=attribute, **options)
+
+
+# --------------------------------------------------------------------------- the registered attack
+
+
+@dataclass(frozen=True)
+class AttributeParams:
+    attributes: list[str] | None = field(default=None, metadata={"help": "sensitive attributes (default: all the dataset has)"})
+    dataset: str = field(default="auto", metadata={
+        "help": "auto: the audit's dataset if it has a sensitive attribute, else the defense retrained on diabetes"})
+    root: str | None = field(default=None, metadata={"help": "data root for `dataset` (adult needs one)"})
+    max_targets: int = field(default=1000, metadata={"min": 10, "help": "training records attacked (a random subset)"})
+
+
+@ATTACKS.register("attribute-inference")
+class AttributeInference(RunAttack):
+    name = "attribute-inference"
+    summary = "infer a sensitive attribute of training records; black-box, white-box, beside a no-model baseline"
+    reference = "Fredrikson et al. 2014/2015; Yeom et al. 2018; ML-Doctor (Liu et al. 2022)"
+    Params = AttributeParams
+
+    def evaluate(self, run: TargetRun) -> list[AttackResult]:
+        own = run.dataset.attribute_values and self.params.dataset in ("auto", run.dataset.name)
+        if own:
+            dataset, members, model, params = run.dataset, run.members, run.model, run.params
+            features, labels, codes_of = run.pool_x, run.pool_y, run.pool_attributes
+            where = f"the audited run on {dataset.name}"
+        else:
+            name = "diabetes" if self.params.dataset == "auto" else self.params.dataset
+            side = run.train_side(name, self.params.root)
+            dataset, members, model, params = side.dataset, side.members, side.model, side.params
+            features, labels, codes_of = side.pool.features, side.pool.labels, side.pool.attributes
+            accuracy = "" if side.test_accuracy is None else f", test accuracy {100 * side.test_accuracy:.1f} %"
+            where = (f"the same defense configuration retrained on {dataset.name} (an MLP; {run.dataset.name} has no "
+                     f"sensitive attribute){accuracy}")
+        if not dataset.attribute_values:
+            raise RuntimeError(f"attribute-inference: dataset '{dataset.name}' has no sensitive attribute")
+        names = self.params.attributes or list(dataset.attribute_values)
+        rng = numpy_rng(run.seed, "attribute-inference", self.label)
+        targets = np.sort(rng.permutation(members)[:self.params.max_targets])
+        auxiliary = auxiliary_records(members, len(labels))
+        results = []
+        for attribute in names:
+            if attribute not in dataset.attribute_values:
+                raise RuntimeError(f"attribute-inference: '{dataset.name}' has no attribute '{attribute}'; "
+                                   f"it has {', '.join(dataset.attribute_values)}")
+            outcome = attribute_inference(
+                model, params, features, labels, np.asarray(codes_of[attribute]), dataset.attribute_columns[attribute],
+                dataset.attribute_values[attribute], targets, auxiliary,
+                derive_seed(run.seed, "attribute-inference", self.label, attribute), attribute=attribute, device=run.device)
+            notes = (f"attribute '{attribute}' of {len(targets)} training records of {where}; {len(auxiliary)} auxiliary "
+                     "records (not trained on); advantage = accuracy − the no-model baseline's (paired bootstrap 95 %). "
+                     + outcome.notes)
+            results.append(run_result(self.label, attribute, "record", outcome.metrics(), notes))
+        return results

@@ -324,3 +324,15 @@ class RunAttack(Attack):
 
     def evaluate(self, run: TargetRun) -> list[AttackResult]:
         raise NotImplementedError
+
+
+def run_result(label: str, variant: str, unit: str, metrics, notes: str, figures=None) -> AttackResult:
+    """The result of a run attack (attribute, model and property inference, gradient inversion):
+    metrics of its own, no per-unit scores."""
+    return AttackResult(label, variant, unit, np.zeros((0, 0)), np.zeros((0, 0), dtype=bool), dict(metrics), ((), ()),
+                        notes, figures=list(figures or []), kind="run")
+
+
+def auxiliary_records(members: np.ndarray, size: int) -> np.ndarray:
+    """Pool records the run did not train on: the attacker's auxiliary data."""
+    return np.setdiff1d(np.arange(size), members)

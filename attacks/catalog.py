@@ -1,11 +1,13 @@
 """Importing this module registers every attack in :data:`attacks.base.ATTACKS`."""
 
 from attacks import (  # noqa: F401  (each module registers its attacks)
+    attribute_inference,
     canary_queries,
+    gradient_inversion,
     lira,
-    reconstruction,
+    model_inversion,
+    property_inference,
     record_canaries,
-    run_inference,
     shokri,
     threshold,
     update_canaries,

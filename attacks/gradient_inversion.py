@@ -1,148 +1,120 @@
-"""Gradient inversion end to end: what a server reconstructs from one client's upload, and how well.
+"""Gradient inversion against a trained run: ``gradient-inversion`` in an audit config.
 
-:func:`attack_batch` is the unit the audit pipeline and ``dpfl-audit invert`` share: observe
-a client's batch through a :class:`~attacks.gradient_matching.ThreatModel`, run one of the
-reconstruction attacks on the observation, and score the reconstruction against the private
-batch (best-matched order, :mod:`attacks.image_quality`). :func:`invert` is the command's
-experiment: the classic single-gradient setting on an *untrained* model (initialised from the
-seed, as DLG and Inverting Gradients evaluate), batch after batch.
+The honest-but-curious server knows the global model it sends out. This attack replays what
+it would observe from a client of the audited run — at the run's own global model of the
+chosen round, with the defense's own clip and noise — and reconstructs the client's records
+with DLG, iDLG or Inverting Gradients (:mod:`attacks.inversion`):
 
-Random streams (:mod:`audit.core.seeding`): model init (seed, "invert", "model"); image choice
-(seed, "invert", "images"); batch b's observation noise and attack restarts under
-derive_seed(seed, "invert", "batch", b). The same seed gives the same numbers.
+* the attacked client holds ``batch_size`` records of a real client of the run (run 0) and
+  uploads its gradient (``threat: gradient``) or its FedAvg update after ``local_steps`` local
+  SGD steps at the run's client learning rate (``threat: update``; the attacker simulates the
+  same steps on its dummy data);
+* the upload is privatised as the defense does it (:mod:`attacks.server_view`): clipped and
+  noised for DP-FedAvg — a single upload, or under secure aggregation the sum of the round's
+  uploads, which the attack must untangle into m·``batch_size`` records; defenses whose
+  privatisation is not replayed are listed as not run, with the reason.
+
+Metrics per image (MSE, PSNR, SSIM with the data's range; label accuracy) are averaged with a
+Student-t interval over the attacked images; the grid (truth above, reconstruction below) goes
+into the report.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import torch
-from torch import nn
 
-from attacks import dlg, inverting_gradients
-from attacks.gradient_matching import Params, Reconstruction, ThreatModel
-from attacks.image_quality import image_grid_png, image_quality
-from audit.core.errors import UserInputError
-from audit.core.seeding import derive_seed, numpy_rng, seed_torch
-
-#: name → reconstruct(model, params, observed, threat, image_shape, labels=None, iterations=, restarts=, seed=, data_range=)
-RECONSTRUCTION_ATTACKS: dict[str, Callable[..., Reconstruction]] = {
-    "dlg": dlg.dlg,
-    "idlg": dlg.idlg,
-    "inverting-gradients": inverting_gradients.reconstruct,
-}
-DEFAULT_ITERATIONS = {
-    "dlg": dlg.DEFAULT_ITERATIONS,
-    "idlg": dlg.DEFAULT_ITERATIONS,
-    "inverting-gradients": inverting_gradients.DEFAULT_ITERATIONS,
-}
-REFERENCES = {
-    "dlg": "Zhu, Liu, Han 2019, Deep Leakage from Gradients",
-    "idlg": "Zhao, Mopuri, Bilen 2020, iDLG: Improved Deep Leakage from Gradients",
-    "inverting-gradients": "Geiping, Bauermeister, Dröge, Moeller 2020, Inverting Gradients",
-}
+from attacks.base import ATTACKS, AttackResult, RunAttack, TargetRun
+from attacks.gradient_matching import ThreatModel
+from attacks.image_quality import image_grid_png, png_base64
+from attacks.inversion import REFERENCES, attack_batch, data_range_of
+from attacks.server_view import not_replayed_reason, upload_view
+from audit.core.metrics import mean_estimate
+from audit.core.seeding import derive_seed, numpy_rng
 
 
-def reconstruction_attack(name: str) -> Callable[..., Reconstruction]:
-    if name not in RECONSTRUCTION_ATTACKS:
-        raise UserInputError(f"attack: unknown reconstruction attack '{name}'; allowed: {', '.join(RECONSTRUCTION_ATTACKS)}")
-    return RECONSTRUCTION_ATTACKS[name]
+@dataclass(frozen=True)
+class ReconstructionParams:
+    attack: Literal["inverting-gradients", "dlg", "idlg"] = field(
+        default="inverting-gradients", metadata={"help": "reconstruction attack"})
+    threat: Literal["gradient", "update"] = field(
+        default="update", metadata={"help": "the client uploads one batch gradient, or its update after local steps"})
+    batch_size: int = field(default=4, metadata={"min": 1, "help": "records of the attacked client (batch size 1, 4, 8 …)"})
+    local_steps: int = field(default=3, metadata={"min": 1, "help": "local SGD steps of the update threat model"})
+    round: int = field(default=1, metadata={"min": 1, "help": "round whose global model the server sends (1: the initial model)"})
+    clients: int = field(default=1, metadata={"min": 1, "help": "clients attacked, one after another"})
+    iterations: int = field(default=500, metadata={"min": 1, "help": "attack iterations (`dpfl-audit invert` defaults to the attack's own)"})
+    restarts: int = field(default=1, metadata={"min": 1, "help": "random restarts, the best match kept"})
+    max_images: int = field(default=32, metadata={"min": 1, "help": "skip when a secure sum hides more records than this"})
 
 
-def data_range_of(features: torch.Tensor) -> tuple[float, float]:
-    """The range the images live in: [0, 1] for this project's datasets, widened if the data exceed it."""
-    return min(0.0, float(features.min())), max(1.0, float(features.max()))
+@ATTACKS.register("gradient-inversion")
+class GradientInversion(RunAttack):
+    name = "gradient-inversion"
+    summary = "reconstruct a client's records from its upload (DLG, iDLG, Inverting Gradients) at the run's model"
+    reference = "Zhu et al. 2019; Zhao et al. 2020; Geiping et al. 2020"
+    Params = ReconstructionParams
 
+    def not_applicable(self, defense, dataset) -> str | None:
+        if len(dataset.input_shape) != 3:
+            return f"'{dataset.name}' is not an image dataset"
+        return not_replayed_reason(defense)
 
-def attack_batch(attack: str, model: nn.Module, params: Params, images: torch.Tensor, labels: torch.Tensor,
-                 threat: ThreatModel, iterations: int | None = None, restarts: int = 1, seed: int = 0,
-                 data_range: tuple[float, float] = (0.0, 1.0), known_labels: bool = False, **settings) -> dict:
-    """Observe the clients' batch under ``threat``, reconstruct it with ``attack``, score it.
+    def rounds_needed(self, total_rounds: int) -> str | tuple[int, ...]:
+        before = self.params.round - 1  # the global model the clients of this round start from
+        return (before,) if 1 <= before < total_rounds else "none"
 
-    ``images``/``labels`` are the private batch of all attacked clients (``threat.examples``
-    images, client k holding the k-th slice of ``threat.batch_size``); ``known_labels`` hands
-    the true labels to the attacker (otherwise it recovers them); ``settings`` go to the attack
-    (e.g. ``tv=`` for Inverting Gradients). The observation's noise and the attack's restarts
-    use streams under ``seed``. Returns the matched reconstruction (``images``, ``labels``:
-    reconstruction i is paired with private image i), per-image ``mse``/``psnr``/``ssim``,
-    ``label_accuracy`` (share of private images whose matched reconstruction carries the true
-    label), and the attack's ``matching_loss``.
-    """
-    reconstruct = reconstruction_attack(attack)
-    device = next(iter(params.values())).device
-    images, labels = images.to(device), labels.to(device)
-    observed = threat.observe(model, params, images, labels, seed=seed)
-    result = reconstruct(model, params, observed, threat, tuple(images.shape[1:]),
-                         labels=labels if known_labels else None,
-                         iterations=iterations or DEFAULT_ITERATIONS[attack], restarts=restarts, seed=seed,
-                         data_range=data_range, **settings)
-    quality = image_quality(images, result.images, data_range[1] - data_range[0])
-    order = torch.as_tensor(quality["order"])
-    matched_labels = result.labels[order]
-    return {
-        "images": result.images[order], "labels": matched_labels, "matching_loss": result.matching_loss,
-        "mse": quality["mse"], "psnr": quality["psnr"], "ssim": quality["ssim"],
-        "label_accuracy": float((matched_labels == labels.cpu()).double().mean()),
-    }
+    def threat(self, run: TargetRun) -> ThreatModel:
+        view = upload_view(run.defense, run.training, len(run.clients))
+        return ThreatModel(self.params.threat, batch_size=self.params.batch_size, clients=view.clients,
+                           local_steps=self.params.local_steps, local_batch=min(self.params.batch_size, run.training.batch_size),
+                           lr=run.training.lr, clip=view.clip, noise=view.noise)
 
-
-def untrained_model(model_name: str, input_shape: Sequence[int], num_classes: int, seed: int) -> nn.Module:
-    """The model at its initialisation from (seed, "invert", "model"), in eval mode (no dropout);
-    the global torch random state is left as it was."""
-    from audit.core.models import build_model
-
-    with torch.random.fork_rng(devices=[]):
-        seed_torch(seed, "invert", "model")
-        model = build_model(model_name, input_shape, num_classes)
-    return model.eval()
-
-
-def invert(attack: str, dataset, model_name: str, batch_size: int, images: int | None = None,
-           clip: float | None = None, noise: float = 0.0, iterations: int | None = None, restarts: int = 1,
-           seed: int = 0) -> dict:
-    """The single-gradient experiment of ``dpfl-audit invert`` on a loaded image ``dataset``.
-
-    ``images`` (default one batch) private images drawn without replacement are cut into
-    batches of ``batch_size``; each batch's gradient on the untrained model — clipped to
-    ``clip`` and noised with σ = ``noise`` when given — is attacked separately. Returns the
-    means (``ssim``, ``psnr``, ``mse``, ``label_accuracy``), per-image values, the settings,
-    and the PNG bytes of the grid (private images above, reconstructions below) as ``png``.
-    """
-    reconstruction_attack(attack)
-    count = batch_size if images is None else images
-    if count % batch_size:
-        raise UserInputError(f"--images: {count} images do not split into batches of {batch_size}")
-    if count > len(dataset.train):
-        raise UserInputError(f"--images: {dataset.name} has {len(dataset.train)} images, {count} requested")
-    threat = ThreatModel("gradient", batch_size=batch_size, clip=clip, noise=noise)
-    model = untrained_model(model_name, dataset.input_shape, dataset.num_classes, seed)
-    params = {name: value.detach() for name, value in model.named_parameters() if value.requires_grad}
-    data_range = data_range_of(dataset.train.features)
-    chosen = np.sort(numpy_rng(seed, "invert", "images").choice(len(dataset.train), count, replace=False))
-    truth, reconstructions, recovered, losses = [], [], [], []
-    per_image: dict[str, list] = {"mse": [], "psnr": [], "ssim": []}
-    correct = 0.0
-    for b, start in enumerate(range(0, count, batch_size)):
-        index = torch.as_tensor(chosen[start:start + batch_size])
-        x, y = dataset.train.features[index], dataset.train.labels[index]
-        outcome = attack_batch(attack, model, params, x, y, threat, iterations, restarts,
-                               seed=derive_seed(seed, "invert", "batch", b), data_range=data_range)
-        truth.append(x)
-        reconstructions.append(outcome["images"])
-        recovered.extend(int(v) for v in outcome["labels"])
-        losses.append(outcome["matching_loss"])
-        correct += outcome["label_accuracy"] * batch_size
-        for key in per_image:
-            per_image[key].extend(outcome[key])
-    png = image_grid_png(torch.cat(truth), torch.cat(reconstructions), data_range)
-    return {
-        "attack": attack, "reference": REFERENCES[attack], "dataset": dataset.name, "model": model_name,
-        "threat": threat.describe(), "batch_size": batch_size, "images": count, "clip": clip, "noise": noise,
-        "iterations": iterations or DEFAULT_ITERATIONS[attack], "restarts": restarts, "seed": seed,
-        "ssim": float(np.mean(per_image["ssim"])), "psnr": float(np.mean(per_image["psnr"])),
-        "mse": float(np.mean(per_image["mse"])), "label_accuracy": correct / count,
-        "per_image": {"index": chosen.tolist(), "label": dataset.train.labels[torch.as_tensor(chosen)].tolist(),
-                      "recovered_label": recovered, **per_image},
-        "matching_loss": losses, "png": png,
-    }
+    def evaluate(self, run: TargetRun) -> list[AttackResult]:
+        threat = self.threat(run)
+        if threat.examples > self.params.max_images:
+            notes = (f"not attempted: the server sees a secure sum of {threat.clients} uploads "
+                     f"({threat.examples} records > max_images {self.params.max_images})")
+            return [AttackResult(self.label, "", "client", np.zeros((0, 0)), np.zeros((0, 0), dtype=bool), {}, ((), ()),
+                                 notes, kind="run")]
+        params = run.global_before(self.params.round)
+        if params is None:
+            raise RuntimeError(f"gradient-inversion: the global model before round {self.params.round} was not stored")
+        params = {k: v.detach() for k, v in params.items()}
+        data_range = data_range_of(run.pool_x)
+        rng = numpy_rng(run.seed, "gradient-inversion", self.label)
+        eligible = [c for c in range(len(run.clients)) if len(run.clients[c]) >= self.params.batch_size]
+        if len(eligible) < threat.clients:
+            raise RuntimeError(f"gradient-inversion: fewer than {threat.clients} clients hold {self.params.batch_size} records")
+        truth, reconstructions = [], []
+        per_image: dict[str, list[float]] = {"ssim": [], "psnr": [], "mse": []}
+        correct = []
+        run.model.eval()
+        for attempt in range(self.params.clients):
+            chosen = rng.choice(eligible, size=threat.clients, replace=False)
+            records = np.concatenate([rng.choice(run.clients[c], self.params.batch_size, replace=False) for c in chosen])
+            index = torch.as_tensor(records)
+            x, y = run.pool_x[index].to(run.device), run.pool_y[index].to(run.device)
+            outcome = attack_batch(self.params.attack, run.model, params, x, y, threat, self.params.iterations,
+                                   self.params.restarts, seed=derive_seed(run.seed, "gradient-inversion", self.label, attempt),
+                                   data_range=data_range)
+            truth.append(x.cpu())
+            reconstructions.append(outcome["images"].cpu())
+            for key in per_image:
+                per_image[key].extend(float(v) for v in outcome[key])
+            correct.extend((outcome["labels"].cpu() == y.cpu()).double().tolist())
+        metrics = {name: mean_estimate(values) for name, values in per_image.items()}
+        metrics["label_accuracy"] = mean_estimate(correct)
+        iterations = self.params.iterations
+        notes = (f"{self.params.attack} ({REFERENCES[self.params.attack]}), {iterations} iterations × {self.params.restarts} "
+                 f"restart(s); server view: {threat.describe()}, at the global model before round {self.params.round}; "
+                 f"{len(correct)} records of run 0's clients; means with 95 % t-intervals over images")
+        grid = image_grid_png(torch.cat(truth)[:16], torch.cat(reconstructions)[:16], data_range)
+        figure = {"title": f"{self.label}: {run.key}",
+                  "png": png_base64(grid),
+                  "caption": f"Private records (top) and their reconstructions (bottom); {threat.describe()}."}
+        return [AttackResult(self.label, "", "record", np.zeros((0, 0)), np.zeros((0, 0), dtype=bool), metrics, ((), ()),
+                             notes, figures=[figure], kind="run")]

@@ -49,8 +49,11 @@ from sklearn.preprocessing import StandardScaler
 from torch import nn
 from torch.func import functional_call, grad
 
+from attacks.base import ATTACKS, AttackResult, RunAttack, TargetRun, auxiliary_records, run_result
+from attacks.server_view import not_replayed_reason, upload_view
 from audit.core.metrics import Estimate, auc, clopper_pearson
-from audit.core.seeding import numpy_rng, sklearn_random_state
+from audit.core.seeding import derive_seed, numpy_rng, sklearn_random_state, torch_generator
+from defenses.clipping import clip_rows
 
 UpdateFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -251,3 +254,59 @@ def property_inference(
         majority_accuracy=majority, shadow_updates=shadow_updates, update_dimension=dimension,
         feature_dimension=sketch_width if sketch is not None else dimension, notes=notes)
 
+
+# --------------------------------------------------------------------------- the registered attack
+
+
+@dataclass(frozen=True)
+class PropertyParams:
+    property_class: int = field(default=0, metadata={"min": 0, "help": "property: the batch holds a record of this class"})
+    batch_size: int = field(default=10, metadata={"min": 1, "help": "records per attacked upload"})
+    targets: int = field(default=60, metadata={"min": 4, "help": "attacked uploads (batches of the run's training records)"})
+    shadow_updates: int = field(default=200, metadata={"min": 4, "help": "attacker's shadow uploads from auxiliary data"})
+
+
+@ATTACKS.register("property-inference")
+class PropertyInference(RunAttack):
+    name = "property-inference"
+    summary = "does an upload's batch hold a given class? a classifier on shadow uploads (Melis et al.)"
+    reference = "Melis, Song, De Cristofaro, Shmatikov 2019, Exploiting Unintended Feature Leakage in Collaborative Learning"
+    Params = PropertyParams
+
+    def not_applicable(self, defense, dataset) -> str | None:
+        if self.params.property_class >= dataset.num_classes:
+            return f"property_class {self.params.property_class} ≥ the {dataset.num_classes} classes of '{dataset.name}'"
+        return not_replayed_reason(defense)
+
+    def evaluate(self, run: TargetRun) -> list[AttackResult]:
+        view = upload_view(run.defense, run.training, len(run.clients))
+        gradient = flat_gradient(run.model, run.params)
+        noise_stream = torch_generator(run.seed, "property-inference", self.label, "noise")
+
+        def privatised(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            upload = gradient(x, y)
+            if view.clip is None:
+                return upload
+            clipped = clip_rows(upload[None, :], view.clip)[0]
+            noise = torch.randn(clipped.shape, generator=noise_stream, dtype=torch.float32).to(clipped)
+            return clipped + view.noise * view.clip * noise
+
+        rng = numpy_rng(run.seed, "property-inference", self.label)
+        batches = [rng.choice(run.members, self.params.batch_size, replace=False) for _ in range(self.params.targets)]
+        target_clients = [(run.pool_x[torch.as_tensor(b)], run.pool_y[torch.as_tensor(b)]) for b in batches]
+        has_class = (run.pool_y.numpy() == self.params.property_class)
+        truth = np.array([bool(has_class[b].any()) for b in batches])
+        auxiliary = auxiliary_records(run.members, len(run.pool_y))
+        if truth.all() or not truth.any():
+            return [run_result(self.label, "", "upload", {}, f"not scored: every attacked batch has the same truth ({truth[0]})")]
+        outcome = property_inference(privatised, target_clients, truth, run.pool_x[torch.as_tensor(auxiliary)],
+                                     run.pool_y[torch.as_tensor(auxiliary)], has_class[auxiliary],
+                                     derive_seed(run.seed, "property-inference", self.label),
+                                     shadow_updates=self.params.shadow_updates, batch_size=self.params.batch_size)
+        privacy = ("uploads as they are" if view.clip is None else
+                   f"clipped to {view.clip:g}, noise std {view.noise:.3g}·{view.clip:g} per upload")
+        notes = (f"property: the batch holds class {self.params.property_class}; {len(batches)} uploads of "
+                 f"{self.params.batch_size} training records of run 0 (gradients at its final model, {privacy}); "
+                 f"{outcome.shadow_updates} shadow uploads; majority guess {100 * outcome.majority_accuracy:.1f} %. "
+                 + outcome.notes)
+        return [run_result(self.label, "", "upload", outcome.metrics(), notes)]

@@ -506,7 +506,7 @@ def to_params(defense) -> dict[str, Any]:
 
 def _check_invert_options(args: argparse.Namespace) -> None:
     """Every option of ``invert`` checked before anything is loaded or written."""
-    from attacks.gradient_inversion import RECONSTRUCTION_ATTACKS
+    from attacks.inversion import RECONSTRUCTION_ATTACKS
     from audit.core.datasets import DATASETS
     from audit.core.models import MODELS
 
@@ -534,7 +534,7 @@ def _check_invert_options(args: argparse.Namespace) -> None:
 def command_invert(args: argparse.Namespace) -> int:
     import time
 
-    from attacks.gradient_inversion import invert
+    from attacks.inversion import invert
     from audit.core.atomic import write_bytes, write_json
     from audit.core.datasets import load_dataset
 

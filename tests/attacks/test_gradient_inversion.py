@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from attacks.dlg import dlg, idlg
-from attacks.gradient_inversion import attack_batch, untrained_model
+from attacks.inversion import attack_batch, untrained_model
 from attacks.gradient_matching import (
     ThreatModel,
     clip_upload,
