@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from attacks.dlg import dlg, idlg
-from attacks.inversion import attack_batch, untrained_model
 from attacks.gradient_matching import (
     ThreatModel,
     clip_upload,
@@ -41,6 +40,7 @@ from attacks.image_quality import (
     psnr_per_image,
     ssim_per_image,
 )
+from attacks.inversion import attack_batch, untrained_model
 from audit.cli import main
 from audit.core.datasets import load_dataset
 from audit.core.seeding import torch_generator
