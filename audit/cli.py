@@ -33,21 +33,13 @@ from audit.core.extensions import NO_PLUGINS_ENV
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
-def _seed(text: str) -> int:
-    """argparse type of every --seed: an integer in [0, 2^64) (seeds key random streams whole)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer in [0, 2^64), got '{text}'") from None
-    if not 0 <= value < 2**64:
-        raise argparse.ArgumentTypeError(f"must be an integer in [0, 2^64), got {value}")
-    return value
-
-
 def _bounded(kind: type, low: float, high: float, low_open: bool = False):
     """argparse type: a finite ``kind`` (int or float) in [low, high] (open at ``low`` if asked);
     the bounds stop typos (1e30 trials) before any work or allocation."""
-    span = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+    def shown(bound: float) -> str:
+        return str(bound) if kind is int else f"{bound:g}"
+
+    span = f"{'(' if low_open else '['}{shown(low)}, {shown(high)}]"
 
     def parse(text: str):
         try:
@@ -55,11 +47,15 @@ def _bounded(kind: type, low: float, high: float, low_open: bool = False):
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be {'an integer' if kind is int else 'a number'} in {span}, "
                                              f"got '{text}'") from None
-        if not math.isfinite(value) or value < low or value > high or (low_open and value == low):
+        if (kind is float and not math.isfinite(value)) or value < low or value > high or (low_open and value == low):
             raise argparse.ArgumentTypeError(f"must be in {span}, got {text}")
         return value
 
     return parse
+
+
+#: every --seed: seeds key random streams whole, up to 64 bits
+_seed = _bounded(int, 0, 2**64 - 1)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
@@ -34,8 +33,7 @@ from safetensors.torch import load_file, save_file
 
 from audit.core.atomic import dumps
 from audit.core.errors import UserInputError
-
-_RUN_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}")
+from audit.core.safe_names import is_safe
 
 
 def _reason(exc: BaseException) -> str:
@@ -63,7 +61,7 @@ class RunStore:
 
     def path(self, run_id: str) -> Path:
         # run ids are built from slugs (audit.core.safe_names); one that is not would step out of runs/
-        if not _RUN_ID.fullmatch(run_id):
+        if not is_safe(run_id, max_length=200):
             raise ValueError(f"run id '{run_id}' is not a safe folder name")
         return self.runs / run_id
 

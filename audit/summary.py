@@ -187,20 +187,6 @@ def build_results(plan: Plan, store: RunStore, attack_results: dict[str, list[At
         "versions": provenance.versions(),
         "experiments": experiments,
     }
-    document["rows"] = divergence_rows(document, rows_from_results(document))
+    document["rows"] = rows_from_results(document)
     return document
 
-
-def divergence_rows(document: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The tidy rows with, after a diverged experiment's own rows, two saying where it diverged:
-    attack ``training``, metrics ``diverged_run`` (the membership run) and ``diverged_at_round``."""
-    diverged = {e["key"]: e["diverged"] for e in document["experiments"] if e.get("status") == "diverged"}
-    out: list[dict[str, Any]] = []
-    for i, row in enumerate(rows):
-        out.append(row)
-        last = i + 1 == len(rows) or rows[i + 1]["run"] != row["run"]
-        if last and row["run"] in diverged:
-            entry = diverged.pop(row["run"])
-            for metric, value in (("diverged_run", entry["run"]), ("diverged_at_round", entry["round"])):
-                out.append({**row, "attack": "training", "metric": metric, "value": value, "ci_low": None, "ci_high": None})
-    return out

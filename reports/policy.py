@@ -292,17 +292,9 @@ def load_policy(path: str | Path, option: str = "--policy") -> Policy:
 
 
 def load_results(path: str | Path, option: str = "RESULTS") -> dict[str, Any]:
-    """A results document from a results directory (holding ``results.json``) or the file itself.
-
-    Only the structure the checker reads is validated: an ``experiments`` list of mappings with
-    a ``key``."""
-    document, _, _ = read_results(path, option)
-    for i, experiment in enumerate(document["experiments"]):
-        for block, kind in (("attacks", list), ("utility", dict)):
-            if not isinstance(experiment.get(block, kind()), kind):
-                raise UserInputError(f"{option}: '{path}': experiments[{i}].{block} is not {_type_name(kind())}")
-    return document
-
+    """A results document from a results directory (holding ``results.json``) or the file itself,
+    validated against the results schema (:func:`reports.results.load_results`)."""
+    return read_results(path, option)[0]
 
 def _number_or_none(value: Any) -> float | None:
     """A finite float, or None for null, NaN, ±inf and anything that is not a number."""

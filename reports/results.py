@@ -54,6 +54,10 @@ def rows_from_results(document: dict[str, Any]) -> list[dict[str, Any]]:
             for metric, estimate in attack["metrics"].items():
                 rows.append({**common, "attack": attack["attack"], "metric": metric, "value": estimate["value"],
                              "ci_low": estimate["ci_low"], "ci_high": estimate["ci_high"]})
+        if experiment.get("status") == "diverged":  # where it diverged: attack "training"
+            where = experiment["diverged"]
+            for metric, value in (("diverged_run", where["run"]), ("diverged_at_round", where["round"])):
+                rows.append({**common, "attack": "training", "metric": metric, "value": value, "ci_low": None, "ci_high": None})
     return rows
 
 

@@ -27,9 +27,9 @@ _SAFE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 _UNSAFE_RUN = re.compile(r"[^A-Za-z0-9._-]+")
 
 
-def is_safe(name: str) -> bool:
-    """True when ``name`` is already a slug: safe characters, no leading dot, not too long."""
-    return len(name) <= MAX_LENGTH and _SAFE.fullmatch(name) is not None
+def is_safe(name: str, max_length: int = MAX_LENGTH) -> bool:
+    """True when ``name`` is already a slug: safe characters, no leading dot, at most ``max_length``."""
+    return len(name) <= max_length and _SAFE.fullmatch(name) is not None
 
 
 def slug(text: str) -> str:

@@ -203,6 +203,13 @@ def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() and abs(value) < 1e21 else f"{value:g}"
 
 
+def _default(spec: dataclasses.Field) -> Any:
+    """A field's default value (its factory called), or None when it has none."""
+    if spec.default is not dataclasses.MISSING:
+        return spec.default
+    return spec.default_factory() if spec.default_factory is not dataclasses.MISSING else None
+
+
 def field_reference(cls: type, path: str = "") -> list[dict[str, Any]]:
     """Every field of ``cls`` and its nested dataclasses: path, type, default, range, help."""
     hints = get_type_hints(cls)
@@ -214,8 +221,7 @@ def field_reference(cls: type, path: str = "") -> list[dict[str, Any]]:
         if nested is not None and get_origin(tp) is not list:
             rows.extend(field_reference(nested, full))
             continue
-        default = spec.default if spec.default is not dataclasses.MISSING else (
-            spec.default_factory() if spec.default_factory is not dataclasses.MISSING else None)
+        default = _default(spec)
         rows.append({"field": full + ("[]" if get_origin(tp) is list and nested else ""), "type": describe(tp),
                      "default": to_mapping(default), "range": describe_range(spec.metadata, tp),
                      "help": spec.metadata.get("help", "")})
@@ -229,8 +235,7 @@ def field_help(cls: type) -> list[tuple[str, str, Any, str]]:
     hints = get_type_hints(cls)
     rows = []
     for spec in dataclasses.fields(cls):
-        default = spec.default if spec.default is not dataclasses.MISSING else (
-            spec.default_factory() if spec.default_factory is not dataclasses.MISSING else None)
+        default = _default(spec)
         span = describe_range(spec.metadata, hints[spec.name])
         rows.append((spec.name, describe(hints[spec.name]) + (f", {span}" if span else ""), to_mapping(default),
                      spec.metadata.get("help", "")))
