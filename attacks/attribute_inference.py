@@ -43,13 +43,11 @@ one-hot columns: the attribute's auxiliary frequencies, a "soft" one-hot; for a 
 column: its mean). The black-box attack never reads the true value either: it substitutes
 every candidate.
 
-Metrics, per attack (on the target records): accuracy with a Clopper–Pearson interval;
-macro-F1 (over the values present in the truth or the guesses) with a percentile bootstrap
-interval; and the **advantage** = accuracy − baseline accuracy. Both guesses concern the same
-records, so the advantage interval is a *paired* bootstrap: each resample of records counts
-the difference of the two correct-indicators on the same records, so the records' common
-difficulty cancels (an attack equal to the baseline gets exactly [0, 0]). The same resamples
-(one seed) serve every attack.
+Metrics, per attack (on the target records; :mod:`attacks.attribute_scores`): accuracy with a
+Clopper–Pearson interval, macro-F1 with a percentile bootstrap interval, and the **advantage** =
+accuracy − baseline accuracy with a *paired* bootstrap interval (the same resamples serve every
+attack). The queries the attacks make — encodings, substituted and neutralised records, the
+model's log-confidences and embeddings — are in :mod:`attacks.attribute_queries`.
 """
 
 from __future__ import annotations
@@ -68,30 +66,23 @@ from sklearn.neural_network import MLPClassifier
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from torch import nn
-from torch.func import functional_call
 
+from attacks.attribute_queries import (
+    attribute_encodings,
+    candidate_log_likelihoods,
+    penultimate_embeddings,
+    with_attribute_columns,
+)
+from attacks.attribute_scores import AttributeAttackScores, score_guesses
 from attacks.base import ATTACKS, AttackResult, RunAttack, TargetRun, auxiliary_records, run_result
-from audit.core.datasets import Dataset
-from audit.core.metrics import Estimate, clopper_pearson
+from audit.core.dataset_types import Dataset
+from audit.core.metrics import Estimate
 from audit.core.seeding import derive_seed, numpy_rng, sklearn_random_state
-from defenses.evaluation import logits_of
 
 #: ties between candidate scores closer than this (log-probability units) go to the prior
 TIE_TOLERANCE = 1e-6
 #: the guesses an :class:`AttributeInferenceResult` scores
 GUESSES = ("black_box", "black_box_bayes", "white_box", "baseline", "prior")
-#: bootstrap resamples are drawn in blocks of at most this many (resample × record) counts
-_BOOTSTRAP_BLOCK = 4_000_000
-
-
-@dataclass(frozen=True)
-class AttributeAttackScores:
-    """How well one guess of the attribute did on the target records."""
-
-    accuracy: Estimate  # Clopper–Pearson interval
-    macro_f1: Estimate  # percentile bootstrap interval
-    advantage: Estimate  # accuracy − baseline accuracy, paired percentile bootstrap interval
-    predictions: np.ndarray = field(repr=False)  # guessed attribute code per target record
 
 
 @dataclass
@@ -116,94 +107,7 @@ class AttributeInferenceResult:
         return out
 
 
-# --------------------------------------------------------------------------- encodings
-
-
-def attribute_encodings(column_values: np.ndarray, codes: np.ndarray, num_values: int) -> np.ndarray:
-    """The attribute columns' values for each code, [num_values, columns], read from records with
-    known attribute (``column_values`` [records, columns], ``codes`` [records]).
-
-    Every record of one code has the same encoding (a one-hot row, or one standardised number),
-    so the mean over the code's records is that encoding. A code absent from the records can
-    only be filled in for a one-hot layout (one column per value); otherwise it is an error.
-    """
-    column_values = np.asarray(column_values, dtype=np.float64)
-    codes = np.asarray(codes, dtype=np.int64)
-    columns = column_values.shape[1]
-    one_hot_layout = columns == num_values and np.isin(column_values, (0.0, 1.0)).all()
-    encodings = np.zeros((num_values, columns))
-    for code in range(num_values):
-        chosen = codes == code
-        if chosen.any():
-            encodings[code] = column_values[chosen].mean(0)
-        elif one_hot_layout:
-            encodings[code, code] = 1.0
-        else:
-            raise ValueError(f"attribute code {code} has no auxiliary record, so its encoding is unknown; "
-                             f"pass encodings= explicitly")
-    return encodings
-
-
-def with_attribute_columns(features: torch.Tensor, columns: Sequence[int], values: np.ndarray) -> torch.Tensor:
-    """A copy of ``features`` whose attribute columns (indices into the flattened record) hold
-    ``values`` — one row for all records [columns], or one per record [records, columns]."""
-    flat = features.reshape(len(features), -1).clone()
-    index = torch.as_tensor(list(columns), dtype=torch.long, device=flat.device)
-    filler = torch.as_tensor(np.asarray(values), dtype=flat.dtype, device=flat.device)
-    flat[:, index] = filler.expand(len(flat), len(index)) if filler.ndim == 1 else filler
-    return flat.reshape(features.shape)
-
-
-# --------------------------------------------------------------------------- the model's views
-
-
-def last_linear(model: nn.Module) -> nn.Linear:
-    """The last ``nn.Linear`` registered in ``model`` — the classifier head in every model of
-    :mod:`audit.core.models` (``nn.Sequential`` ends with it; torchvision's ResNet registers ``fc``
-    last). A model whose head is registered before other layers needs its own hook."""
-    linears = [module for module in model.modules() if isinstance(module, nn.Linear)]
-    if not linears:
-        raise ValueError("white-box attribute inference needs a model with an nn.Linear head")
-    return linears[-1]
-
-
-@torch.no_grad()
-def penultimate_embeddings(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor,
-                           batch_size: int = 4096) -> np.ndarray:
-    """The input of the model's last linear layer for each record, float64 [records, width]
-    (ML-Doctor's white-box attribute-inference features), via a forward hook in eval mode."""
-    captured: list[torch.Tensor] = []
-    handle = last_linear(model).register_forward_hook(
-        lambda _module, inputs, _output: captured.append(inputs[0].detach().reshape(len(inputs[0]), -1)))
-    was_training = model.training
-    model.eval()
-    try:
-        for start in range(0, len(x), batch_size):
-            functional_call(model, params, (x[start:start + batch_size],))
-    finally:
-        handle.remove()
-        model.train(was_training)
-    if not captured:
-        return np.zeros((0, 0))
-    return torch.cat(captured).cpu().double().numpy()
-
-
-def label_log_probabilities(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor,
-                            y: torch.Tensor) -> np.ndarray:
-    """log f(x)_y per record (float64): the model's log-confidence in each record's true label."""
-    logits = logits_of(model, params, x).double()
-    return torch.log_softmax(logits, 1).gather(1, y.to(logits.device).view(-1, 1)).squeeze(1).cpu().numpy()
-
-
 # --------------------------------------------------------------------------- the guesses
-
-
-def candidate_log_likelihoods(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
-                              columns: Sequence[int], encodings: np.ndarray) -> np.ndarray:
-    """log f(x_v)_y for every record and candidate value v, [records, values]: the model's
-    log-confidence in the true label with the attribute columns set to v's encoding."""
-    return np.stack([label_log_probabilities(model, params, with_attribute_columns(x, columns, encoding), y)
-                     for encoding in encodings], axis=1)
 
 
 def decide(scores: np.ndarray, prior: np.ndarray) -> np.ndarray:
@@ -267,68 +171,6 @@ def baseline_posterior(aux_inputs: np.ndarray, aux_codes: np.ndarray, target_inp
     else:
         raise ValueError(f"baseline classifier must be 'logistic' or 'gradient-boosting', got {classifier!r}")
     return _posterior(model, aux_inputs, aux_codes, target_inputs, num_values)
-
-
-# --------------------------------------------------------------------------- metrics
-
-
-def _bootstrap_blocks(records: int, resamples: int, seed: int):
-    """Multinomial resampling counts [block, records] (how often each record is drawn), in
-    blocks; the same seed gives the same resamples, which is what pairs the attacks."""
-    rng = numpy_rng(seed, "attribute-inference", "bootstrap")
-    block = max(1, _BOOTSTRAP_BLOCK // max(records, 1))
-    done = 0
-    while done < resamples:
-        size = min(block, resamples - done)
-        yield rng.multinomial(records, np.full(records, 1.0 / records), size=size).astype(np.float64)
-        done += size
-
-
-def _macro_f1(weights: np.ndarray, truth: np.ndarray, predictions: np.ndarray, num_values: int) -> np.ndarray:
-    """Macro-F1 for each row of record weights [resamples, records] (all ones: the plain value),
-    averaged over the values that occur in the (resampled) truth or guesses, as scikit-learn does."""
-    f1 = np.zeros((weights.shape[0], num_values))
-    present = np.zeros_like(f1, dtype=bool)
-    for value in range(num_values):
-        hit, guessed = truth == value, predictions == value
-        tp = weights @ (hit & guessed)
-        fp = weights @ (~hit & guessed)
-        fn = weights @ (hit & ~guessed)
-        denominator = 2 * tp + fp + fn
-        present[:, value] = denominator > 0
-        f1[:, value] = np.divide(2 * tp, denominator, out=np.zeros_like(tp), where=denominator > 0)
-    return (f1 * present).sum(1) / np.maximum(present.sum(1), 1)
-
-
-def score_guesses(truth: np.ndarray, predictions: np.ndarray, reference: np.ndarray, num_values: int,
-                  seed: int, resamples: int = 2000, confidence: float = 0.95) -> AttributeAttackScores:
-    """Accuracy (Clopper–Pearson), macro-F1 (percentile bootstrap) and the advantage over the
-    ``reference`` guesses on the same records (paired percentile bootstrap, same seed ⇒ same
-    resamples for every attack)."""
-    truth, predictions, reference = (np.asarray(a, dtype=np.int64) for a in (truth, predictions, reference))
-    if not (truth.shape == predictions.shape == reference.shape) or truth.ndim != 1:
-        raise ValueError("truth, predictions and reference must be 1-D arrays of one length")
-    records = len(truth)
-    correct, reference_correct = predictions == truth, reference == truth
-    hits = int(correct.sum())
-    accuracy = Estimate(hits / records if records else float("nan"), *clopper_pearson(hits, records, confidence))
-    difference = correct.astype(np.float64) - reference_correct
-    f1_samples, advantage_samples = [], []
-    if records:
-        for weights in _bootstrap_blocks(records, resamples, seed):
-            f1_samples.append(_macro_f1(weights, truth, predictions, num_values))
-            advantage_samples.append(weights @ difference / records)
-    tail = 100 * (1 - confidence) / 2
-
-    def interval(value: float, samples: list[np.ndarray]) -> Estimate:
-        if not samples:
-            return Estimate(value)
-        pooled = np.concatenate(samples)
-        return Estimate(value, float(np.percentile(pooled, tail)), float(np.percentile(pooled, 100 - tail)))
-
-    f1 = float(_macro_f1(np.ones((1, records)), truth, predictions, num_values)[0]) if records else float("nan")
-    advantage = float(difference.mean()) if records else float("nan")
-    return AttributeAttackScores(accuracy, interval(f1, f1_samples), interval(advantage, advantage_samples), predictions)
 
 
 # --------------------------------------------------------------------------- the attack

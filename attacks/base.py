@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from attacks.signals import view_inputs
 from audit.core.errors import UserInputError
 from audit.core.metrics import (
     Estimate,
@@ -127,8 +128,6 @@ class MembershipExperiment:
 
         Cached per (round, views), so LiRA, Shokri and the threshold attacks query each model once.
         """
-        from attacks.signals import view_inputs
-
         key = (round_number, views)
         if key not in self._logits:
             x = self.features.to(self.device)
@@ -285,7 +284,7 @@ class TargetRun:
 
     key: str
     defense: Any  # defenses.base.Defense
-    training: Any  # defenses.engine.TrainingConfig
+    training: Any  # defenses.training_job.TrainingConfig
     model: nn.Module  # architecture template
     params: dict[str, torch.Tensor]  # final global model
     initial: dict[str, torch.Tensor]  # global model before round 1

@@ -32,8 +32,8 @@ from audit.core.seeding import numpy_rng
 
 if TYPE_CHECKING:
     from defenses.base import Defense
-    from defenses.engine import TrainingConfig
     from defenses.flat import ParamLayout
+    from defenses.training_job import TrainingConfig
 
 
 @dataclass

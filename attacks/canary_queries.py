@@ -35,6 +35,7 @@ from attacks.base import ATTACKS, AttackResult, MembershipAttack, MembershipExpe
 from attacks.lira import VARIANTS, LiRA, LiRAParams
 from attacks.signals import logit_scaled_confidence
 from audit.core.seeding import numpy_rng, torch_generator
+from defenses.evaluation import logits_of
 
 
 @dataclass(frozen=True)
@@ -145,8 +146,6 @@ class CanaryQueries(MembershipAttack):
         return [self.result(variant, experiment, values, notes, records) for variant, values in scores.items()]
 
     def _signals(self, experiment: MembershipExperiment, run: int, queries: torch.Tensor, labels: np.ndarray) -> np.ndarray:
-        from defenses.evaluation import logits_of
-
         logits = logits_of(experiment.model, experiment.load_params(run), queries).cpu().numpy()
         q = self.params.queries
         return logit_scaled_confidence(logits, np.repeat(labels, q)).reshape(len(labels), q)

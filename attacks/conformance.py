@@ -47,12 +47,15 @@ import numpy as np
 import torch
 from scipy import stats
 
+from audit.core.datasets import load_dataset
 from audit.core.metrics import held_out_epsilon_lower_bound
+from audit.core.models import build_model
+from audit.core.schema import to_mapping
 from audit.core.seeding import derive_seed
 from defenses.base import DEFENSES, AccountingSettings, Defense
 from defenses.claims import AdversaryClaim
-from defenses.engine import TrainingConfig, TrainingJob
 from defenses.release_probe import ReleaseProbe
+from defenses.training_job import TrainingConfig, TrainingJob
 
 CONFORMS, VIOLATES, NOT_APPLICABLE = "conforms", "violates", "not applicable"
 #: a private defense the audit cannot check: no release probe, or a covered observer whose claim
@@ -79,9 +82,6 @@ class Setup:
 
 
 def probe_setup(seed: int = 0, delta: float = 1e-5, clients: int = 8) -> Setup:
-    from audit.core.datasets import load_dataset
-    from audit.core.models import build_model
-
     digits = load_dataset("digits")
     order = np.random.default_rng(derive_seed(seed, "conformance", "split")).permutation(len(digits.train))
     test, pool = order[:200], order[200:200 + 20 * clients]
@@ -326,8 +326,6 @@ def audit_defense(defense: Defense, setup: Setup, trials: int, seed: int, level:
                   params: dict[str, Any] | None = None,
                   progress: Callable[[int, int], None] | None = None) -> DefenseConformance:
     """The conformance of one defense instance (registered or not) on ``setup``'s task."""
-    from audit.core.schema import to_mapping
-
     name = defense.name or type(defense).__name__
     shown = params if params is not None else to_mapping(asdict(defense.params))
     if not defense.private:

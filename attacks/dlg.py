@@ -11,9 +11,9 @@
 * **iDLG** (Zhao, Mopuri, Bilen 2020, "iDLG: Improved Deep Leakage from Gradients", §3): for
   a single image, cross-entropy makes the true label the only row of the last layer's weight
   gradient with negative sign, so the label is read off first
-  (:func:`attacks.gradient_matching.idlg_label`) and L-BFGS runs on the image alone, from
+  (:func:`attacks.label_recovery.idlg_label`) and L-BFGS runs on the image alone, from
   uniform noise. For batches > 1 the labels come from the counting heuristic of
-  :func:`attacks.gradient_matching.count_labels` (not part of iDLG).
+  :func:`attacks.label_recovery.count_labels` (not part of iDLG).
 
 Both match the attacker's simulation of the threat model (:meth:`ThreatModel.simulate`), so
 they also run against FedAvg deltas and secure sums. Details the papers leave open, fixed here:
@@ -43,15 +43,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from attacks.gradient_matching import (
-    Params,
     Reconstruction,
-    ThreatModel,
     attack_setup,
     check_attack_inputs,
     l2_distance,
     labels_for,
-    last_layer,
 )
+from attacks.label_recovery import last_layer
+from attacks.threat_models import Params, ThreatModel
 from audit.core.seeding import torch_generator
 
 #: the papers' 300 L-BFGS ``step`` calls, counted here as iterations
@@ -145,7 +144,7 @@ def idlg(model: nn.Module, params: Params, observed: Params, threat: ThreatModel
          data_range: tuple[float, float] = (0.0, 1.0)) -> Reconstruction:
     """iDLG (Zhao et al. 2020): the label from the last layer's gradient, then DLG on the images only.
 
-    Labels: ``labels`` if given, else :func:`attacks.gradient_matching.recover_labels` (iDLG's
+    Labels: ``labels`` if given, else :func:`attacks.label_recovery.recover_labels` (iDLG's
     exact rule for one image). Restart r draws images uniform in the data range (the authors'
     ``torch.rand``) from the stream (seed, "idlg", "restart", r). Returns images clipped to the
     data range, the labels and the ℓ2 distance of the best restart.

@@ -28,10 +28,10 @@ import numpy as np
 import torch
 
 from attacks.base import ATTACKS, AttackResult, RunAttack, TargetRun
-from attacks.gradient_matching import ThreatModel
 from attacks.image_quality import image_grid_png, png_base64
 from attacks.inversion import REFERENCES, attack_batch, data_range_of
 from attacks.server_view import not_replayed_reason, upload_view
+from attacks.threat_models import ThreatModel
 from audit.core.metrics import mean_estimate
 from audit.core.seeding import derive_seed, numpy_rng
 

@@ -1,7 +1,7 @@
 """Gradient inversion end to end: what a server reconstructs from one client's upload, and how well.
 
 :func:`attack_batch` is the unit the audit pipeline and ``dpfl-audit invert`` share: observe
-a client's batch through a :class:`~attacks.gradient_matching.ThreatModel`, run one of the
+a client's batch through a :class:`~attacks.threat_models.ThreatModel`, run one of the
 reconstruction attacks on the observation, and score the reconstruction against the private
 batch (best-matched order, :mod:`attacks.image_quality`). :func:`invert` is the command's
 experiment: the classic single-gradient setting on an *untrained* model (initialised from the
@@ -21,9 +21,11 @@ import torch
 from torch import nn
 
 from attacks import dlg, inverting_gradients
-from attacks.gradient_matching import Params, Reconstruction, ThreatModel
+from attacks.gradient_matching import Reconstruction
 from attacks.image_quality import image_grid_png, image_quality
+from attacks.threat_models import Params, ThreatModel
 from audit.core.errors import UserInputError
+from audit.core.models import build_model
 from audit.core.seeding import derive_seed, numpy_rng, seed_torch
 
 #: name → reconstruct(model, params, observed, threat, image_shape, labels=None, iterations=, restarts=, seed=, data_range=)
@@ -90,8 +92,6 @@ def attack_batch(attack: str, model: nn.Module, params: Params, images: torch.Te
 def untrained_model(model_name: str, input_shape: Sequence[int], num_classes: int, seed: int) -> nn.Module:
     """The model at its initialisation from (seed, "invert", "model"), in eval mode (no dropout);
     the global torch random state is left as it was."""
-    from audit.core.models import build_model
-
     with torch.random.fork_rng(devices=[]):
         seed_torch(seed, "invert", "model")
         model = build_model(model_name, input_shape, num_classes)

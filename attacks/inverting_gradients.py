@@ -2,7 +2,7 @@
 easy is it to break privacy in federated learning?", NeurIPS 2020).
 
 The attacker holds the model θ and the observed upload ∇W (a gradient, a FedAvg delta, a
-noisy or securely summed one: :class:`attacks.gradient_matching.ThreatModel`) and solves
+noisy or securely summed one: :class:`attacks.threat_models.ThreatModel`) and solves
 (Eq. 4)
 
     argmin_{x ∈ [0, 1]^n}  1 − ⟨∇W(x, y), ∇W⟩ / (‖∇W(x, y)‖ ‖∇W‖)  +  α_TV · TV(x)
@@ -25,7 +25,7 @@ paper's choices, kept here:
 * restarts from fresh random images, keeping the one with the lowest matching loss (without
   the prior: the authors' ``scoring_choice='loss'``);
 * labels: iDLG's rule for a single image, otherwise the given or recovered labels
-  (:func:`attacks.gradient_matching.recover_labels`).
+  (:func:`attacks.label_recovery.recover_labels`).
 
 Deviation: the authors optimise standardised images from N(0, 1); our images live in their
 data range (here [0, 1]) and start uniform in it, so the default step size is in data units.
@@ -38,14 +38,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from attacks.gradient_matching import (
-    Params,
-    Reconstruction,
-    ThreatModel,
-    attack_setup,
-    cosine_distance,
-    total_variation,
-)
+from attacks.gradient_matching import Reconstruction, attack_setup, cosine_distance, total_variation
+from attacks.threat_models import Params, ThreatModel
 from audit.core.seeding import torch_generator
 
 #: the paper runs 4,800 iterations on 32×32 CIFAR-10 (24,000 for ImageNet); on 25×25 LeNet

@@ -27,6 +27,7 @@ from audit.core.errors import UserInputError
 from audit.core.metrics import held_out_epsilon_lower_bound
 from audit.core.seeding import torch_generator
 from defenses.harmonizer import ACCOUNTINGS, epsilon
+from defenses.ldp import two_point
 from defenses.mechanisms import CLIP_NORMS, MECHANISMS, Mechanism, make_mechanism
 
 CANARIES = ("both", "concentrated", "spread")
@@ -72,8 +73,6 @@ def audit_two_point(epsilon_claimed: float, trials: int, seed: int = 0, confiden
     """LDP-FL's two-point mechanism on one weight (spec 004 §6): the two ends of its range, w = c − r
     and w = c + r, are the hardest pair to hide; the optimal test says "c + r" when the report is
     c + rA. TPR = e^ε/(1 + e^ε) and FPR = 1/(1 + e^ε), so the bound approaches ε from below."""
-    from defenses.ldp import two_point
-
     if not (epsilon_claimed > 0 and math.isfinite(epsilon_claimed)) or trials < 100:
         raise UserInputError("--epsilon must be a finite number > 0 and --trials >= 100")
     half = trials // 2

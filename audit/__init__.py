@@ -31,7 +31,7 @@ _API = {
     "attack": ("audit.pipeline", "attack"),
     "audit": ("audit.pipeline", "run_audit"),
     "write_report": ("reports.html", "write_report"),
-    "check": ("reports.policy", "check"),
+    "check": ("reports.gate", "check"),
 }
 
 __all__ = ["__version__", *_API]

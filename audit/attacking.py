@@ -21,10 +21,8 @@ from audit.planning import Experiment, Plan, canary_context
 from audit.store import RunStore
 from audit.targets import membership_experiment, target_run
 from audit.training import divergence_reason, progress_bar, trained_claim, warn
-from defenses.engine import (
-    TrainingDiverged,
-    initial_vector,
-)
+from defenses.engine import initial_vector
+from defenses.training_job import TrainingDiverged
 from reports.soundness import measurement_delta
 
 

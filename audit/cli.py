@@ -1,4 +1,5 @@
-"""The ``dpfl-audit`` command line.
+"""The ``dpfl-audit`` command line: the parser, and the boundary where a command's errors become
+one line and an exit code. The commands themselves live in ``audit.commands``.
 
     dpfl-audit run [CONFIG] [--out DIR] [--preset NAME] [--seed N] [--device D]
     dpfl-audit train CONFIG [--out DIR] ...        train and store the runs only
@@ -14,23 +15,26 @@
 
 Bad input — an unknown field, a bad value, a missing dataset — prints one line
 ``dpfl-audit: error: ...`` on stderr and exits with code 2, before anything is written.
+
+Importing this module loads no torch (``dpfl-audit --help`` stays fast): the command modules
+import their heavy dependencies inside the commands (see ``audit.commands``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
-from pathlib import Path
-from typing import Any
 
 from audit import __version__
 from audit.budget import DEFAULT_MAX_HOURS
+from audit.commands import EXIT_FAILURE, EXIT_USAGE
+from audit.commands.catalog import command_config, command_epsilon, command_list
+from audit.commands.probes import command_audit_mechanism, command_conformance, command_invert
+from audit.commands.results import command_check, command_report
+from audit.commands.run import command_reproduce, command_run
 from audit.core.errors import UserInputError
 from audit.core.extensions import NO_PLUGINS_ENV
-
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
 def _bounded(kind: type, low: float, high: float, low_open: bool = False):
@@ -213,385 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# --------------------------------------------------------------------------- commands
-
-
-def _load(args: argparse.Namespace):
-    from audit.config import load_config
-
-    overrides: dict[str, Any] = {}
-    if args.seed is not None:
-        overrides["seed"] = args.seed
-    if args.device is not None:
-        overrides["device"] = args.device
-    return load_config(args.config, args.preset, overrides)
-
-
-def _server_epsilon(claim: dict[str, Any]) -> str:
-    """The claim against the server, for the summary table ('–' when not covered or no claim)."""
-    server = next((a for a in claim.get("adversaries") or [] if a["adversary"] == "server"), None)
-    return "–" if server is None or server["epsilon"] is None else f"{server['epsilon']:.3g}"
-
-
-def _print_summary(summary: dict[str, Any]) -> None:
-    print(f"{'configuration':<28} {'accuracy':>9} {'claimed ε':>10} {'server ε':>9} {'unit':>7}  leakage")
-    for experiment in summary["experiments"]:
-        accuracy = experiment["utility"]["test_accuracy"]["value"]
-        epsilon = experiment["claim"]["epsilon"]
-        leak = ", ".join(
-            f"{a['attack']} AUC {a['metrics']['auc']['value']:.3f} TPR@1% {100 * a['metrics']['tpr_at_fpr_1%']['value']:.1f}%"
-            for a in experiment["attacks"] if a.get("kind") != "run")
-        soundness = experiment.get("soundness")
-        accuracy = "diverged" if experiment.get("status") == "diverged" else "n/a" if accuracy is None else f"{100 * accuracy:.1f}%"
-        print(f"{experiment['label'][:28]:<28} {accuracy:>9} {('∞' if epsilon is None else f'{epsilon:.3g}'):>10} "
-              f"{_server_epsilon(experiment['claim']):>9} {experiment['claim']['unit']:>7}  {leak}"
-              + (f"; soundness: {soundness}" if soundness else ""))
-
-
-def command_run(args: argparse.Namespace, attack: bool) -> int:
-    from audit.budget import check_budget
-    from audit.executors import check_executor, check_executor_plan
-    from audit.pipeline import run_audit
-    from audit.planning import plan_audit
-
-    check_executor(args.executor, args.workers, args.ray_address, args.batch_runs)  # for ray: that Ray is installed
-    config = _load(args)
-    if not (math.isfinite(args.max_hours) and args.max_hours >= 0):
-        raise UserInputError(f"--max-hours: must be a finite number >= 0 (0: no limit), got {args.max_hours:g}")
-    plan = plan_audit(config)  # every check happens here, before the output directory exists
-    check_executor_plan(args.executor, plan)
-    cost = check_budget(plan, args.out, args.max_hours)
-    if not args.quiet:
-        print(f"plan: {cost.describe()}", file=sys.stderr)
-    result = run_audit(config, Path(args.out), attack=attack, quiet=args.quiet, plan=plan, executor=args.executor,
-                       workers=args.workers, batch_runs=args.batch_runs, ray_address=args.ray_address)
-    paths = result["paths"]
-    if attack:
-        _print_summary(result["summary"])
-        print(f"report:  {paths['report']}")
-        print(f"results: {paths['results_csv']}, {paths['results_json']}")
-    else:
-        print(f"runs stored in {paths['runs']}")
-    return EXIT_OK
-
-
-def command_list(args: argparse.Namespace) -> int:
-    import attacks.catalog  # noqa: F401
-    import defenses.catalog  # noqa: F401
-    from attacks.base import ATTACKS
-    from audit.config import preset_names
-    from audit.core.datasets import DATASETS
-    from audit.core.models import MODELS
-    from audit.core.schema import field_help
-    from defenses.base import DEFENSES
-
-    def doc(entry) -> str:
-        return (entry.__doc__ or "").strip().split("\n")[0]
-
-    details = {
-        "datasets": {n: {"summary": doc(DATASETS.get(n))} for n in DATASETS.names()},
-        "models": {n: {"summary": doc(MODELS.get(n))} for n in MODELS.names()},
-        "defenses": {n: {"summary": DEFENSES.get(n).summary, "reference": DEFENSES.get(n).reference,
-                         "private": DEFENSES.get(n).private,
-                         "params": {f: {"type": t, "default": d, "help": h} for f, t, d, h in field_help(DEFENSES.get(n).Params)}}
-                     for n in DEFENSES.names()},
-        "attacks": {n: {"summary": ATTACKS.get(n).summary, "reference": ATTACKS.get(n).reference,
-                        "params": {f: {"type": t, "default": d, "help": h} for f, t, d, h in field_help(ATTACKS.get(n).Params)}}
-                    for n in ATTACKS.names()},
-    }
-    for name, claim in _claims_at_defaults(DEFENSES).items():
-        details["defenses"][name]["claim_at_defaults"] = claim
-    listing = {kind: sorted(entries) for kind, entries in details.items()}
-    listing["presets"] = preset_names()
-    from audit.reproduce import study_names
-
-    listing["studies"] = study_names()
-    if args.json:
-        print(json.dumps({**listing, "details": details}, indent=2, ensure_ascii=False))
-        return EXIT_OK
-    for kind in ("datasets", "models", "defenses", "attacks"):
-        print(f"{kind}:")
-        for name in listing[kind]:
-            print(f"  {name:<16} {details[kind][name]['summary']}")
-            for field_name, spec in details[kind][name].get("params", {}).items():
-                print(f"      {field_name} = {spec['default']!r}  ({spec['type']}) {spec['help']}")
-    print("presets: " + ", ".join(listing["presets"]))
-    print("reproduction studies: " + ", ".join(listing["studies"]))
-    return EXIT_OK
-
-
-def _claims_at_defaults(registry) -> dict[str, dict[str, Any]]:
-    """Every defense's claim per observer with its default hyper-parameters at the default audit's
-    settings (digits, the default model, 20 clients, every client every round, 30 rounds, δ = 1e-5)."""
-    from audit.config import AuditConfig
-    from audit.core.models import build_model
-    from defenses.base import AccountingSettings
-    from defenses.engine import TrainingConfig
-    from defenses.flat import ParamLayout
-
-    config = AuditConfig()
-    layout = ParamLayout.of(build_model(config.model.name, (1, 8, 8), 10, dict(config.model.options)))
-    training, clients = TrainingConfig(), config.partition.clients
-    out = {}
-    for name in registry.names():
-        claim = registry.get(name)(None, layout).privacy_claim(training, clients, training.rounds, 1e-5, AccountingSettings())
-        out[name] = {"settings": f"defaults; {clients} clients, every client every round, {training.rounds} rounds, δ = 1e-5",
-                     "unit": claim.unit, "headline": claim.adversary if claim.is_private else None,
-                     "mechanism": claim.mechanism,
-                     "adversaries": {a.adversary: {"epsilon": a.epsilon if a.covered else None, "relation": a.relation,
-                                                   "observes": a.observes, "amplification": a.amplification,
-                                                   "notes": a.notes} for a in claim.adversaries}}
-    return out
-
-
-def command_epsilon(args: argparse.Namespace) -> int:
-    from defenses.accounting import GaussianSchedule, calibrate_noise, compute_epsilon
-
-    schedule = GaussianSchedule(args.noise if args.noise is not None else 1.0, args.rate, args.steps,
-                                args.sampling, args.population)
-    calibrated = args.target_epsilon is not None
-    if calibrated:
-        sigma = calibrate_noise(args.target_epsilon, schedule, args.delta, args.accountant, args.conversion)
-        schedule = schedule.with_noise(sigma)
-    report = compute_epsilon(schedule, args.delta, args.accountant, args.conversion)
-    out = {**report.as_dict(), "noise": schedule.noise_multiplier, "rate": schedule.sampling_rate,
-           "steps": schedule.steps, "sampling": schedule.sampling, "mechanism": schedule.describe()}
-    if calibrated:
-        out["target_epsilon"] = args.target_epsilon
-    if args.json:
-        print(json.dumps(out, indent=2, ensure_ascii=False))
-        return EXIT_OK
-    if calibrated:
-        print(f"noise multiplier σ = {schedule.noise_multiplier:.6g} for target ε = {args.target_epsilon:g}")
-    order = f", optimal order {report.optimal_order:g}" if report.optimal_order is not None else ""
-    print(f"ε = {report.epsilon:.6g} at δ = {args.delta:g}  [{report.label}{order}]")
-    print(f"mechanism: {schedule.describe()}")
-    return EXIT_OK
-
-
-def command_reproduce(args: argparse.Namespace) -> int:
-    from audit.reproduce import make_study, reproduce
-
-    study = make_study(args.study, args.quick, args.dataset, args.data_root, args.seeds)
-    if args.device is not None:
-        study.config["device"] = args.device
-    out = Path(args.out or f"reproduce-{args.study}{'-quick' if args.quick else ''}")
-    result = reproduce(study, out, quiet=args.quiet)
-    print(result["markdown"])
-    print(f"written: {result['paths']['md']}, {result['paths']['json']}, {result['paths']['csv']}")
-    return EXIT_OK
-
-
-def command_audit_mechanism(args: argparse.Namespace) -> int:
-    from attacks.mechanism_audit import audit_mechanism, audit_two_point
-
-    if args.mechanism == "ldp-two-point":
-        if args.epsilon is None:
-            raise UserInputError("--epsilon: ldp-two-point needs the ε of the mechanism")
-        result = audit_two_point(args.epsilon, args.trials, args.seed)
-        header = f"two-point ε-LDP mechanism (LDP-FL), one weight at the two ends of its range, {args.trials} trials"
-        delta = 0.0
-    else:
-        if args.noise is None:
-            raise UserInputError(f"--noise: {args.mechanism} needs its noise parameter")
-        result = audit_mechanism(args.mechanism, args.noise, args.clip, args.dim, args.trials, args.accounting,
-                                 args.clip_norm, args.delta, args.conversion, args.canary, args.seed)
-        header = f"{result['mechanism']}, C = {args.clip:g}, d = {args.dim}, {args.trials} trials, accounting {args.accounting}"
-        delta = args.delta
-    if args.json:
-        print(json.dumps(result, indent=2, ensure_ascii=False))
-        return EXIT_OK
-    print(header)
-    claimed = result["epsilon_claimed"]
-    print(f"claimed ε:       {'none (no finite bound)' if claimed is None else f'{claimed:.4f}'} at δ = {delta:g}")
-    each = 100 * result.get("confidence_per_canary", result["confidence"])
-    for canary, bound in result["canaries"].items():
-        print(f"ε lower bound:   {bound:.4f}  ({canary}, Clopper–Pearson {each:.4g} %, threshold on a held-out half)")
-    print(result["verdict"])
-    return EXIT_OK
-
-
-def _conformance_defenses(args: argparse.Namespace) -> tuple[list, list[dict[str, Any]]]:
-    """The defenses ``conformance`` checks, with their hyper-parameters validated (one-line errors)."""
-    import yaml
-
-    import defenses.catalog  # noqa: F401
-    from audit.core.schema import from_mapping
-    from defenses.base import DEFENSES
-
-    if args.all and args.defenses:
-        raise UserInputError("conformance: name defenses or give --all, not both")
-    names = DEFENSES.names() if args.all else list(args.defenses)
-    if not names:
-        raise UserInputError("conformance: name at least one defense (see `dpfl-audit list`) or give --all")
-    if args.trials < 100:
-        raise UserInputError(f"--trials: must be >= 100, got {args.trials}")
-    if not 0 < args.alpha < 1:
-        raise UserInputError(f"--alpha: must lie in (0, 1), got {args.alpha:g}")
-    if not 0 < args.delta < 1:
-        raise UserInputError(f"--delta: must lie in (0, 1), got {args.delta:g}")
-    overrides: dict[str, dict[str, Any]] = {name: {} for name in names}
-    for item in args.param:
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise UserInputError(f"--param: '{item}' is not FIELD=VALUE or DEFENSE.FIELD=VALUE")
-        target, dot, field = key.rpartition(".")
-        if dot and target not in overrides:
-            raise UserInputError(f"--param: '{key}' names a defense not checked here; checked: {', '.join(names)}")
-        try:
-            parsed = yaml.safe_load(value)
-        except yaml.YAMLError:
-            raise UserInputError(f"--param: the value of '{key}' is not valid YAML") from None
-        for name in ([target] if dot else names):
-            overrides[name][field] = parsed
-    chosen, shown = [], []
-    for name in names:
-        cls = DEFENSES.get(name, "conformance: defense")
-        params = from_mapping(cls.Params, overrides[name], f"--param ({name})")
-        chosen.append(cls(params))
-        shown.append(overrides[name])
-    return chosen, shown
-
-
-def command_conformance(args: argparse.Namespace) -> int:
-    from attacks.conformance import CONFORMS, VIOLATES, conformance
-
-    chosen, shown = _conformance_defenses(args)
-    bar = None
-    if not args.quiet:
-        from tqdm import tqdm
-
-        bar = tqdm(total=0, unit="trial", file=sys.stderr, leave=False)
-
-    def progress(name: str, done: int, total: int) -> None:
-        if bar is not None:
-            bar.total = total
-            bar.n = done
-            bar.set_description(name)
-            bar.refresh()
-
-    result = conformance(chosen, args.trials, args.seed, args.alpha, args.delta,
-                         [{**to_params(d), **o} for d, o in zip(chosen, shown)], progress)
-    if bar is not None:
-        bar.close()
-    if args.json:
-        print(json.dumps(result, indent=2, ensure_ascii=False))
-    else:
-        print(f"conformance: {result['task']}; {result['trials']} coupled trials per input; every interval and bound "
-              f"at {100 * result['level']:.4g} % (α = {result['alpha']:g} over {result['family_size']} tests), δ = {result['delta']:g}")
-        for entry in result["defenses"]:
-            print(f"{entry['defense']:<20} {entry['status'].upper() if entry['status'] == VIOLATES else entry['status']}")
-            for check in entry["adversaries"]:
-                print(f"    {check['adversary']:<9} {check['status']:<9} {check['detail']}")
-            for adversary, why in entry["not_covered"].items():
-                print(f"    {adversary:<9} {'—':<9} {why}")
-            if entry["status"] != "conforms" or not entry["adversaries"]:
-                print(f"    {entry['note']}")
-        print(f"overall: {result['status']}")
-    return EXIT_OK if result["status"] == CONFORMS else EXIT_FAILURE
-
-
-def to_params(defense) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    from audit.core.schema import to_mapping
-
-    return to_mapping(asdict(defense.params))
-
-
-def _check_invert_options(args: argparse.Namespace) -> None:
-    """Every option of ``invert`` checked before anything is loaded or written."""
-    from attacks.inversion import RECONSTRUCTION_ATTACKS
-    from audit.core.datasets import DATASETS
-    from audit.core.models import MODELS
-
-    if args.attack not in RECONSTRUCTION_ATTACKS:
-        raise UserInputError(f"--attack: unknown attack '{args.attack}'; allowed: {', '.join(RECONSTRUCTION_ATTACKS)}")
-    if args.dataset not in DATASETS:
-        raise UserInputError(f"--dataset: unknown dataset '{args.dataset}'; allowed: {', '.join(DATASETS.names())}")
-    if args.model not in MODELS:
-        raise UserInputError(f"--model: unknown model '{args.model}'; allowed: {', '.join(MODELS.names())}")
-    for option, value in (("--batch-size", args.batch_size), ("--restarts", args.restarts),
-                          ("--iterations", args.iterations), ("--images", args.images)):
-        if value is not None and value < 1:
-            raise UserInputError(f"{option}: must be >= 1, got {value}")
-    if args.clip is not None and not args.clip > 0:
-        raise UserInputError(f"--clip: must be > 0, got {args.clip:g}")
-    if args.noise is not None:
-        if not args.noise >= 0:
-            raise UserInputError(f"--noise: must be >= 0, got {args.noise:g}")
-        if args.clip is None:
-            raise UserInputError("--noise: needs --clip (the noise std is σ·C)")
-    if args.images is not None and args.images % args.batch_size:
-        raise UserInputError(f"--images: {args.images} images do not split into batches of --batch-size {args.batch_size}")
-
-
-def command_invert(args: argparse.Namespace) -> int:
-    import time
-
-    from attacks.inversion import invert
-    from audit.core.atomic import write_bytes, write_json
-    from audit.core.datasets import load_dataset
-
-    _check_invert_options(args)
-    dataset = load_dataset(args.dataset, args.data_root)
-    if dataset.kind != "image" or len(dataset.input_shape) != 3:
-        raise UserInputError(f"--dataset: '{args.dataset}' is not an image dataset; gradient inversion reconstructs images")
-    started = time.perf_counter()
-    result = invert(args.attack, dataset, args.model, args.batch_size, args.images, args.clip, args.noise or 0.0,
-                    args.iterations, args.restarts, args.seed)
-    seconds = time.perf_counter() - started
-    out = Path(args.out)
-    grid, results = out / "grid.png", out / "results.json"
-    write_bytes(grid, result.pop("png"))
-    result["grid"] = str(grid)
-    write_json(results, result)
-    if args.json:
-        from audit.core.atomic import dumps
-
-        print(dumps(result))
-        return EXIT_OK
-    print(f"{result['attack']} ({result['reference']}) on {result['dataset']}, {result['model']} untrained "
-          f"(seed {result['seed']}): {result['threat']}; {result['images']} images, {result['iterations']} iterations "
-          f"× {result['restarts']} restart(s), {seconds:.1f} s")
-    per_image = result["per_image"]
-    print(f"{'image':>6} {'label':>6} {'recovered':>10} {'SSIM':>7} {'PSNR dB':>8} {'MSE':>10}")
-    for i, index in enumerate(per_image["index"]):
-        print(f"{index:>6} {per_image['label'][i]:>6} {per_image['recovered_label'][i]:>10} {per_image['ssim'][i]:>7.3f} "
-              f"{per_image['psnr'][i]:>8.2f} {per_image['mse'][i]:>10.3g}")
-    print(f"{'mean':>6} {'':>6} {100 * result['label_accuracy']:>9.0f}% {result['ssim']:>7.3f} {result['psnr']:>8.2f} "
-          f"{result['mse']:>10.3g}")
-    print(f"grid:    {grid} (top: private images, bottom: reconstructions)")
-    print(f"results: {results}")
-    return EXIT_OK
-
-
-def command_report(args: argparse.Namespace) -> int:
-    from reports.html import write_report
-    from reports.results import load_results
-
-    document, manifest, folder = load_results(args.results)
-    extra = {"versions": manifest.get("versions", {}), "machine": manifest.get("machine", {})}
-    path = write_report(document, Path(args.out) if args.out else folder / "report.html", manifest_extra=extra)
-    print(f"report: {path}")
-    return EXIT_OK
-
-
-def command_config(args: argparse.Namespace) -> int:
-    from audit.config import AuditConfig, config_to_yaml, load_config
-    from audit.core.schema import MAX_INT, field_reference
-
-    if args.reference:
-        print(f"{'field':<34} {'type':<40} {'range':<26} default")
-        for row in field_reference(AuditConfig):
-            default = json.dumps(row["default"], ensure_ascii=False)
-            print(f"{row['field']:<34} {row['type'][:40]:<40} {row['range']:<26} {default[:40]}")
-        print(f"Numbers must be finite; an integer without its own bound is at most {MAX_INT}; lists hold at most "
-              "10000 values. A defense's or attack's params: `dpfl-audit list` (same rules).")
-        return EXIT_OK
-    print(config_to_yaml(load_config(args.config, args.preset)), end="")
-    return EXIT_OK
+# --------------------------------------------------------------------------- the boundary
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -625,12 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILURE
 
 
-def command_check(args: argparse.Namespace) -> int:
-    from reports.policy import check_command
-
-    return EXIT_OK if check_command(args.results, args.policy, args.baseline, args.junit, args.json) else EXIT_FAILURE
-
-
+#: every command by its name: a function of the parsed arguments returning the exit code
 COMMANDS = {
     "run": lambda args: command_run(args, attack=True),
     "train": lambda args: command_run(args, attack=False),

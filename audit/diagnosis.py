@@ -13,6 +13,7 @@ from audit.core.seeding import derive_seed, numpy_rng
 from audit.planning import Plan
 from audit.store import RunStore
 from audit.training import progress_bar
+from defenses.diagnostics import perturbation_robustness, sharpness
 
 
 def diagnose_runs(plan: Plan, store: RunStore, out: Path, quiet: bool = False) -> dict[str, list[dict]]:
@@ -21,8 +22,6 @@ def diagnose_runs(plan: Plan, store: RunStore, out: Path, quiet: bool = False) -
     Written to ``<out>/diagnostics/<experiment>.json`` (one entry per run), recomputed on every
     call: they are cheap next to training and depend on the diagnostics settings, not the run.
     """
-    from defenses.diagnostics import perturbation_robustness, sharpness
-
     settings = plan.config.diagnostics
     results: dict[str, list[dict]] = {}
     if not settings.enabled:

@@ -30,11 +30,8 @@ from audit.core.safe_names import slug
 from audit.core.schema import from_mapping, to_mapping
 from audit.tasks import Membership, Task, build_task, client_membership, record_membership
 from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
-from defenses.engine import (
-    RecordSpec,
-    TrainingConfig,
-)
 from defenses.flat import ParamLayout
+from defenses.training_job import RecordSpec, TrainingConfig
 
 STORE_FORMAT = 4  # bump when a change makes stored runs incompatible (or trains them differently: 3 = Philox batch streams, 4 = fully keyed noise streams, claims per observer)
 

@@ -40,9 +40,10 @@ from audit.store import RunStore
 from audit.study import Arm, ClaimCheck, Results, RunResult, Study
 from audit.tasks import Task, build_task, run_clients
 from defenses.base import DEFENSES, AccountingSettings, Defense
+from defenses.claims import PrivacyClaim
 from defenses.diagnostics import sharpness
-from defenses.engine import TrainingConfig, TrainingDiverged, TrainingJob
 from defenses.flat import ParamLayout
+from defenses.training_job import TrainingConfig, TrainingDiverged, TrainingJob
 
 REPRODUCE_FORMAT = 2  # 2: fully keyed noise streams, sound defaults, claims per observer
 
@@ -115,10 +116,11 @@ class Runner:
         evaluated = [m for m in metrics if m.get("test_accuracy") is not None]
         norms = [m["update_norm_median"] for m in metrics if "update_norm_median" in m]
         fractions = [m["clip_fraction"] for m in metrics if "clip_fraction" in m]
-        epsilon_final = manifest["claim"]["epsilon"]
+        claim = PrivacyClaim.from_dict(manifest["claim"])
+        server = claim.against("server")
         return RunResult(
             arm=arm.key, epsilon_target=epsilon, seed=seed,
-            epsilon=math.inf if epsilon_final is None else float(epsilon_final),
+            epsilon=float(claim.epsilon),
             final_accuracy=float(evaluated[-1]["test_accuracy"]) if evaluated else math.nan,
             best_accuracy=float(max(m["test_accuracy"] for m in evaluated)) if evaluated else math.nan,
             train_accuracy=float(evaluated[-1].get("train_accuracy", math.nan)) if evaluated else math.nan,
@@ -130,9 +132,8 @@ class Runner:
             clip_fraction=float(np.mean(fractions)) if fractions else math.nan,
             sharpness=manifest.get("sharpness"),
             seconds=float(manifest["timings"]["train_seconds"]),
-            epsilon_alternatives=dict(manifest["claim"].get("alternatives") or {}),
-            epsilon_server=next((a["epsilon"] for a in manifest["claim"].get("adversaries") or []
-                                 if a["adversary"] == "server"), None),
+            epsilon_alternatives=dict(claim.alternatives),
+            epsilon_server=server.epsilon if server is not None and server.covered else None,
         )
 
     def diverged(self, arm: Arm, epsilon: float | None, seed: int, defense: Defense, training: TrainingConfig,

@@ -21,11 +21,9 @@ from audit.planning import Experiment, Plan, clients_digest, run_id
 from audit.store import RunStore
 from audit.tasks import build_task, record_membership
 from audit.training import trained_claim
-from defenses.engine import (
-    TrainingJob,
-    initial_vector,
-)
+from defenses.engine import initial_vector
 from defenses.flat import ParamLayout
+from defenses.training_job import TrainingJob
 from reports.soundness import measurement_delta
 
 

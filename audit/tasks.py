@@ -24,7 +24,8 @@ import numpy as np
 from torch import nn
 
 from audit.config import AuditConfig, MembershipConfig, PartitionConfig
-from audit.core.datasets import Dataset, Split, load_dataset
+from audit.core.dataset_types import Dataset, Split
+from audit.core.datasets import load_dataset
 from audit.core.errors import UserInputError
 from audit.core.models import build_model
 from audit.core.seeding import numpy_rng

@@ -19,14 +19,11 @@ from audit.core.schema import to_mapping
 from audit.core.seeding import derive_seed
 from audit.planning import Experiment, Plan, canary_context, canary_run_id, run_id
 from audit.store import RunStore
-from defenses.engine import (
-    RecordSpec,
-    TrainingDiverged,
-    TrainingJob,
-    chunk_size,
-)
+from defenses.claims import PrivacyClaim
+from defenses.engine import chunk_size
 from defenses.flat import ParamLayout
 from defenses.run_batch import train_together
+from defenses.training_job import RecordSpec, TrainingDiverged, TrainingJob
 
 
 def progress_bar(total: int, desc: str, quiet: bool) -> tqdm:
@@ -168,10 +165,10 @@ def run_groups(plan: Plan, store: RunStore, experiment: Experiment, batch_runs: 
     return [pending[i:i + size] for i in range(0, len(pending), size)]
 
 
-def trained_claim(plan: Plan, store: RunStore, experiment: Experiment) -> dict[str, Any]:
+def trained_claim(plan: Plan, store: RunStore, experiment: Experiment) -> PrivacyClaim:
     """The claim of the trained runs (some depend on the run's clients, e.g. NbAFL's smallest client)."""
     ids = plan.run_ids.get(experiment.key)
-    return store.load_manifest(ids[0])["claim"] if ids else experiment.claim.as_dict()
+    return PrivacyClaim.from_dict(store.load_manifest(ids[0])["claim"]) if ids else experiment.claim
 
 
 def train_canary_runs(plan: Plan, store: RunStore, experiment: Experiment, audit: CanaryAudit, quiet: bool = False) -> None:

@@ -18,8 +18,8 @@ from torch import nn
 
 from audit.core.datasets import load_dataset
 from audit.core.models import build_model
-from defenses.engine import TrainingConfig, TrainingJob
 from defenses.fedavg import DPFedAvg, DPFedAvgParams
+from defenses.training_job import TrainingConfig, TrainingJob
 
 CLIENTS = 100
 RECORDS_PER_CLIENT = 15

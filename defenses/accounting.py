@@ -15,6 +15,11 @@ it — is accounted here, on top of Google's ``dp-accounting``:
 
 * ``pld``: the privacy-loss distribution accountant of dp-accounting (Poisson sampling only).
 
+The inverse, :func:`calibrate_noise`, finds the least σ whose ε meets a target (the search
+itself is :mod:`defenses.calibration`). Mechanisms dp-accounting lacks are amplified by the
+general subsampling bounds of :mod:`defenses.subsampled_rdp` and converted here
+(:func:`rdp_to_epsilon`).
+
 All arithmetic is float64 (numpy). Every ε we print carries :func:`accountant_label`, which
 names the accountant, the conversion and the dp-accounting version, because the same
 mechanism gives visibly different ε under different conversions (e.g. 7.329 vs 8.074 at
@@ -38,7 +43,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 
@@ -49,6 +54,7 @@ from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from audit.core.errors import UserInputError
+from defenses.calibration import smallest_noise
 
 ACCOUNTANTS = ("rdp", "pld")
 CONVERSIONS = ("improved", "classic")
@@ -322,143 +328,3 @@ def calibrate_noise(
                 return report.epsilon
 
     return smallest_noise(eps_at, target_epsilon, relative_tolerance)
-
-
-def smallest_noise(eps_at: Callable[[float], float], target_epsilon: float, relative_tolerance: float = 1e-4) -> float:
-    """The smallest noise parameter σ (to ``relative_tolerance``) with eps_at(σ) ≤ target.
-
-    ``eps_at`` must be non-increasing in σ. A bracket [lo, hi] with eps_at(lo) > target ≥
-    eps_at(hi) is found by doubling/halving, then narrowed by the Illinois variant of regula
-    falsi on (log σ, log ε) — ε is smooth and nearly a power of σ, so this needs a handful of ε
-    evaluations where bisection needs a dozen — falling back to a bisection step whenever the
-    interpolation does not land strictly inside the bracket. The upper end is returned, so the
-    target is never exceeded. Raises a one-line error when no σ ≤ 1e7 reaches the target.
-    """
-    hi = 1.0
-    eps_hi = eps_at(hi)
-    while eps_hi > target_epsilon:
-        hi *= 2.0
-        if hi > 1e7:
-            raise UserInputError(f"target-epsilon: {target_epsilon} is not reachable with any noise ≤ 1e7")
-        eps_hi = eps_at(hi)
-    lo = hi / 2.0
-    eps_lo = eps_at(lo)
-    while eps_lo <= target_epsilon:
-        hi, eps_hi = lo, eps_lo
-        lo /= 2.0
-        if lo < 1e-4:  # essentially no noise meets the target: return the small σ found
-            return hi
-        eps_lo = eps_at(lo)
-    log_target = math.log(target_epsilon)
-
-    def gap(eps: float) -> float:  # log ε − log target: > 0 at lo, ≤ 0 at hi
-        return math.log(eps) - log_target if eps > 0 else -math.inf
-
-    f_lo, f_hi = gap(eps_lo), gap(eps_hi)
-    kept = 0  # +1 when lo was kept last step, −1 when hi was (Illinois: halve a twice-kept side)
-    for _ in range(200):
-        if target_epsilon - eps_hi <= relative_tolerance * target_epsilon or hi / lo - 1.0 < 1e-12:
-            break
-        x_lo, x_hi = math.log(lo), math.log(hi)
-        x = x_hi - f_hi * (x_hi - x_lo) / (f_hi - f_lo) if math.isfinite(f_lo) and math.isfinite(f_hi) else math.nan
-        margin = 1e-3 * (x_hi - x_lo)
-        if not (x_lo + margin < x < x_hi - margin):
-            x = 0.5 * (x_lo + x_hi)
-        mid = math.exp(x)
-        eps_mid = eps_at(mid)
-        if eps_mid > target_epsilon:
-            lo, f_lo = mid, gap(eps_mid)
-            if kept == -1:
-                f_hi /= 2.0
-            kept = -1
-        else:
-            hi, eps_hi, f_hi = mid, eps_mid, gap(eps_mid)
-            if kept == 1:
-                f_lo /= 2.0
-            kept = 1
-    return hi
-
-
-# --------------------------------------------------------------------------- general RDP curves
-
-#: integer orders for bounds that hold at integer α only (Zhu & Wang 2019)
-INTEGER_ORDERS: tuple[int, ...] = tuple(range(2, 129)) + (256,)
-
-
-def _integer_curve(rdp_of: Callable[[np.ndarray], np.ndarray], orders: Sequence[int], bound: str
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(integer orders, the mechanism's RDP at them, the orders 2..max, its RDP at those) for a
-    subsampling bound that sums over every integer order up to α."""
-    orders = np.asarray(orders, dtype=np.int64)
-    if np.any(orders < 2):
-        raise ValueError(f"the {bound} bound needs integer orders ≥ 2")
-    base = np.asarray(rdp_of(orders.astype(np.float64)), dtype=np.float64)
-    every = np.arange(2, int(orders.max()) + 1, dtype=np.float64)
-    return orders, base, every, np.asarray(rdp_of(every), dtype=np.float64)
-
-
-def poisson_subsampled_rdp(rdp_of: Callable[[np.ndarray], np.ndarray], rate: float,
-                           orders: Sequence[int] = INTEGER_ORDERS) -> np.ndarray:
-    """RDP of a Poisson-subsampled mechanism from the RDP curve of the mechanism itself.
-
-    The general upper bound of Zhu & Wang 2019 ("Poisson Subsampled Rényi Differential Privacy",
-    Thm. 6), for integer α ≥ 2 and any mechanism with RDP ε(·):
-
-        ε'(α) ≤ 1/(α−1) · log[ (1−q)^{α−1}(αq − q + 1) + C(α,2) q² (1−q)^{α−2} e^{ε(2)}
-                                + 3 Σ_{l=3}^{α} C(α,l) q^l (1−q)^{α−l} e^{(l−1)ε(l)} ],
-
-    taken together with the unsubsampled ε(α) (the smaller of the two holds). ``rdp_of`` maps
-    an array of integer orders to the mechanism's RDP at those orders. Float64, log space.
-    """
-    from scipy.special import gammaln, logsumexp
-
-    orders, base, ls, curve = _integer_curve(rdp_of, orders, "Zhu–Wang")
-    if rate >= 1.0:
-        return base
-    log_q, log_1q = math.log(rate), math.log1p(-rate)
-    out = np.empty(len(orders), dtype=np.float64)
-    for i, alpha in enumerate(orders):
-        terms = ls[: alpha - 1]  # l = 2..α
-        log_terms = (gammaln(alpha + 1) - gammaln(terms + 1) - gammaln(alpha - terms + 1)
-                     + terms * log_q + (alpha - terms) * log_1q + (terms - 1) * curve[: alpha - 1])
-        weights = np.where(terms >= 3, 3.0, 1.0)
-        first = (alpha - 1) * log_1q + math.log(alpha * rate - rate + 1)
-        total = logsumexp(np.r_[first, log_terms], b=np.r_[1.0, weights])
-        out[i] = min(total / (alpha - 1), base[i])
-    return out
-
-
-def without_replacement_subsampled_rdp(rdp_of: Callable[[np.ndarray], np.ndarray], rate: float,
-                                       orders: Sequence[int] = INTEGER_ORDERS) -> np.ndarray:
-    """RDP of a mechanism run on a uniformly random subset of fixed size m = γ·n, replace-one neighbours.
-
-    The general upper bound of Wang, Balle, Kasiviswanathan 2019 ("Subsampled Rényi Differential
-    Privacy and Analytical Moments Accountant", Thm. 9), for integer α ≥ 2 and a mechanism that is
-    (α, ε(α))-RDP under replace-one, with ε(∞) = ∞ (so every min{2, (e^{ε(∞)} − 1)^j} is 2):
-
-        ε'(α) ≤ 1/(α−1) · log[ 1 + γ² C(α,2) min{4(e^{ε(2)} − 1), 2e^{ε(2)}}
-                                 + 2 Σ_{j=3}^{α} γ^j C(α,j) e^{(j−1)ε(j)} ],
-
-    taken together with the unsubsampled ε(α). ``rdp_of`` maps integer orders to the mechanism's
-    replace-one RDP. At α = 2 this coincides with the Gaussian-specific Thm. 27 that dp-accounting
-    implements; above, Thm. 27 is tighter for the Gaussian (tests compare both). Float64, log space.
-    """
-    from scipy.special import gammaln, logsumexp
-
-    orders, base, js, curve = _integer_curve(rdp_of, orders, "Wang–Balle–Kasiviswanathan")
-    if rate >= 1.0:
-        return base
-    log_gamma = math.log(rate)
-    eps2 = float(curve[0])
-    # log min{4(e^{ε(2)} − 1), 2e^{ε(2)}}
-    log_second = min(math.log(4.0) + eps2 + math.log(-math.expm1(-eps2)) if eps2 > 0 else -math.inf,
-                     math.log(2.0) + eps2)
-    out = np.empty(len(orders), dtype=np.float64)
-    for i, alpha in enumerate(orders):
-        log_comb = gammaln(alpha + 1) - gammaln(js[: alpha - 1] + 1) - gammaln(alpha - js[: alpha - 1] + 1)
-        terms = [0.0, 2 * log_gamma + float(log_comb[0]) + log_second]
-        if alpha >= 3:
-            j = js[1: alpha - 1]
-            terms.extend((math.log(2.0) + j * log_gamma + log_comb[1:] + (j - 1) * curve[1: alpha - 1]).tolist())
-        out[i] = min(float(logsumexp(terms)) / (alpha - 1), base[i])
-    return out

@@ -27,15 +27,7 @@ from audit.core.seeding import numpy_rng, seed_torch, torch_generator
 from defenses.accounting import GaussianSchedule, calibrate_noise, compute_epsilon
 from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
 from defenses.claims import AdversaryClaim, gaussian_round_epsilon
-from defenses.engine import (
-    TrainingConfig,
-    TrainingDiverged,
-    TrainingJob,
-    TrainingOutcome,
-    chunk_size,
-    divergence,
-    optimizer_settings,
-)
+from defenses.engine import chunk_size, divergence, optimizer_settings
 from defenses.evaluation import evaluate
 from defenses.flat import ParamLayout, parameters_of
 from defenses.local_training import (
@@ -47,6 +39,7 @@ from defenses.local_training import (
 )
 from defenses.noise import gaussian_rows
 from defenses.release_probe import ReleaseProbe
+from defenses.training_job import TrainingConfig, TrainingDiverged, TrainingJob, TrainingOutcome
 
 
 @dataclass(frozen=True)

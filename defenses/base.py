@@ -12,17 +12,11 @@ from audit.core.errors import UserInputError
 from audit.core.registry import Registry
 from defenses.accounting import AccountingSettings
 from defenses.claims import UNITS, PrivacyClaim
-from defenses.engine import (
-    FederatedEngine,
-    RoundContext,
-    TrainingConfig,
-    TrainingJob,
-    TrainingOutcome,
-    mean_update,
-)
+from defenses.engine import FederatedEngine, mean_update
 from defenses.flat import ParamLayout
 from defenses.local_training import LocalObjective, client_batches
 from defenses.release_probe import ReleaseProbe, engine_probe
+from defenses.training_job import RoundContext, TrainingConfig, TrainingJob, TrainingOutcome
 
 
 @dataclass(frozen=True)

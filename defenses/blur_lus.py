@@ -28,10 +28,10 @@ import torch
 
 from audit.core.errors import UserInputError
 from defenses.base import DEFENSES
-from defenses.engine import RoundContext, TrainingConfig
 from defenses.fedavg import DPFedAvg, DPFedAvgParams
 from defenses.local_training import LocalObjective, mean_loss_gradient
 from defenses.sparsify import exact_fraction, kept_per_tensor, per_tensor_top_mask
+from defenses.training_job import RoundContext, TrainingConfig
 
 
 class BLURObjective(LocalObjective):

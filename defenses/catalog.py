@@ -7,7 +7,10 @@ from defenses import (  # noqa: F401  (each module registers its defenses)
     dp_fedsam,  # fedsam, dp-fedsam, dp-fedsam-topk
     fed_smp,  # fed-smp-randk, fed-smp-topk
     fedavg,  # fedavg, dp-fedavg
-    fl_top,  # fl-top, fl-top-dp, fl-basic, fl-basic-dp, fl-std, fl-std-dp, fl-cs, fl-cs-dp
+    fl_basic,  # fl-basic, fl-basic-dp
+    fl_cs,  # fl-cs, fl-cs-dp
+    fl_std,  # fl-std, fl-std-dp
+    fl_top,  # fl-top, fl-top-dp
     ldp_fl,  # ldp-fl
     nbafl,  # nbafl
     udp_fl,  # udp-fl

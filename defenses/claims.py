@@ -43,6 +43,11 @@ UNITS = ("client", "record", "weight", "none")
 ADVERSARIES = ("released", "server", "local")
 RELATIONS = ("add-remove", "replace-one", "zero-out", "none")
 
+RELATION_HELP = ("neighbouring relation: one unit added or removed, one unit's data replaced, or one unit's data "
+                 "replaced by data that contributes nothing (its participation known)")
+ADVERSARY_HELP = ("released: a third party seeing the released models (amplification by sampling applies); server: the "
+                  "aggregator, which knows who took part; local: one upload alone")
+
 ADVERSARY_TEXT = {
     "released": "a third party that sees the released global models",
     "server": "the server, which picks the participants (no amplification by sampling)",
@@ -61,16 +66,19 @@ class AdversaryClaim:
     audit measures against.
     """
 
-    adversary: str
-    epsilon: float | None
-    delta: float
-    relation: str
+    adversary: str = field(metadata={"choices": ADVERSARIES, "help": ADVERSARY_HELP})
+    epsilon: float | None = field(metadata={"min": 0, "help": "null: not covered (see notes)"})
+    delta: float = field(metadata={"min": 0, "max": 1})
+    relation: str = field(metadata={"choices": RELATIONS, "help": RELATION_HELP})
     observes: str
     accountant: str = ""
-    amplification: bool = False
-    rounds: int | None = None
-    noise_multiplier: float | None = None
-    round_epsilon: float | None = None
+    amplification: bool = field(default=False, metadata={"help": "whether amplification by sampling is credited"})
+    rounds: int | None = field(default=None, metadata={
+        "help": "rounds accounted (a participation bound for observers who know who took part)"})
+    noise_multiplier: float | None = field(default=None, metadata={
+        "help": "the per-round Gaussian noise multiplier accounted, per change one unit can make in what this observer sees"})
+    round_epsilon: float | None = field(default=None, metadata={
+        "help": "ε of one round without sampling (what the conformance audit compares with)"})
     notes: str = ""
 
     def __post_init__(self) -> None:
@@ -109,16 +117,18 @@ class PrivacyClaim:
     other labelled figures.
     """
 
-    epsilon: float
-    delta: float
-    unit: str
-    accountant: str
+    epsilon: float = field(metadata={"min": 0, "null_means": math.inf, "help":
+                                     "the headline figure (against `adversary`); null: no DP claim (or no finite bound)"})
+    delta: float = field(metadata={"min": 0, "max": 1})
+    unit: str = field(metadata={"choices": UNITS})
+    accountant: str = field(metadata={"help": "accountant and RDP→(ε,δ) conversion, e.g. rdp-improved"})
     mechanism: str = ""
     notes: str = ""
     alternatives: dict[str, float] = field(default_factory=dict)
-    relation: str = "none"
-    adversary: str = "released"
-    adversaries: tuple[AdversaryClaim, ...] = ()
+    relation: str = field(default="none", metadata={"choices": RELATIONS, "help": RELATION_HELP})
+    adversary: str = field(default="released", metadata={"choices": ADVERSARIES, "help": ADVERSARY_HELP})
+    adversaries: tuple[AdversaryClaim, ...] = field(default=(), metadata={
+        "help": "one figure per observer: released models, the server, one upload alone"})
 
     def __post_init__(self) -> None:
         if self.unit not in UNITS:

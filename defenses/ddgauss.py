@@ -49,20 +49,16 @@ import torch
 
 from audit.core.errors import UserInputError
 from audit.core.seeding import numpy_rng
-from defenses.accounting import (
-    INTEGER_ORDERS,
-    accountant_label,
-    rdp_to_epsilon,
-    smallest_noise,
-    without_replacement_subsampled_rdp,
-)
+from defenses.accounting import accountant_label, rdp_to_epsilon
 from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
+from defenses.calibration import smallest_noise
 from defenses.claims import AdversaryClaim, participation_bound
 from defenses.clipping import clip_rows
-from defenses.engine import RoundContext, TrainingConfig
 from defenses.noise import discrete_gaussian
 from defenses.rotation import padded_dimension, random_signs, rotate, unrotate
 from defenses.secure_aggregation import modular_sum, wrap
+from defenses.subsampled_rdp import INTEGER_ORDERS, without_replacement_subsampled_rdp
+from defenses.training_job import RoundContext, TrainingConfig
 
 
 @dataclass(frozen=True)

@@ -35,10 +35,10 @@ import torch
 import torch.nn.functional as F
 
 from defenses.base import DEFENSES, Defense, PrivacyClaim
-from defenses.engine import RoundContext
 from defenses.fedavg import DPFedAvg, DPFedAvgParams
 from defenses.local_training import LocalObjective, Params
 from defenses.sparsify import kept_per_tensor, per_tensor_top_mask
+from defenses.training_job import RoundContext
 
 SAM_VARIANTS = ("sam", "asam")
 _NORM_GUARD = 1e-12  # as in the paper's code: e = ρ·g/(‖g‖ + 1e-12)

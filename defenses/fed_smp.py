@@ -26,9 +26,9 @@ from typing import Literal
 import torch
 
 from defenses.base import DEFENSES
-from defenses.engine import RoundContext
 from defenses.fedavg import DPFedAvg, DPFedAvgParams
 from defenses.sparsify import exact_count, random_mask, top_rows
+from defenses.training_job import RoundContext
 
 
 @dataclass(frozen=True)

@@ -45,8 +45,8 @@ from defenses.accounting import (
 from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
 from defenses.claims import GaussianRounds, gaussian_adversaries
 from defenses.clipping import clip_rows, clip_rows_per_tensor
-from defenses.engine import RoundContext, TrainingConfig
 from defenses.noise import gaussian_rows
+from defenses.training_job import RoundContext, TrainingConfig
 
 
 @DEFENSES.register("fedavg")

@@ -22,15 +22,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from audit.core.errors import UserInputError
-from defenses.accounting import (
-    INTEGER_ORDERS,
-    GaussianSchedule,
-    poisson_subsampled_rdp,
-    rdp_per_round,
-    rdp_to_epsilon,
-    smallest_noise,
-)
+from defenses.accounting import GaussianSchedule, rdp_per_round, rdp_to_epsilon
+from defenses.calibration import smallest_noise
 from defenses.mechanisms import CLIP_NORMS, MECHANISMS, Mechanism, make_mechanism
+from defenses.subsampled_rdp import INTEGER_ORDERS, poisson_subsampled_rdp
 
 ACCOUNTINGS = ("paper_1d", "sound")
 #: the grid of the paper's accountant (Opacus's default orders; spec 001 §2.3)

@@ -35,9 +35,9 @@ import torch
 from audit.core.errors import UserInputError
 from defenses.base import DEFENSES, Defense, PrivacyClaim
 from defenses.claims import AdversaryClaim
-from defenses.engine import RoundContext, TrainingConfig
 from defenses.ldp import perturb, shuffle_amplification
 from defenses.release_probe import ReleaseProbe, engine_probe
+from defenses.training_job import RoundContext, TrainingConfig
 
 
 @dataclass(frozen=True)

@@ -45,8 +45,8 @@ from defenses.accounting import GaussianSchedule, accountant_label, compute_epsi
 from defenses.base import DEFENSES, Defense, PrivacyClaim
 from defenses.claims import AdversaryClaim, gaussian_round_epsilon, known_participation_epsilon
 from defenses.clipping import clip_rows
-from defenses.engine import RoundContext, TrainingConfig
 from defenses.noise import gaussian_rows
+from defenses.training_job import RoundContext, TrainingConfig
 
 
 @dataclass(frozen=True)

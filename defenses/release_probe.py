@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from defenses.engine import FederatedEngine, TrainingJob
+from defenses.engine import FederatedEngine
+from defenses.training_job import TrainingJob
 
 if TYPE_CHECKING:
     from defenses.base import Defense

@@ -23,16 +23,9 @@ from collections.abc import Callable
 import torch
 
 from defenses.base import Defense
-from defenses.engine import (
-    FederatedEngine,
-    RoundContext,
-    TrainingDiverged,
-    TrainingJob,
-    TrainingOutcome,
-    optimizer_settings,
-    train_in_chunks,
-)
+from defenses.engine import FederatedEngine, optimizer_settings, train_in_chunks
 from defenses.local_training import LocalSchedule, train_batched
+from defenses.training_job import RoundContext, TrainingDiverged, TrainingJob, TrainingOutcome
 
 #: parameter values per shared computation (16 MB of float32), see :func:`joint_local_updates`
 CACHE_VALUES = 1 << 22

@@ -38,13 +38,14 @@ from audit.core.errors import UserInputError
 from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
 from defenses.claims import AdversaryClaim
 from defenses.dp_sgd import DPSGDObjective, clip_and_sum
-from defenses.engine import FederatedEngine, RoundContext, TrainingConfig
+from defenses.engine import FederatedEngine
 from defenses.harmonizer import epsilon as accounted_epsilon
 from defenses.harmonizer import harmonize
 from defenses.local_training import LocalObjective
 from defenses.mechanisms import Mechanism, make_mechanism
 from defenses.release_probe import ReleaseProbe
 from defenses.sparsify import exact_fraction
+from defenses.training_job import RoundContext, TrainingConfig
 
 
 @dataclass(frozen=True)

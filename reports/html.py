@@ -7,6 +7,7 @@ notes) is shown, never interpreted.
 from __future__ import annotations
 
 import math
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,9 @@ import jinja2
 import yaml
 
 from audit.core.atomic import write_text
+from defenses.claims import PrivacyClaim
 from reports import plots
+from reports.document import Experiment, Results
 
 TEMPLATES = Path(__file__).with_name("templates")
 MAIN_ATTACK_ORDER = ("lira-online", "lira-offline")
@@ -37,95 +40,93 @@ def _environment() -> jinja2.Environment:
     return environment
 
 
-def _leak_metric(experiment: dict[str, Any]) -> tuple[str, float] | None:
+def _leak_metric(experiment: Experiment) -> tuple[str, float] | None:
     for name in MAIN_ATTACK_ORDER:
-        for attack in experiment["attacks"]:
-            if attack["attack"] == name and attack["metrics"]["auc"]["value"] is not None:
-                return name, attack["metrics"]["auc"]["value"]
+        for attack in experiment.attacks:
+            if attack.attack == name and attack.metrics["auc"].value is not None:
+                return name, attack.metrics["auc"].value
     return None
 
 
-def _best_trade_off(experiments: list[dict[str, Any]]) -> str | None:
+def _best_trade_off(experiments: list[Experiment]) -> str | None:
     """The private configuration with the best accuracy among those whose claim no measurement
     contradicts, and the smallest claimed ε that reaches within 1 point of it."""
-    private = [e for e in experiments if e["claim"]["epsilon"] is not None and e["utility"]["test_accuracy"]["value"] is not None
-               and e.get("soundness") != "violation"]
+    private = [e for e in experiments if e.claim.is_private and e.utility.test_accuracy.value is not None
+               and e.soundness != "violation"]
     if not private:
         return None
-    best = max(e["utility"]["test_accuracy"]["value"] for e in private)
-    near = [e for e in private if e["utility"]["test_accuracy"]["value"] >= best - 0.01]
-    choice = min(near, key=lambda e: e["claim"]["epsilon"])
-    return (f"Best privacy–utility trade-off: {choice['label']} — test accuracy "
-            f"{100 * choice['utility']['test_accuracy']['value']:.1f} % at claimed ε = {choice['claim']['epsilon']:.3g} "
-            f"per {choice['claim']['unit']} (the smallest ε within 1 point of the best private accuracy, "
+    best = max(typing.cast(float, e.utility.test_accuracy.value) for e in private)
+    near = [e for e in private if typing.cast(float, e.utility.test_accuracy.value) >= best - 0.01]
+    choice = min(near, key=lambda e: e.claim.epsilon)
+    return (f"Best privacy–utility trade-off: {choice.label} — test accuracy "
+            f"{100 * typing.cast(float, choice.utility.test_accuracy.value):.1f} % at claimed ε = {choice.claim.epsilon:.3g} "
+            f"per {choice.claim.unit} (the smallest ε within 1 point of the best private accuracy, "
             "among claims no measurement contradicts).")
 
 
-def summary_lines(document: dict[str, Any]) -> list[str]:
+def summary_lines(results: Results) -> list[str]:
     """The verdicts in words, most important first."""
     lines = []
-    experiments = document["experiments"]
-    violated = [e for e in experiments if e.get("soundness") == "violation"]
-    warned = [e for e in experiments if e.get("soundness") == "estimate above claim"]
+    experiments = results.experiments
+    violated = [e for e in experiments if e.soundness == "violation"]
+    warned = [e for e in experiments if e.soundness == "estimate above claim"]
     for experiment in violated:
-        lines.append(f"Soundness VIOLATION — {experiment['label']}: {experiment['soundness_text']}.")
+        lines.append(f"Soundness VIOLATION — {experiment.label}: {experiment.soundness_text}.")
     for experiment in warned:
-        lines.append(f"Soundness warning — {experiment['label']}: {experiment['soundness_text']}.")
+        lines.append(f"Soundness warning — {experiment.label}: {experiment.soundness_text}.")
     for experiment in experiments:
-        if experiment.get("status") == "diverged":
-            where = experiment["diverged"]
-            lines.append(f"Training diverged — {experiment['label']}: membership run {where['run']} stopped at round "
-                         f"{where['round']} ({where['what']}); its attacks were skipped.")
-    checked = [e for e in experiments if e.get("soundness") == "consistent"]
+        if experiment.diverged is not None:
+            where = experiment.diverged
+            lines.append(f"Training diverged — {experiment.label}: membership run {where.run} stopped at round "
+                         f"{where.round} ({where.what}); its attacks were skipped.")
+    checked = [e for e in experiments if e.soundness == "consistent"]
     if not violated and checked:
         lines.append(f"No measured ε lower bound contradicts a claim: {len(checked)} of {len(experiments)} "
                      "configurations checked and consistent.")
     leaks = [(e, metric) for e in experiments if (metric := _leak_metric(e)) is not None]
     if leaks:
         worst, (attack, value) = max(leaks, key=lambda item: item[1][1])
-        lines.append(f"Most leaky configuration: {worst['label']} ({attack} AUC {value:.3f}; 0.5 is chance).")
+        lines.append(f"Most leaky configuration: {worst.label} ({attack} AUC {value:.3f}; 0.5 is chance).")
     trade_off = _best_trade_off(experiments)
     if trade_off:
         lines.append(trade_off)
     for experiment in experiments:
-        claim, accuracy = experiment["claim"], experiment["utility"]["test_accuracy"]
-        claim_text = ("no DP claim" if claim["epsilon"] is None else
-                      f"claims ({claim['epsilon']:.3g}, {claim['delta']:.1e})-DP per {claim['unit']} [{claim['accountant']}]"
+        claim, accuracy = experiment.claim, experiment.utility.test_accuracy
+        claim_text = ("no DP claim" if not claim.is_private else
+                      f"claims ({claim.epsilon:.3g}, {claim.delta:.1e})-DP per {claim.unit} [{claim.accountant}]"
                       + _observers_text(claim))
-        acc_text = "accuracy n/a" if accuracy["value"] is None else f"test accuracy {100 * accuracy['value']:.1f} %"
-        if experiment.get("status") == "diverged":
-            acc_text = f"training diverged at round {experiment['diverged']['round']}"
+        acc_text = "accuracy n/a" if accuracy.value is None else f"test accuracy {100 * accuracy.value:.1f} %"
+        if experiment.diverged is not None:
+            acc_text = f"training diverged at round {experiment.diverged.round}"
         leak = _leak_metric(experiment)
         leak_text = "" if leak is None else f"; {leak[0]} AUC {leak[1]:.3f}"
-        soundness = experiment.get("soundness")
-        soundness_text = f"; soundness: {soundness}" if soundness else ""
-        lines.append(f"{experiment['label']}: {acc_text}, {claim_text}{leak_text}{soundness_text}.")
-        if claim["epsilon"] is not None and claim["unit"] == "client":
-            lines.append(f"{experiment['label']}: the claim protects whole clients; a single record is covered through "
-                         f"group privacy (one record changes one client's data: at most 2ε = {2 * claim['epsilon']:.3g}).")
+        lines.append(f"{experiment.label}: {acc_text}, {claim_text}{leak_text}; soundness: {experiment.soundness}.")
+        if claim.is_private and claim.unit == "client":
+            lines.append(f"{experiment.label}: the claim protects whole clients; a single record is covered through "
+                         f"group privacy (one record changes one client's data: at most 2ε = {2 * claim.epsilon:.3g}).")
     return lines
 
 
-def _observers_text(claim: dict[str, Any]) -> str:
+def _observers_text(claim: PrivacyClaim) -> str:
     """' against the released models; against the server ε = 9.1, one upload alone ε = 60' (headline first)."""
     names = {"released": "the released models", "server": "the server", "local": "one upload alone"}
     others = []
-    for entry in claim.get("adversaries") or []:
-        if entry["adversary"] == claim.get("adversary"):
+    for entry in claim.adversaries:
+        if entry.adversary == claim.adversary:
             continue
-        figure = "not covered" if entry["epsilon"] is None else f"ε = {entry['epsilon']:.3g}"
-        others.append(f"{names.get(entry['adversary'], entry['adversary'])} {figure}")
-    headline = names.get(claim.get("adversary", ""), "")
+        figure = f"ε = {entry.epsilon:.3g}" if entry.covered else "not covered"
+        others.append(f"{names.get(entry.adversary, entry.adversary)} {figure}")
+    headline = names.get(claim.adversary, "")
     return (f" against {headline}" if headline else "") + (f"; against {', '.join(others)}" if others else "")
 
 
-def render_report(document: dict[str, Any], manifest_extra: dict[str, Any] | None = None) -> str:
-    experiments = document["experiments"]
+def render_report(results: Results, manifest_extra: dict[str, Any] | None = None) -> str:
+    experiments = results.experiments
     attack_names = []
     for experiment in experiments:
-        for attack in experiment["attacks"]:
-            if attack.get("roc", {}).get("fpr") and attack["attack"] not in attack_names:
-                attack_names.append(attack["attack"])
+        for attack in experiment.attacks:
+            if attack.roc.fpr and attack.attack not in attack_names:
+                attack_names.append(attack.attack)
     figures = []
     accuracy_plot = plots.accuracy_vs_epsilon(experiments)
     if accuracy_plot:
@@ -157,21 +158,21 @@ def render_report(document: dict[str, Any], manifest_extra: dict[str, Any] | Non
                                    "for LUS and Fed-SMP, the norm of the sparsified update that is clipped."})
     extra = manifest_extra or {}
     return _environment().get_template("report.html.j2").render(
-        doc=document,
-        audit=document["audit"],
+        doc=results,
+        audit=results.audit,
         experiments=experiments,
-        summary=summary_lines(document),
+        summary=summary_lines(results),
         epsilon_names=EPSILON_NAMES,
         figures=figures,
-        config_yaml=yaml.safe_dump(document["config"], sort_keys=False, allow_unicode=True),
-        versions=extra.get("versions", document.get("versions", {})),
+        config_yaml=yaml.safe_dump(results.config, sort_keys=False, allow_unicode=True),
+        versions=extra.get("versions", results.versions),
         machine=extra.get("machine", {}),
     )
 
 
-def write_report(document: dict[str, Any], path: str | Path, manifest_extra: dict[str, Any] | None = None) -> Path:
-    """Write the self-contained HTML report of a results document (results.json's content) to
+def write_report(results: Results, path: str | Path, manifest_extra: dict[str, Any] | None = None) -> Path:
+    """Write the self-contained HTML report of an audit's :class:`Results` (results.json's content) to
     ``path``, atomically; ``manifest_extra`` adds package versions and the machine. Returns the path."""
     path = Path(path)
-    write_text(path, render_report(document, manifest_extra))
+    write_text(path, render_report(results, manifest_extra))
     return path

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import io
 import math
+import typing
 from typing import Any
 
 import matplotlib
@@ -15,6 +16,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
+
+from reports.document import Estimate, Experiment  # noqa: E402
 
 COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 
@@ -26,21 +29,21 @@ def _png(figure) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def roc_plot(experiments: list[dict[str, Any]], attack: str) -> str | None:
+def roc_plot(experiments: list[Experiment], attack: str) -> str | None:
     """Log–log ROC curves of one attack, one line per experiment, with the chance diagonal."""
     figure, axis = plt.subplots(figsize=(5.2, 4.4))
     drawn = False
     for i, experiment in enumerate(experiments):
-        for result in experiment["attacks"]:
-            if result["attack"] != attack:
+        for result in experiment.attacks:
+            if result.attack != attack:
                 continue
-            fpr, tpr = result["roc"]["fpr"], result["roc"]["tpr"]
+            fpr, tpr = result.roc.fpr, result.roc.tpr
             points = [(f, t) for f, t in zip(fpr, tpr) if f > 0 and t > 0]
             if not points:
                 continue
-            auc = result["metrics"]["auc"]["value"]
+            auc = result.metrics["auc"].value
             axis.plot([p[0] for p in points], [p[1] for p in points], color=COLORS[i % len(COLORS)],
-                      label=f"{experiment['label']} (AUC {auc:.3f})")
+                      label=f"{experiment.label} (AUC {auc:.3f})")
             drawn = True
     if not drawn:
         plt.close(figure)
@@ -53,30 +56,28 @@ def roc_plot(experiments: list[dict[str, Any]], attack: str) -> str | None:
     return _png(figure)
 
 
-def accuracy_vs_epsilon(experiments: list[dict[str, Any]]) -> str | None:
+def accuracy_vs_epsilon(experiments: list[Experiment]) -> str | None:
     """Test accuracy (mean and 95 % interval over runs) against the claimed ε; non-private
     defenses are drawn as horizontal reference lines."""
     figure, axis = plt.subplots(figsize=(5.2, 4.0))
-    by_defense: dict[str, list[tuple[float, dict]]] = {}
+    by_defense: dict[str, list[tuple[float, Estimate]]] = {}
     baselines = []
     for experiment in experiments:
-        accuracy = experiment["utility"]["test_accuracy"]
-        if accuracy["value"] is None:
+        accuracy = experiment.utility.test_accuracy
+        if accuracy.value is None:
             continue
-        epsilon = experiment["claim"]["epsilon"]
-        if epsilon is None:
-            baselines.append((experiment["label"], accuracy["value"]))
+        epsilon = experiment.claim.epsilon
+        if not experiment.claim.is_private:
+            baselines.append((experiment.label, accuracy.value))
         else:
-            by_defense.setdefault(experiment["defense"], []).append((epsilon, accuracy))
+            by_defense.setdefault(experiment.defense, []).append((epsilon, accuracy))
     if not by_defense and not baselines:
         plt.close(figure)
         return None
     for i, (defense, points) in enumerate(sorted(by_defense.items())):
         points.sort(key=lambda p: p[0])
         xs = [p[0] for p in points]
-        ys = [p[1]["value"] for p in points]
-        lows = [p[1]["value"] - (p[1]["ci_low"] if p[1]["ci_low"] is not None else p[1]["value"]) for p in points]
-        highs = [(p[1]["ci_high"] if p[1]["ci_high"] is not None else p[1]["value"]) - p[1]["value"] for p in points]
+        ys, lows, highs = _error_bars([p[1] for p in points])
         axis.errorbar(xs, ys, yerr=[lows, highs], marker="o", capsize=3, color=COLORS[i % len(COLORS)], label=defense)
     for j, (label, value) in enumerate(baselines):
         axis.axhline(value, linestyle="--", color=COLORS[(len(by_defense) + j) % len(COLORS)], label=f"{label} (no DP)")
@@ -91,6 +92,19 @@ def accuracy_vs_epsilon(experiments: list[dict[str, Any]]) -> str | None:
     return _png(figure)
 
 
+def _error_bars(estimates: list[Estimate]) -> tuple[list[float], list[float], list[float]]:
+    """Values (all set) and the distances down and up to their interval's ends (0 where an end is missing)."""
+    values = [float(typing.cast(float, e.value)) for e in estimates]
+    lows = [v - (e.ci_low if e.ci_low is not None else v) for v, e in zip(values, estimates)]
+    highs = [(e.ci_high if e.ci_high is not None else v) - v for v, e in zip(values, estimates)]
+    return values, lows, highs
+
+
+def _column(rows: list[dict[str, int | float | None]], name: str) -> list[float]:
+    """One metric of per-round rows that all carry it."""
+    return [float(typing.cast(float, r[name])) for r in rows]
+
+
 def format_number(value: Any, digits: int = 3) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
@@ -101,20 +115,20 @@ def format_number(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
-def round_curves(experiments: list[dict[str, Any]], metric: str, title: str, ylabel: str, band: tuple[str, str] | None = None,
+def round_curves(experiments: list[Experiment], metric: str, title: str, ylabel: str, band: tuple[str, str] | None = None,
                  log: bool = False) -> str | None:
     """A per-round curve (mean over runs) for each experiment, with an optional band (e.g. the IQR)."""
     figure, axis = plt.subplots(figsize=(5.2, 4.0))
     drawn = False
     for i, experiment in enumerate(experiments):
-        rows = [r for r in experiment.get("rounds", []) if metric in r]
+        rows = [r for r in experiment.rounds if r.get(metric) is not None]
         if not rows:
             continue
-        xs = [r["round"] for r in rows]
+        xs, ys = _column(rows, "round"), _column(rows, metric)
         color = COLORS[i % len(COLORS)]
-        axis.plot(xs, [r[metric] for r in rows], color=color, label=experiment["label"], linewidth=1.2)
-        if band and all(band[0] in r and band[1] in r for r in rows):
-            axis.fill_between(xs, [r[band[0]] for r in rows], [r[band[1]] for r in rows], color=color, alpha=0.15)
+        axis.plot(xs, ys, color=color, label=experiment.label, linewidth=1.2)
+        if band and all(r.get(band[0]) is not None and r.get(band[1]) is not None for r in rows):
+            axis.fill_between(xs, _column(rows, band[0]), _column(rows, band[1]), color=color, alpha=0.15)
         drawn = True
     if not drawn:
         plt.close(figure)
@@ -134,33 +148,31 @@ def _epsilon_ticks(axis, epsilons: list[float]) -> None:
     axis.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
 
 
-def leakage_vs_epsilon(experiments: list[dict[str, Any]], metric: str = "auc") -> str | None:
+def leakage_vs_epsilon(experiments: list[Experiment], metric: str = "auc") -> str | None:
     """An attack metric (AUC or TPR at 1 % FPR, with 95 % intervals) against the claimed ε, one line
     per (defense, attack) for the membership attacks; non-private defenses as dashed lines."""
     figure, axis = plt.subplots(figsize=(5.2, 4.0))
-    lines: dict[tuple[str, str], list[tuple[float, dict]]] = {}
+    lines: dict[tuple[str, str], list[tuple[float, Estimate]]] = {}
     baselines = []
     for experiment in experiments:
-        for attack in experiment["attacks"]:
-            if attack.get("kind", "membership") != "membership" or metric not in attack["metrics"]:
+        for attack in experiment.attacks:
+            if attack.kind != "membership" or metric not in attack.metrics:
                 continue
-            estimate = attack["metrics"][metric]
-            if estimate["value"] is None:
+            estimate = attack.metrics[metric]
+            if estimate.value is None:
                 continue
-            if experiment["claim"]["epsilon"] is None:
-                baselines.append((f"{experiment['label']}: {attack['attack']}", estimate["value"]))
+            if not experiment.claim.is_private:
+                baselines.append((f"{experiment.label}: {attack.attack}", estimate.value))
             else:
-                lines.setdefault((experiment["defense"], attack["attack"]), []).append((experiment["claim"]["epsilon"], estimate))
+                lines.setdefault((experiment.defense, attack.attack), []).append((experiment.claim.epsilon, estimate))
     if not lines:
         plt.close(figure)
         return None
-    for i, ((defense, attack), points) in enumerate(sorted(lines.items())):
+    for i, ((defense, name), points) in enumerate(sorted(lines.items())):
         points.sort(key=lambda p: p[0])
-        values = [p[1]["value"] for p in points]
-        lows = [v - (p[1]["ci_low"] if p[1]["ci_low"] is not None else v) for v, p in zip(values, points)]
-        highs = [(p[1]["ci_high"] if p[1]["ci_high"] is not None else v) - v for v, p in zip(values, points)]
+        values, lows, highs = _error_bars([p[1] for p in points])
         axis.errorbar([p[0] for p in points], values, yerr=[lows, highs], marker="o", capsize=3,
-                      color=COLORS[i % len(COLORS)], label=f"{defense}: {attack}")
+                      color=COLORS[i % len(COLORS)], label=f"{defense}: {name}")
     for j, (label, value) in enumerate(baselines):
         axis.axhline(value, linestyle="--", linewidth=1, color=COLORS[(len(lines) + j) % len(COLORS)], label=f"{label} (no DP)")
     if metric == "auc":
@@ -173,7 +185,7 @@ def leakage_vs_epsilon(experiments: list[dict[str, Any]], metric: str = "auc") -
     return _png(figure)
 
 
-def empirical_vs_claimed(experiments: list[dict[str, Any]]) -> str | None:
+def empirical_vs_claimed(experiments: list[Experiment]) -> str | None:
     """Every measured ε lower bound (and Gaussian-fit interval) against what the claim allows for
     its unit, with the diagonal: a point above the diagonal is a violation (or, for an estimate,
     a warning)."""
@@ -182,14 +194,14 @@ def empirical_vs_claimed(experiments: list[dict[str, Any]]) -> str | None:
     labelled: set[int] = set()  # one legend entry per experiment
     largest = 0.0
     for i, experiment in enumerate(experiments):
-        for attack in experiment["attacks"]:
-            for verdict in attack.get("verdicts", []):
-                bound, measured = verdict.get("bound"), verdict.get("measured")
+        for attack in experiment.attacks:
+            for verdict in attack.verdicts:
+                bound, measured = verdict.bound, verdict.measured
                 if bound is None or measured is None or not math.isfinite(measured):
                     continue
-                color = "#b00020" if verdict["status"] == "violation" else COLORS[i % len(COLORS)]
-                axis.scatter([bound], [measured], marker=markers[verdict["kind"]], color=color, s=22,
-                             label=None if i in labelled else experiment["label"])
+                color = "#b00020" if verdict.status == "violation" else COLORS[i % len(COLORS)]
+                axis.scatter([bound], [measured], marker=markers[verdict.kind], color=color, s=22,
+                             label=None if i in labelled else experiment.label)
                 labelled.add(i)
                 largest = max(largest, bound, measured)
     if not labelled:

@@ -1,4 +1,4 @@
-"""``dpfl-audit check``: hold an audit's ``results.json`` to a policy of rules — a CI gate.
+"""The policy file of ``dpfl-audit check``: rules to hold an audit's ``results.json`` to.
 
 A policy is a YAML file (see ``examples/policy.yaml``)::
 
@@ -25,115 +25,118 @@ or ``label``); without either a rule applies to every experiment. Where a rule t
 (``test_accuracy``, ``test_loss``; as in results.csv), and, when omitted, means every attack
 entry and the utility block — whichever carry the metric.
 
-* ``max`` / ``min``: ``metric`` and ``value`` required; ``use: value | ci_low | ci_high``
-  (default ``value``) picks which number of the estimate is compared — ``use: ci_high`` with
-  ``max`` demands that the whole 95 % interval stays below the threshold, not only the point
-  estimate. A missing number (no interval, no measurement) fails: the gate cannot vouch for it.
-* ``no-violation``: ``warnings: ignore | fail`` (default ``ignore``); with ``fail`` an
-  "estimate above claim" (a Gaussian-fit ε estimate whose interval lies above the claim — a
-  warning, not a proof; reports.soundness) fails too.
-* ``no-regression``: compares with the experiment of the same ``key`` in ``--baseline``.
-  ``metric`` (one) or ``metrics`` (a list; default the membership metrics ``auc``,
-  ``tpr_at_fpr_1%``, ``epsilon_lower_bound``), ``tolerance`` (default 0.02, in the metric's
-  own units, used only where an interval is missing), ``worse: higher | lower`` (default: by
-  metric — lower is worse for ``test_accuracy``, ``train_accuracy``, ``mse`` and ``mae``,
-  higher is worse for everything else), ``require`` (default false; see below).
+* ``max`` / ``min`` (:class:`ThresholdRule`): ``metric`` and ``value`` required; ``use: value |
+  ci_low | ci_high`` (default ``value``) picks which number of the estimate is compared —
+  ``use: ci_high`` with ``max`` demands that the whole 95 % interval stays below the threshold,
+  not only the point estimate. A missing number (no interval, no measurement) fails: the gate
+  cannot vouch for it.
+* ``no-violation`` (:class:`SoundnessRule`): ``warnings: ignore | fail`` (default ``ignore``);
+  with ``fail`` an "estimate above claim" (a Gaussian-fit ε estimate whose interval lies above
+  the claim — a warning, not a proof; reports.soundness) fails too.
+* ``no-regression`` (:class:`RegressionRule`): compares with the experiment of the same ``key``
+  in ``--baseline``. ``metric`` (one) or ``metrics`` (a list; default the membership metrics
+  ``auc``, ``tpr_at_fpr_1%``, ``epsilon_lower_bound``), ``tolerance`` (default 0.02, in the
+  metric's own units, used only where an interval is missing), ``worse: higher | lower``
+  (default: by metric — lower is worse for ``test_accuracy``, ``train_accuracy``, ``mse`` and
+  ``mae``, higher is worse for everything else), ``require`` (default false: missing data is
+  skipped, not failed). How rules are evaluated: :mod:`reports.gate`.
 
-**Why confidence intervals decide a regression.** An audit's leakage figures are estimates
-from a finite number of membership runs, targets and canaries: change anything upstream — a
-refactor that draws random numbers in a different order, a new dependency version — and AUC
-moves by a few hundredths with no change in the privacy of the algorithm. A gate that compares
-point estimates therefore flakes. Every estimate in results.json carries its 95 % interval
-(DeLong for AUC, Clopper–Pearson for TPRs, Student-t over runs for utility), so a regression
-is flagged only "beyond statistical noise": when the new interval lies entirely on the worse
-side of the baseline's interval — ``new ci_low > baseline ci_high`` where higher means more
-leakage, ``new ci_high < baseline ci_low`` where lower is worse. Two non-overlapping 95 %
-intervals are a conservative test (for equal standard errors about p < 0.006, not 0.05): the
-gate stays quiet on noise and speaks on shifts as large as a defense losing its noise. Where
-an estimate has no two-sided interval (``ci_low`` or ``ci_high`` null or NaN — e.g.
-``epsilon_lower_bound`` is a one-sided bound, ``balanced_accuracy`` has none), the values are
-compared with the absolute ``tolerance``; each outcome's sentence says which test was used.
-
-**Missing data.** An experiment, attack or metric of the new results that the baseline lacks
-(a new defense, a new attack) or a missing value on either side gives a *skipped* outcome —
-reported, not failed — and so does a no-regression rule as a whole when no ``--baseline`` is
-given (one outcome for the rule, e.g. on the first CI run, before a baseline exists), unless
-the rule says ``require: true``, which turns each of these into a failure. A rule that matches nothing in the new results (no experiment,
-no attack entry, no metric — usually a typo) always fails, so a mistyped policy cannot pass
-silently. Within the experiments a rule matches, an experiment without the named attack (an
-attack skipped for it) gives no outcome.
-
-Every malformed policy — unknown field, wrong type, unknown rule kind, missing field — raises
-:class:`~audit.core.errors.UserInputError` naming the field path and the allowed values, e.g.
-``rules[2].kind: unknown rule 'maxx'; allowed: max, min, no-violation, no-regression``
+The file is read with the strict YAML loader of the config (:mod:`audit.core.strict_yaml`) and
+validated by the config's schema mechanism (:func:`audit.core.schema.from_mapping`): one
+dataclass per rule kind, chosen by ``kind``. Every malformed policy — unknown field, wrong
+type, unknown rule kind, missing field — raises :class:`~audit.core.errors.UserInputError`
+naming the field path and the allowed values, e.g.
+``rules[2].kind: 'maxx' is not allowed; allowed: max, min, no-violation, no-regression``
 (rules are counted from 0).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Literal, get_args
 
 from audit.core.errors import UserInputError
+from audit.core.schema import coerce, from_mapping
 from audit.core.strict_yaml import read_yaml_file
-from reports.junit import junit_xml
-from reports.outcomes import Outcome
-from reports.results import load_results as read_results
 
-POLICY_VERSIONS = (1,)
-RULE_KINDS = ("max", "min", "no-violation", "no-regression")
-USE_CHOICES = ("value", "ci_low", "ci_high")
-WARNINGS_CHOICES = ("ignore", "fail")
-WORSE_CHOICES = ("higher", "lower")
+RuleKind = Literal["max", "min", "no-violation", "no-regression"]
 DEFAULT_REGRESSION_METRICS = ("auc", "tpr_at_fpr_1%", "epsilon_lower_bound")
 DEFAULT_TOLERANCE = 0.02
-#: metrics (or the last dotted part of one) for which a lower value is worse: utility, and
-#: reconstruction errors (a smaller error means a better reconstruction, i.e. more leakage)
-LOWER_IS_WORSE = frozenset({"test_accuracy", "train_accuracy", "mse", "mae"})
 UTILITY = "none"  # the attack name of utility rows in results.csv
 
-PASS, FAIL, SKIP = "pass", "fail", "skip"
-VIOLATION, ESTIMATE_ABOVE = "violation", "estimate above claim"
-
-_COMMON_FIELDS = ("kind", "name", "defense", "experiment")
-_FIELDS_BY_KIND = {
-    "max": _COMMON_FIELDS + ("attack", "metric", "value", "use"),
-    "min": _COMMON_FIELDS + ("attack", "metric", "value", "use"),
-    "no-violation": _COMMON_FIELDS + ("warnings",),
-    "no-regression": _COMMON_FIELDS + ("attack", "metric", "metrics", "tolerance", "worse", "require"),
-}
-_REQUIRED_BY_KIND = {"max": ("metric", "value"), "min": ("metric", "value"), "no-violation": (), "no-regression": ()}
+_SCOPE = "without defense and experiment a rule applies to every experiment"
 
 
-# --------------------------------------------------------------------------- policy
+@dataclass(frozen=True, kw_only=True)
+class _Rule:
+    """The fields every rule has; a rule's ``name`` is derived from the rule when not given."""
 
-
-@dataclass(frozen=True)
-class Rule:
-    """One validated rule of a policy; ``index`` is its position in ``rules`` (from 0),
-    ``threshold`` the ``value`` of a max/min rule, ``metrics`` its ``metric`` or ``metrics``."""
-
-    index: int
-    kind: str
-    name: str
-    defense: str | None = None
-    experiment: str | None = None
-    attack: str | None = None
-    metrics: tuple[str, ...] = ()
-    threshold: float | None = None
-    use: str = "value"
-    warnings: str = "ignore"
-    tolerance: float = DEFAULT_TOLERANCE
-    worse: str | None = None
-    require: bool = False
+    kind: str = field(metadata={"help": "max, min, no-violation or no-regression"})
+    name: str = field(default="", metadata={"help": "shown in the outcome table and JUnit (default: derived)"})
+    defense: str | None = field(default=None, metadata={"help": f"a defense name; {_SCOPE}"})
+    experiment: str | None = field(default=None, metadata={"help": f"an experiment's key or label; {_SCOPE}"})
 
     def scope(self) -> str:
         """The rule's filters in words, e.g. ``defense dp-fedavg``; empty when it covers everything."""
         parts = [f"defense {self.defense}" if self.defense else "", f"experiment {self.experiment}" if self.experiment else ""]
         return ", ".join(p for p in parts if p)
+
+
+_ATTACK_HELP = "an attack entry of results.json, `none` for utility; default: every attack and utility"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ThresholdRule(_Rule):
+    """``max`` / ``min``: a metric must not exceed / must reach ``value``."""
+
+    kind: Literal["max", "min"]
+    attack: str | None = field(default=None, metadata={"help": _ATTACK_HELP})
+    metric: str = field(metadata={"help": "a metric name of results.json, e.g. auc, test_accuracy"})
+    value: float = field(metadata={"help": "the threshold"})
+    use: Literal["value", "ci_low", "ci_high"] = field(default="value", metadata={
+        "help": "which number of the estimate is compared"})
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        return (self.metric,)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SoundnessRule(_Rule):
+    """``no-violation``: no experiment's soundness verdict is a violation (or, if asked, a warning)."""
+
+    kind: Literal["no-violation"]
+    warnings: Literal["ignore", "fail"] = field(default="ignore", metadata={
+        "help": "fail: an 'estimate above claim' warning fails too"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class RegressionRule(_Rule):
+    """``no-regression``: no metric worse than in ``--baseline`` beyond statistical noise."""
+
+    kind: Literal["no-regression"]
+    attack: str | None = field(default=None, metadata={"help": _ATTACK_HELP})
+    metric: str | None = field(default=None, metadata={"help": "one metric (or give metrics)"})
+    metrics: tuple[str, ...] = field(default=DEFAULT_REGRESSION_METRICS, metadata={
+        "min_length": 1, "help": "the metrics compared (after parsing: also a lone `metric`)"})
+    tolerance: float = field(default=DEFAULT_TOLERANCE, metadata={
+        "min": 0, "help": "in the metric's units; used only where an interval is missing"})
+    worse: Literal["higher", "lower"] | None = field(default=None, metadata={"help": "default: by metric"})
+    require: bool = field(default=False, metadata={"help": "true: missing data fails instead of being skipped"})
+
+
+Rule = ThresholdRule | SoundnessRule | RegressionRule
+_RULE_TYPES: dict[str, type[Rule]] = {"max": ThresholdRule, "min": ThresholdRule, "no-violation": SoundnessRule,
+                                      "no-regression": RegressionRule}
+
+
+@dataclass(frozen=True, kw_only=True)
+class _PolicyFile:
+    """The file as written; each rule is validated by the dataclass of its kind (:func:`_parse_rule`)."""
+
+    version: Literal[1] = field(default=1, metadata={"help": "the policy format; 1 is the only version"})
+    rules: list[dict[str, Any]] = field(metadata={"min_length": 1, "help": "the rules, evaluated in order"})
 
 
 @dataclass(frozen=True)
@@ -143,139 +146,62 @@ class Policy:
     source: str = "policy"
 
 
-def _allowed(choices) -> str:
-    return ", ".join(str(c) for c in choices)
-
-
-def _type_name(value: Any) -> str:
-    return {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list",
-            dict: "a mapping", type(None): "null"}.get(type(value), type(value).__name__)
-
-
-def _string(value: Any, path: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise UserInputError(f"{path}: expected a non-empty string, got {_type_name(value)} {value!r}")
-    return value
-
-
-def _number(value: Any, path: str, minimum: float | None = None) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise UserInputError(f"{path}: expected a finite number, got {_type_name(value)} {value!r}")
-    if minimum is not None and value < minimum:
-        raise UserInputError(f"{path}: must be >= {minimum:g}, got {value:g}")
-    return float(value)
-
-
-def _choice(value: Any, path: str, choices: tuple[str, ...]) -> str:
-    if not isinstance(value, str) or value not in choices:
-        raise UserInputError(f"{path}: {value!r} is not allowed; allowed: {_allowed(choices)}")
-    return value
-
-
-def _boolean(value: Any, path: str) -> bool:
-    if not isinstance(value, bool):
-        raise UserInputError(f"{path}: expected true or false, got {_type_name(value)} {value!r}")
-    return value
-
-
-def _metric_list(value: Any, path: str) -> tuple[str, ...]:
-    if not isinstance(value, list) or not value:
-        raise UserInputError(f"{path}: expected a non-empty list of metric names, got {_type_name(value)} {value!r}")
-    names = tuple(_string(item, f"{path}[{i}]") for i, item in enumerate(value))
-    if len(set(names)) != len(names):
-        raise UserInputError(f"{path}: a metric is listed twice: {', '.join(names)}")
-    return names
-
-
 def _derived_name(rule: Rule) -> str:
     scope = f" on {rule.defense or rule.experiment}" if (rule.defense or rule.experiment) else ""
     if rule.defense and rule.experiment:
         scope = f" on {rule.experiment} ({rule.defense})"
-    if rule.kind in ("max", "min"):
+    if isinstance(rule, ThresholdRule):
         attack = "utility" if rule.attack == UTILITY else rule.attack
-        measure = " ".join(p for p in (attack, rule.metrics[0], None if rule.use == "value" else rule.use) if p)
-        return f"{measure} {'≤' if rule.kind == 'max' else '≥'} {rule.threshold:g}{scope}"
-    if rule.kind == "no-violation":
+        measure = " ".join(p for p in (attack, rule.metric, None if rule.use == "value" else rule.use) if p)
+        return f"{measure} {'≤' if rule.kind == 'max' else '≥'} {rule.value:g}{scope}"
+    if isinstance(rule, SoundnessRule):
         return f"no soundness violation{' or warning' if rule.warnings == 'fail' else ''}{scope}"
     attack = "" if rule.attack is None else f" of {'utility' if rule.attack == UTILITY else rule.attack}"
     return f"no regression{attack} in {', '.join(rule.metrics)}{scope}"
 
 
-def _parse_rule(entry: Any, index: int) -> Rule:
-    path = f"rules[{index}]"
-    if not isinstance(entry, dict):
-        raise UserInputError(f"{path}: expected a mapping with a 'kind' field, got {_type_name(entry)} {entry!r}")
-    if "kind" not in entry:
-        raise UserInputError(f"{path}.kind: missing; allowed: {_allowed(RULE_KINDS)}")
-    kind = entry["kind"]
-    if not isinstance(kind, str) or kind not in RULE_KINDS:
-        raise UserInputError(f"{path}.kind: unknown rule {kind!r}; allowed: {_allowed(RULE_KINDS)}")
-    allowed_fields = _FIELDS_BY_KIND[kind]
-    for key in entry:
-        if key not in allowed_fields:
-            raise UserInputError(f"{path}.{key}: unknown field for a {kind} rule; allowed: {_allowed(allowed_fields)}")
-    for key in _REQUIRED_BY_KIND[kind]:
-        if key not in entry:
-            raise UserInputError(f"{path}.{key}: missing; a {kind} rule needs {' and '.join(_REQUIRED_BY_KIND[kind])}")
+def _check_names(entry: dict[str, Any], path: str) -> None:
+    """What the types cannot say: a name (of a rule, defense, experiment, attack, metric) is not blank."""
+    for key, value in entry.items():
+        for i, item in enumerate(value if isinstance(value, list) else [value]):
+            if isinstance(item, str) and not item.strip():
+                where = f"{path}.{key}[{i}]" if isinstance(value, list) else f"{path}.{key}"
+                raise UserInputError(f"{where}: must be a non-empty string, got {item!r}")
 
-    fields: dict[str, Any] = {"index": index, "kind": kind}
-    for key in ("defense", "experiment", "attack"):
-        if key in entry:
-            fields[key] = _string(entry[key], f"{path}.{key}")
-    if kind in ("max", "min"):
-        fields["metrics"] = (_string(entry["metric"], f"{path}.metric"),)
-        fields["threshold"] = _number(entry["value"], f"{path}.value")
-        if "use" in entry:
-            fields["use"] = _choice(entry["use"], f"{path}.use", USE_CHOICES)
-    elif kind == "no-violation":
-        if "warnings" in entry:
-            fields["warnings"] = _choice(entry["warnings"], f"{path}.warnings", WARNINGS_CHOICES)
-    else:
+
+def _parse_rule(entry: dict[str, Any], index: int) -> Rule:
+    """One rule, validated by the dataclass of its ``kind``; its name derived when not given."""
+    path = f"rules[{index}]"
+    if "kind" not in entry:
+        raise UserInputError(f"{path}.kind: required field is missing; allowed: {', '.join(get_args(RuleKind))}")
+    rule = from_mapping(_RULE_TYPES[coerce(RuleKind, entry["kind"], f"{path}.kind")], entry, path)
+    _check_names(entry, path)
+    if isinstance(rule, RegressionRule):
         if "metric" in entry and "metrics" in entry:
             raise UserInputError(f"{path}.metrics: give either metric (one) or metrics (a list), not both")
-        if "metric" in entry:
-            fields["metrics"] = (_string(entry["metric"], f"{path}.metric"),)
-        elif "metrics" in entry:
-            fields["metrics"] = _metric_list(entry["metrics"], f"{path}.metrics")
-        else:
-            fields["metrics"] = DEFAULT_REGRESSION_METRICS
-        if "tolerance" in entry:
-            fields["tolerance"] = _number(entry["tolerance"], f"{path}.tolerance", minimum=0.0)
-        if "worse" in entry:
-            fields["worse"] = _choice(entry["worse"], f"{path}.worse", WORSE_CHOICES)
-        if "require" in entry:
-            fields["require"] = _boolean(entry["require"], f"{path}.require")
-    rule = Rule(name="", **fields)
-    name = _string(entry["name"], f"{path}.name") if "name" in entry else _derived_name(rule)
-    return replace(rule, name=name)
+        if len(set(rule.metrics)) != len(rule.metrics):
+            raise UserInputError(f"{path}.metrics: a metric is listed twice: {', '.join(rule.metrics)}")
+        if rule.metric is not None:
+            rule = replace(rule, metrics=(rule.metric,))
+    return rule if rule.name else replace(rule, name=_derived_name(rule))
 
 
 def parse_policy(document: Any, source: str = "policy") -> Policy:
     """Validate a policy already read from YAML; raises :class:`UserInputError` on any problem."""
-    if not isinstance(document, dict):
-        raise UserInputError(f"{source}: expected a mapping with 'rules', got {_type_name(document)}")
-    for key in document:
-        if key not in ("version", "rules"):
-            raise UserInputError(f"{key}: unknown field; allowed: version, rules")
-    version = document.get("version", 1)
-    if isinstance(version, bool) or version not in POLICY_VERSIONS:
-        raise UserInputError(f"version: {version!r} is not supported; allowed: {_allowed(POLICY_VERSIONS)}")
-    if "rules" not in document:
-        raise UserInputError("rules: missing; a policy needs a list of rules")
-    entries = document["rules"]
-    if not isinstance(entries, list) or not entries:
-        raise UserInputError(f"rules: expected a non-empty list of rules, got {_type_name(entries)} {entries!r}")
+    if document is not None and not isinstance(document, dict):
+        raise UserInputError(f"{source}: expected a mapping with 'rules', got {type(document).__name__}")
+    policy = from_mapping(_PolicyFile, document)
     rules: list[Rule] = []
     seen: dict[str, int] = {}
-    for index, entry in enumerate(entries):
+    for index, entry in enumerate(policy.rules):
         rule = _parse_rule(entry, index)
         if rule.name in seen:
-            if isinstance(entry, dict) and "name" in entry:
+            if "name" in entry:
                 raise UserInputError(f"rules[{index}].name: '{rule.name}' is already the name of rules[{seen[rule.name]}]")
             rule = replace(rule, name=f"{rule.name} #{index}")
         seen[rule.name] = index
         rules.append(rule)
-    return Policy(rules=tuple(rules), version=int(version), source=source)
+    return Policy(rules=tuple(rules), version=int(policy.version), source=source)
 
 
 def load_policy(path: str | Path, option: str = "--policy") -> Policy:
@@ -286,353 +212,3 @@ def load_policy(path: str | Path, option: str = "--policy") -> Policy:
         raise UserInputError(f"{option}: file '{path}' does not exist")
     document = read_yaml_file(path, f"{option}: '{path}' is not valid YAML")
     return parse_policy(document, str(path))
-
-
-# --------------------------------------------------------------------------- results
-
-
-def load_results(path: str | Path, option: str = "RESULTS") -> dict[str, Any]:
-    """A results document from a results directory (holding ``results.json``) or the file itself,
-    validated against the results schema (:func:`reports.results.load_results`)."""
-    return read_results(path, option)[0]
-
-def _number_or_none(value: Any) -> float | None:
-    """A finite float, or None for null, NaN, ±inf and anything that is not a number."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
-@dataclass(frozen=True)
-class _Measure:
-    """One estimate of one metric of one experiment: (attack, metric) with its interval."""
-
-    experiment: dict[str, Any]
-    attack: str  # UTILITY for the utility block
-    metric: str
-    value: float | None
-    ci_low: float | None
-    ci_high: float | None
-
-    @property
-    def target(self) -> str:
-        return f"{self.experiment['key']}/{'utility' if self.attack == UTILITY else self.attack}/{self.metric}"
-
-    @property
-    def described(self) -> str:
-        where = "utility" if self.attack == UTILITY else self.attack
-        return f"{self.metric} of {where} on {self.experiment.get('label') or self.experiment['key']}"
-
-    def number(self, use: str) -> float | None:
-        return {"value": self.value, "ci_low": self.ci_low, "ci_high": self.ci_high}[use]
-
-    @property
-    def has_interval(self) -> bool:
-        return self.ci_low is not None and self.ci_high is not None
-
-
-def _blocks(experiment: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(attack name, {metric: estimate}) for the utility block, then every attack entry, in file order."""
-    yield UTILITY, experiment.get("utility") or {}
-    for entry in experiment.get("attacks") or []:
-        if isinstance(entry, dict) and isinstance(entry.get("attack"), str):
-            yield entry["attack"], entry.get("metrics") or {}
-
-
-def _measure(experiment: dict[str, Any], attack: str, metric: str, estimate: Any) -> _Measure:
-    estimate = estimate if isinstance(estimate, dict) else {"value": estimate}
-    return _Measure(experiment, attack, metric, _number_or_none(estimate.get("value")),
-                    _number_or_none(estimate.get("ci_low")), _number_or_none(estimate.get("ci_high")))
-
-
-def _find(experiment: dict[str, Any] | None, attack: str, metric: str) -> _Measure | None:
-    if experiment is None:
-        return None
-    for name, metrics in _blocks(experiment):
-        if name == attack and metric in metrics:
-            return _measure(experiment, attack, metric, metrics[metric])
-    return None
-
-
-# --------------------------------------------------------------------------- evaluation
-
-
-def _selected_experiments(rule: Rule, results: dict[str, Any]) -> list[dict[str, Any]]:
-    return [e for e in results["experiments"]
-            if (rule.defense is None or e.get("defense") == rule.defense)
-            and (rule.experiment is None or rule.experiment in (e["key"], e.get("label")))]
-
-
-def _selected_measures(rule: Rule, experiments: list[dict[str, Any]]) -> tuple[list[_Measure], set[str], bool]:
-    """The rule's (attack, metric) estimates in ``experiments``, in file order of experiments and
-    attacks and rule order of metrics; also every block name seen and whether the attack matched."""
-    measures, names, attack_matched = [], set(), False
-    for experiment in experiments:
-        for name, metrics in _blocks(experiment):
-            names.add(name)
-            if rule.attack is not None and name != rule.attack:
-                continue
-            attack_matched = True
-            measures += [_measure(experiment, name, m, metrics[m]) for m in rule.metrics if m in metrics]
-    return measures, names, attack_matched
-
-
-def _format(number: float | None) -> str:
-    return "—" if number is None else f"{number:.4g}"
-
-
-def _interval(measure: _Measure) -> str:
-    return f"{_format(measure.value)} [{_format(measure.ci_low)}, {_format(measure.ci_high)}]"
-
-
-def _unmatched(rule: Rule, results: dict[str, Any]) -> Outcome | None:
-    """A failing outcome when ``rule`` matches nothing in ``results`` (most often a typo), else None."""
-    experiments = _selected_experiments(rule, results)
-    if not experiments:
-        available = ", ".join(sorted({e["key"] for e in results["experiments"]})) or "none"
-        defenses = ", ".join(sorted({str(e.get("defense")) for e in results["experiments"]})) or "none"
-        reason = (f"rule matched no experiment ({rule.scope()}); experiments: {available}; defenses: {defenses}")
-        return Outcome(rule.name, rule.kind, rule.scope() or "all experiments", FAIL, None, None, "", reason)
-    if rule.kind == "no-violation":
-        return None
-    measures, names, attack_matched = _selected_measures(rule, experiments)
-    if measures:
-        return None
-    scope = f" in {rule.scope()}" if rule.scope() else ""
-    if not attack_matched:
-        listed = ", ".join(sorted(names - {UTILITY}) + ["none (utility)"])
-        reason = f"rule matched no attack '{rule.attack}'{scope}; attacks: {listed}"
-    else:
-        metrics = sorted({m for e in experiments for n, block in _blocks(e)
-                          if rule.attack is None or n == rule.attack for m in block})
-        where = f" of {rule.attack}" if rule.attack else ""
-        reason = f"rule matched no metric {', '.join(rule.metrics)}{where}{scope}; metrics: {', '.join(metrics) or 'none'}"
-    target = " ".join(p for p in (rule.scope(), rule.attack and f"attack {rule.attack}",
-                                  f"metric {', '.join(rule.metrics)}") if p)
-    return Outcome(rule.name, rule.kind, target, FAIL, None, None, "", reason)
-
-
-def _evaluate_threshold(rule: Rule, experiments: list[dict[str, Any]]) -> list[Outcome]:
-    outcomes = []
-    measures, _, _ = _selected_measures(rule, experiments)
-    is_max = rule.kind == "max"
-    relation, bound = ("≤", "maximum") if is_max else ("≥", "minimum")
-    basis = "" if rule.use == "value" else rule.use
-    threshold = cast(float, rule.threshold)  # parse_policy requires a value for max and min rules
-    for measure in measures:
-        number = measure.number(rule.use)
-        if number is None:
-            missing = "no measurement" if measure.value is None else f"no {rule.use} (no interval)"
-            sentence = f"{measure.described}: {missing}, so the {bound} {rule.threshold:g} cannot be checked"
-            outcomes.append(Outcome(rule.name, rule.kind, measure.target, FAIL, None, rule.threshold, relation,
-                                    sentence, basis))
-            continue
-        holds = number <= threshold if is_max else number >= threshold
-        what = measure.described if rule.use == "value" else f"the {rule.use} of {measure.described}"
-        if holds:
-            sentence = f"{what} is {_format(number)}, within the {bound} {rule.threshold:g}"
-        else:
-            sentence = f"{what} is {_format(number)}, {'above' if is_max else 'below'} the {bound} {rule.threshold:g}"
-        if rule.use == "value" and measure.has_interval:
-            sentence += f" (95 % interval [{_format(measure.ci_low)}, {_format(measure.ci_high)}])"
-        outcomes.append(Outcome(rule.name, rule.kind, measure.target, PASS if holds else FAIL, number,
-                                rule.threshold, relation, sentence, basis))
-    return outcomes
-
-
-def _evaluate_soundness(rule: Rule, experiments: list[dict[str, Any]]) -> list[Outcome]:
-    failing = (VIOLATION, ESTIMATE_ABOVE) if rule.warnings == "fail" else (VIOLATION,)
-    outcomes = []
-    for experiment in experiments:
-        status = experiment.get("soundness")
-        name = experiment.get("label") or experiment["key"]
-        if not isinstance(status, str):
-            outcomes.append(Outcome(rule.name, rule.kind, experiment["key"], FAIL, None, " or ".join(failing), "not",
-                                    f"{name}: results.json carries no soundness verdict; rerun the audit with this version"))
-            continue
-        verdict = FAIL if status in failing else PASS
-        because = experiment.get("soundness_text") or ""
-        sentence = f"{name}: soundness {status}" + (f" — {because}" if because else "")
-        if verdict == PASS and status == ESTIMATE_ABOVE:
-            sentence += " (a warning; this rule fails on warnings only with `warnings: fail`)"
-        outcomes.append(Outcome(rule.name, rule.kind, experiment["key"], verdict, status, " or ".join(failing), "not",
-                                sentence))
-    return outcomes
-
-
-def _lower_is_worse(rule: Rule, metric: str) -> bool:
-    if rule.worse is not None:
-        return rule.worse == "lower"
-    return metric in LOWER_IS_WORSE or metric.rsplit(".", 1)[-1] in LOWER_IS_WORSE
-
-
-def _compare_with_baseline(rule: Rule, new: _Measure, old: _Measure) -> Outcome:
-    """One metric against its baseline: by intervals where both have one, else by ``rule.tolerance``."""
-    lower_worse = _lower_is_worse(rule, new.metric)
-    direction = "lower is worse" if lower_worse else "higher is worse"
-    if new.has_interval and old.has_interval:
-        new_low, new_high, old_low, old_high = (cast(float, x) for x in (new.ci_low, new.ci_high, old.ci_low, old.ci_high))
-        # beyond noise only when the two 95 % intervals do not even touch, on the worse side
-        if lower_worse:
-            value, threshold, relation, value_basis, threshold_basis = new_high, old_low, "≥", "ci_high", "baseline ci_low"
-            regressed = new_high < old_low
-        else:
-            value, threshold, relation, value_basis, threshold_basis = new_low, old_high, "≤", "ci_low", "baseline ci_high"
-            regressed = new_low > old_high
-        comparison = (f"{new.described}: {_interval(new)} vs baseline {_interval(old)} ({direction}; "
-                      f"95 % intervals compared)")
-        side = "below" if lower_worse else "above"
-        verdict_text = (f"regression beyond statistical noise: the new interval lies entirely {side} the baseline's"
-                        if regressed else
-                        f"no regression beyond statistical noise: the new interval does not lie entirely {side} the baseline's")
-        return Outcome(rule.name, rule.kind, new.target, FAIL if regressed else PASS, value, threshold, relation,
-                       f"{comparison}: {verdict_text}", value_basis, threshold_basis)
-    assert new.value is not None and old.value is not None
-    tolerance = rule.tolerance
-    if lower_worse:
-        threshold, relation, regressed = old.value - tolerance, "≥", new.value < old.value - tolerance
-    else:
-        threshold, relation, regressed = old.value + tolerance, "≤", new.value > old.value + tolerance
-    lacking = ("neither result has a two-sided interval" if not (new.has_interval or old.has_interval)
-               else "the new result has no two-sided interval" if not new.has_interval
-               else "the baseline has no two-sided interval")
-    comparison = (f"{new.described}: {_format(new.value)} vs baseline {_format(old.value)} ({direction}; "
-                  f"{lacking}, so the absolute tolerance {tolerance:g} was used)")
-    verdict_text = (f"regression: worse by more than the tolerance {tolerance:g}" if regressed
-                    else f"no regression beyond the tolerance {tolerance:g}")
-    sign = "-" if lower_worse else "+"
-    return Outcome(rule.name, rule.kind, new.target, FAIL if regressed else PASS, new.value, threshold, relation,
-                   f"{comparison}: {verdict_text}", "", f"baseline {sign} tolerance {tolerance:g}")
-
-
-def _evaluate_regression(rule: Rule, experiments: list[dict[str, Any]], baseline: dict[str, Any] | None) -> list[Outcome]:
-    measures, _, _ = _selected_measures(rule, experiments)
-    missing_verdict = FAIL if rule.require else SKIP
-    consequence = "fails because the rule has `require: true`" if rule.require else "skipped"
-    if baseline is None:  # one outcome for the whole rule rather than one per comparison not made
-        sentence = f"no --baseline given: {len(measures)} comparisons not made; {consequence}"
-        return [Outcome(rule.name, rule.kind, rule.scope() or "all experiments", missing_verdict, None, None, "",
-                        sentence, "", "no --baseline given")]
-    old_by_key = {e["key"]: e for e in baseline["experiments"]}
-    outcomes = []
-    for new in measures:
-        old_experiment = old_by_key.get(new.experiment["key"])
-        old = _find(old_experiment, new.attack, new.metric)
-        reason = ("not in baseline: no experiment with this key" if old_experiment is None
-                  else "not in baseline: the baseline experiment has no such attack metric" if old is None
-                  else "no measurement in the baseline" if old.value is None
-                  else "no measurement in the new results" if new.value is None else "")
-        if reason:
-            outcomes.append(Outcome(rule.name, rule.kind, new.target, missing_verdict, new.value, None, "",
-                                    f"{new.described}: {reason}; {consequence}", "", reason.split(":")[0]))
-            continue
-        assert old is not None
-        outcomes.append(_compare_with_baseline(rule, new, old))
-    return outcomes
-
-
-def evaluate_rule(rule: Rule, results: dict[str, Any], baseline: dict[str, Any] | None = None) -> list[Outcome]:
-    """The outcomes of one rule: one per matched target, or one failure when it matches nothing."""
-    unmatched = _unmatched(rule, results)
-    if unmatched is not None:
-        return [unmatched]
-    experiments = _selected_experiments(rule, results)
-    if rule.kind in ("max", "min"):
-        return _evaluate_threshold(rule, experiments)
-    if rule.kind == "no-violation":
-        return _evaluate_soundness(rule, experiments)
-    return _evaluate_regression(rule, experiments, baseline)
-
-
-def evaluate_policy(policy: Policy, results: dict[str, Any], baseline: dict[str, Any] | None = None) -> list[Outcome]:
-    """Every rule's outcomes, in policy order (then experiment, attack and metric order of the results)."""
-    return [outcome for rule in policy.rules for outcome in evaluate_rule(rule, results, baseline)]
-
-
-# --------------------------------------------------------------------------- output
-
-
-def check(results: str | Path | dict[str, Any], policy: str | Path | Policy,
-          baseline: str | Path | dict[str, Any] | None = None) -> list[Outcome]:
-    """The outcomes of a policy on an audit's results (public API; ``dpfl-audit check`` without
-    printing): ``results``/``baseline`` a results folder, its results.json, or the document;
-    ``policy`` a policy file or a parsed :class:`Policy`. The gate passes when no outcome is FAIL."""
-    document = results if isinstance(results, dict) else load_results(results)
-    old = baseline if baseline is None or isinstance(baseline, dict) else load_results(baseline, "--baseline")
-    rules = policy if isinstance(policy, Policy) else load_policy(policy)
-    return evaluate_policy(rules, document, old)
-
-
-def _cell(number: float | str | None, basis: str) -> str:
-    text = number if isinstance(number, str) else _format(number)
-    return f"{text} ({basis})" if basis else text
-
-
-def format_table(outcomes: list[Outcome]) -> str:
-    """A plain-text table — verdict, rule, target, value, threshold — then one line per failing
-    outcome with its sentence (a skipped outcome's reason is in its threshold cell)."""
-    header = ("verdict", "rule", "target", "value", "threshold")
-    rows = [(o.verdict.upper(), o.rule, o.target, _cell(o.value, o.value_basis),
-             f"{o.relation} {_cell(o.threshold, o.threshold_basis)}".strip() if o.threshold is not None or o.threshold_basis
-             else "—") for o in outcomes]
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [header, *rows]]
-    notes = [f"{o.verdict.upper()} {o.rule} — {o.target}: {o.sentence}" for o in outcomes if o.verdict == FAIL]
-    return "\n".join(lines + ([""] + notes if notes else []))
-
-
-def counts(outcomes: list[Outcome]) -> dict[str, int]:
-    return {verdict: sum(o.verdict == verdict for o in outcomes) for verdict in (PASS, FAIL, SKIP)}
-
-
-def failing_rules(outcomes: list[Outcome]) -> list[str]:
-    """Names of the rules with at least one failing outcome, in policy order, each once."""
-    return list(dict.fromkeys(o.rule for o in outcomes if o.verdict == FAIL))
-
-
-def summary_line(outcomes: list[Outcome]) -> str:
-    tally = counts(outcomes)
-    skipped = f" ({tally[SKIP]} skipped)" if tally[SKIP] else ""
-    failed = failing_rules(outcomes)
-    if failed:
-        return (f"check FAILED: {tally[FAIL]} of {len(outcomes)} checks fail{skipped}; failing rules: "
-                + "; ".join(f"'{name}'" for name in failed))
-    return f"check passed: all {tally[PASS]} checks hold{skipped}"
-
-
-def _check_junit_path(path: Path) -> None:
-    """``--junit FILE`` must name a file in a folder that exists: the check creates no folders
-    (the atomic writer would), so a typo cannot scatter files outside what the user named."""
-    if path.is_dir():
-        raise UserInputError(f"--junit: '{path}' is a directory; give a file name such as junit.xml")
-    folder = path.parent
-    if not folder.exists():
-        raise UserInputError(f"--junit: folder '{folder}' does not exist; create it or give a file in an existing folder")
-    if not folder.is_dir():
-        raise UserInputError(f"--junit: '{folder}' is not a folder; give a file in an existing folder")
-
-
-def check_command(results_path: str, policy_path: str, baseline_path: str | None = None,
-                  junit_path: str | None = None, as_json: bool = False) -> bool:
-    """``dpfl-audit check``: load and validate everything first (a :class:`UserInputError` leaves
-    nothing written), evaluate, print a table or JSON, write JUnit XML if asked; True when every
-    rule holds (skipped outcomes do not fail)."""
-    from audit.core.atomic import dumps, write_text
-
-    if junit_path is not None:
-        _check_junit_path(Path(junit_path))
-    policy = load_policy(policy_path)
-    results = load_results(results_path, "RESULTS")
-    baseline = load_results(baseline_path, "--baseline") if baseline_path is not None else None
-    outcomes = evaluate_policy(policy, results, baseline)
-    passed = not failing_rules(outcomes)
-    if junit_path is not None:
-        write_text(junit_path, junit_xml(outcomes))
-    if as_json:
-        print(dumps({"passed": passed, "policy": str(policy_path), "results": str(results_path),
-                     "baseline": None if baseline_path is None else str(baseline_path), "counts": counts(outcomes),
-                     "failing_rules": failing_rules(outcomes), "outcomes": [o.as_dict() for o in outcomes]}))
-    else:
-        print(format_table(outcomes))
-        print(summary_line(outcomes))
-    return passed

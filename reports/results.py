@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -23,53 +24,52 @@ import pandas as pd
 
 from audit.core.atomic import dumps, write_text
 from audit.core.errors import UserInputError
+from audit.core.typed_json import from_json, to_json
+from reports.document import SCHEMA_VERSION, AuditInfo, Experiment, Results, Row, results_schema
 
-SCHEMA_VERSION = "2.1"  # reports/schema/results.schema.json describes it
 #: the versions ``load_results`` reads: only the one this code writes. 1.x is another layout; 2.0
 #: lacks the claims per observer (the claim's ``relation``, ``adversary``, ``adversaries``), which
 #: the HTML report needs. Any other version is refused rather than misread.
 READABLE_SCHEMA_VERSIONS = (SCHEMA_VERSION,)
-SCHEMA_FILE = Path(__file__).with_name("schema") / "results.schema.json"
-COLUMNS = ["run", "dataset", "defense", "label", "epsilon", "delta", "unit", "accountant", "seed",
-           "attack", "metric", "value", "ci_low", "ci_high"]
+COLUMNS = [f.name for f in fields(Row)]
 
 
-def rows_from_results(document: dict[str, Any]) -> list[dict[str, Any]]:
-    audit = document["audit"]
+def rows_from_results(audit: AuditInfo, experiments: list[Experiment]) -> list[Row]:
     rows = []
-    for experiment in document["experiments"]:
-        claim = experiment["claim"]
-        common = {
-            "run": experiment["key"], "dataset": audit["dataset"], "defense": experiment["defense"],
-            "label": experiment["label"], "epsilon": claim["epsilon"], "delta": claim["delta"],
-            "unit": claim["unit"], "accountant": claim["accountant"], "seed": audit["seed"],
-        }
-        for entry in claim.get("adversaries") or []:  # the claim per observer; an empty value: not covered
-            rows.append({**common, "attack": "claim", "metric": f"epsilon_{entry['adversary']}", "value": entry["epsilon"],
-                         "ci_low": None, "ci_high": None})
-        for metric, estimate in experiment["utility"].items():
-            rows.append({**common, "attack": "none", "metric": metric, "value": estimate["value"],
-                         "ci_low": estimate["ci_low"], "ci_high": estimate["ci_high"]})
-        for attack in experiment["attacks"]:
-            for metric, estimate in attack["metrics"].items():
-                rows.append({**common, "attack": attack["attack"], "metric": metric, "value": estimate["value"],
-                             "ci_low": estimate["ci_low"], "ci_high": estimate["ci_high"]})
-        if experiment.get("status") == "diverged":  # where it diverged: attack "training"
-            where = experiment["diverged"]
-            for metric, value in (("diverged_run", where["run"]), ("diverged_at_round", where["round"])):
-                rows.append({**common, "attack": "training", "metric": metric, "value": value, "ci_low": None, "ci_high": None})
+    for experiment in experiments:
+        claim = experiment.claim
+        row = functools.partial(
+            Row, run=experiment.key, dataset=audit.dataset, defense=experiment.defense, label=experiment.label,
+            epsilon=claim.epsilon if claim.is_private else None, delta=claim.delta, unit=claim.unit,
+            accountant=claim.accountant, seed=audit.seed)
+        for entry in claim.adversaries:  # the claim per observer; an empty value: not covered
+            rows.append(row(attack="claim", metric=f"epsilon_{entry.adversary}",
+                            value=entry.epsilon if entry.covered else None, ci_low=None, ci_high=None))
+        for metric in fields(experiment.utility):
+            estimate = getattr(experiment.utility, metric.name)
+            rows.append(row(attack="none", metric=metric.name, value=estimate.value, ci_low=estimate.ci_low,
+                            ci_high=estimate.ci_high))
+        for attack in experiment.attacks:
+            for name, result in attack.metrics.items():
+                rows.append(row(attack=attack.attack, metric=name, value=result.value, ci_low=result.ci_low,
+                                ci_high=result.ci_high))
+        if experiment.diverged is not None:  # where it diverged: attack "training"
+            where = experiment.diverged
+            for name, value in (("diverged_run", where.run), ("diverged_at_round", where.round)):
+                rows.append(row(attack="training", metric=name, value=value, ci_low=None, ci_high=None))
     return rows
 
 
-def results_frame(document: dict[str, Any]) -> pd.DataFrame:
-    return pd.DataFrame(document["rows"], columns=COLUMNS)
+def results_frame(results: Results) -> pd.DataFrame:
+    # the rows as they are, not as JSON: a one-sided bound's ci_high of +inf is written "inf" in the CSV
+    return pd.DataFrame([asdict(row) for row in results.rows], columns=COLUMNS)
 
 
-def write_results(document: dict[str, Any], out: Path) -> dict[str, str]:
+def write_results(results: Results, out: Path) -> dict[str, str]:
     """Write ``results.csv`` and ``results.json`` atomically; returns their paths."""
     csv_path, json_path = Path(out) / "results.csv", Path(out) / "results.json"
-    write_text(csv_path, results_frame(document).to_csv(index=False, lineterminator="\n"))
-    write_text(json_path, dumps(document) + "\n")
+    write_text(csv_path, results_frame(results).to_csv(index=False, lineterminator="\n"))
+    write_text(json_path, dumps(to_json(results)) + "\n")
     return {"results_csv": str(csv_path), "results_json": str(json_path)}
 
 
@@ -146,7 +146,7 @@ def _validator(version: str):
     """A JSON Schema validator of results.json ``version`` (one of :data:`READABLE_SCHEMA_VERSIONS`)."""
     import jsonschema
 
-    schema = json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
+    schema = results_schema()
     schema["properties"]["schema_version"] = {"const": version}
     return jsonschema.Draft202012Validator(schema)
 
@@ -170,9 +170,9 @@ def validate_results(document: Any, where: str) -> None:
         raise UserInputError(f"{where}: {_schema_problem(error)}")
 
 
-def load_results(path: str | Path, option: str = "results") -> tuple[dict[str, Any], dict[str, Any], Path]:
-    """(results.json document, manifest.json or {}, results folder) from a `dpfl-audit run` output
-    folder or its results.json, both read strictly (:func:`validate_results`). Bad input raises
+def load_results(path: str | Path, option: str = "results") -> tuple[Results, dict[str, Any], Path]:
+    """(results.json as :class:`Results`, manifest.json or {}, results folder) from a `dpfl-audit run`
+    output folder or its results.json, both read strictly (:func:`validate_results`). Bad input raises
     :class:`UserInputError` naming ``option``, the file and the offending field."""
     path = Path(path)
     file = path / "results.json" if path.is_dir() else path
@@ -194,4 +194,4 @@ def load_results(path: str | Path, option: str = "results") -> tuple[dict[str, A
     for key in ("versions", "machine"):
         if not isinstance(manifest.get(key, {}), dict):
             raise UserInputError(f"{option}: '{manifest_file}': {key}: must be an object, got {_shown(manifest[key])}")
-    return document, manifest, file.parent
+    return from_json(Results, document), manifest, file.parent

@@ -26,30 +26,35 @@ so that "TPR ≤ e^ε·FPR + δ" is tested with the δ the claim really allows.
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import replace
 
-CONSISTENT, VIOLATION, ESTIMATE_ABOVE = "consistent", "violation", "estimate above claim"
-NOT_COVERED, NO_CLAIM, NO_MEASUREMENT = "not covered", "no claim", "no measurement"
+from defenses.claims import PrivacyClaim
+from reports.document import EpsilonKind, Estimate, Status, Verdict
+
+CONSISTENT: Status = "consistent"
+VIOLATION: Status = "violation"
+ESTIMATE_ABOVE: Status = "estimate above claim"
+NOT_COVERED: Status = "not covered"
+NO_CLAIM: Status = "no claim"
+NO_MEASUREMENT: Status = "no measurement"
 
 #: precedence when one experiment collects many verdicts (the first present wins)
-PRECEDENCE = (VIOLATION, ESTIMATE_ABOVE, CONSISTENT, NOT_COVERED, NO_CLAIM, NO_MEASUREMENT)
+PRECEDENCE: tuple[Status, ...] = (VIOLATION, ESTIMATE_ABOVE, CONSISTENT, NOT_COVERED, NO_CLAIM, NO_MEASUREMENT)
 
 
-def _claimed_epsilon(claim: dict[str, Any]) -> float | None:
-    epsilon = claim.get("epsilon")
-    return None if epsilon is None or not math.isfinite(epsilon) else float(epsilon)
+def _claimed_epsilon(claim: PrivacyClaim) -> float | None:
+    return float(claim.epsilon) if claim.is_private else None
 
 
-def claim_bound(claim: dict[str, Any], unit: str) -> tuple[float, float, str] | None:
+def claim_bound(claim: PrivacyClaim, unit: str) -> tuple[float, float, str] | None:
     """(ε, δ, basis) that ``claim`` implies for a measurement per ``unit``; None when it implies nothing."""
     epsilon = _claimed_epsilon(claim)
     if epsilon is None:
         return None
-    delta = float(claim.get("delta") or 0.0)
-    claimed_unit = claim.get("unit", "none")
-    if unit == claimed_unit and unit in ("client", "record"):
+    delta = float(claim.delta or 0.0)
+    if unit == claim.unit and unit in ("client", "record"):
         return epsilon, delta, "the claim"
-    if claimed_unit == "client" and unit == "record":
+    if claim.unit == "client" and unit == "record":
         group_delta = (1.0 + math.exp(epsilon)) * delta if epsilon < 700 else math.inf
         if group_delta >= 1.0:  # (2ε, δ' ≥ 1) constrains nothing: the record is not covered
             return None
@@ -57,68 +62,68 @@ def claim_bound(claim: dict[str, Any], unit: str) -> tuple[float, float, str] | 
     return None
 
 
-def measurement_delta(claim: dict[str, Any], unit: str, default: float) -> float:
+def measurement_delta(claim: PrivacyClaim, unit: str, default: float) -> float:
     """The δ at which a measurement per ``unit`` computes its ε figures."""
     bound = claim_bound(claim, unit)
-    return bound[1] if bound is not None else float(claim.get("delta") or default)
+    return bound[1] if bound is not None else float(claim.delta or default)
 
 
-def verdict(claim: dict[str, Any], unit: str, metric: str, estimate: dict[str, Any], kind: str) -> dict[str, Any]:
+def verdict(claim: PrivacyClaim, unit: str, metric: str, estimate: Estimate, kind: EpsilonKind) -> Verdict:
     """A verdict on one ε figure: ``status`` plus a sentence with the numbers."""
-    measured = estimate.get("ci_low") if kind == "estimate" else estimate.get("value")
-    value = estimate.get("value")
-    out: dict[str, Any] = {"metric": metric, "unit": unit, "kind": kind, "measured": measured,
-                           "claimed": _claimed_epsilon(claim), "bound": None, "bound_delta": None}
+    measured = estimate.ci_low if kind == "estimate" else estimate.value
+    value = estimate.value
+    out = Verdict(metric=metric, unit=unit, kind=kind, measured=measured, claimed=_claimed_epsilon(claim),
+                  bound=None, bound_delta=None, status=NO_MEASUREMENT, text="")
     if measured is None or not math.isfinite(measured):
-        return {**out, "status": NO_MEASUREMENT, "text": "no measurement (too few canaries or units)"}
+        return replace(out, text="no measurement (too few canaries or units)")
     figure = (f"ε estimate {value:.3g} (95 % interval from {measured:.3g})" if kind == "estimate" and value is not None
               else f"ε_LB = {measured:.3g}")
-    if out["claimed"] is None:
-        return {**out, "status": NO_CLAIM, "text": f"{figure} (no privacy claim)"}
+    if out.claimed is None:
+        return replace(out, status=NO_CLAIM, text=f"{figure} (no privacy claim)")
     bound = claim_bound(claim, unit)
     if bound is None:
-        return {**out, "status": NOT_COVERED,
-                "text": f"not covered: the claim is per {claim.get('unit')}, the measurement per {unit} ({figure})"}
+        return replace(out, status=NOT_COVERED,
+                       text=f"not covered: the claim is per {claim.unit}, the measurement per {unit} ({figure})")
     limit, limit_delta, basis = bound
-    out.update(bound=limit, bound_delta=limit_delta)
+    out = replace(out, bound=limit, bound_delta=limit_delta)
     against = (f"the claimed ε = {limit:.3g}" if basis == "the claim"
-               else f"2ε = {limit:.3g}, the claimed ε = {out['claimed']:.3g} doubled ({basis})")
+               else f"2ε = {limit:.3g}, the claimed ε = {out.claimed:.3g} doubled ({basis})")
     if measured <= limit * (1 + 1e-9):
         if kind == "estimate":
-            return {**out, "status": CONSISTENT, "text": f"consistent: {figure}; its lower end does not exceed {against}"}
-        return {**out, "status": CONSISTENT, "text": f"consistent: {figure} ≤ {against}"}
+            return replace(out, status=CONSISTENT, text=f"consistent: {figure}; its lower end does not exceed {against}")
+        return replace(out, status=CONSISTENT, text=f"consistent: {figure} ≤ {against}")
     if kind == "estimate":
-        return {**out, "status": ESTIMATE_ABOVE,
-                "text": f"estimate above claim: the lower end of the {figure} exceeds {against}; "
-                        "a Gaussian-fit estimate is not a bound, so this is a warning, not a proof"}
-    return {**out, "status": VIOLATION,
-            "text": f"VIOLATION: measured ε_LB = {measured:.3g} exceeds {against} beyond its confidence interval"}
+        return replace(out, status=ESTIMATE_ABOVE,
+                       text=f"estimate above claim: the lower end of the {figure} exceeds {against}; "
+                            "a Gaussian-fit estimate is not a bound, so this is a warning, not a proof")
+    return replace(out, status=VIOLATION,
+                   text=f"VIOLATION: measured ε_LB = {measured:.3g} exceeds {against} beyond its confidence interval")
 
 
-def attack_verdicts(claim: dict[str, Any], attack: dict[str, Any]) -> list[dict[str, Any]]:
-    """Verdicts for every ε figure an attack entry of results.json carries."""
-    return [verdict(claim, attack["unit"], metric, attack["metrics"][metric], kind)
-            for metric, kind in attack.get("epsilon_kind", {}).items() if metric in attack["metrics"]]
+def attack_verdicts(claim: PrivacyClaim, unit: str, metrics: dict[str, Estimate],
+                    epsilon_kind: dict[str, EpsilonKind]) -> list[Verdict]:
+    """Verdicts for every ε figure an attack carries (``epsilon_kind``: figure → what it is)."""
+    return [verdict(claim, unit, metric, metrics[metric], kind) for metric, kind in epsilon_kind.items() if metric in metrics]
 
 
-def experiment_verdict(verdicts: list[dict[str, Any]]) -> str:
+def experiment_verdict(verdicts: list[Verdict]) -> Status:
     """The experiment's overall status: the first of :data:`PRECEDENCE` among its verdicts."""
-    statuses = {v["status"] for v in verdicts}
+    statuses = {v.status for v in verdicts}
     return next((status for status in PRECEDENCE if status in statuses), NO_MEASUREMENT)
 
 
-def experiment_sentence(verdicts: list[dict[str, Any]], attacks: list[str]) -> str:
+def experiment_sentence(verdicts: list[Verdict], attacks: list[str]) -> str:
     """One sentence behind an experiment's status: the violations, else the strongest comparison.
 
     ``attacks`` names the attack of each verdict (same order)."""
     named = list(zip(attacks, verdicts))
     for status in (VIOLATION, ESTIMATE_ABOVE):
-        hits = [f"{attack}: {v['text']}" for attack, v in named if v["status"] == status]
+        hits = [f"{attack}: {v.text}" for attack, v in named if v.status == status]
         if hits:
             return "; ".join(hits)
-    compared = [(attack, v) for attack, v in named if v["status"] == CONSISTENT and v["kind"] == "lower_bound"]
+    compared = [(attack, v) for attack, v in named if v.status == CONSISTENT and v.kind == "lower_bound"]
     if compared:
-        attack, strongest = max(compared, key=lambda item: item[1]["measured"] / item[1]["bound"] if item[1]["bound"] else 0.0)
-        return (f"the strongest lower bound, ε_LB = {strongest['measured']:.3g} ({attack}, per {strongest['unit']}), "
-                f"stays below its limit {strongest['bound']:.3g}")
+        attack, strongest = max(compared, key=lambda item: (item[1].measured or 0.0) / item[1].bound if item[1].bound else 0.0)
+        return (f"the strongest lower bound, ε_LB = {strongest.measured:.3g} ({attack}, per {strongest.unit}), "
+                f"stays below its limit {strongest.bound:.3g}")
     return ""

@@ -4,8 +4,9 @@ Errors (:mod:`~audit.core.errors`), keyed random streams (:mod:`~audit.core.seed
 registries and the code-loading names they accept (:mod:`~audit.core.registry`,
 :mod:`~audit.core.extensions`), config validation (:mod:`~audit.core.schema`,
 :mod:`~audit.core.strict_yaml`), files (:mod:`~audit.core.atomic`, :mod:`~audit.core.safe_names`),
-the shared data types — datasets and models (:mod:`~audit.core.datasets`,
-:mod:`~audit.core.models`) — and the statistics both attacks and reports need
+the shared data types — datasets (the registry :mod:`~audit.core.datasets`, the type
+:mod:`~audit.core.dataset_types` and one loader module per source) and models
+(:mod:`~audit.core.models`) — and the statistics both attacks and reports need
 (:mod:`~audit.core.metrics`, :mod:`~audit.core.empirical_epsilon`).
 
 Layers, lowest first: ``audit.core`` → ``defenses`` → ``attacks`` → ``reports`` → the rest of

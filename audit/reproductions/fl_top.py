@@ -18,7 +18,7 @@ import numpy as np
 
 from audit.reproductions.proxy import proxy_dataset
 from audit.study import Arm, ClaimCheck, Results, Study, compare
-from defenses.fl_top import kept_count, table_kilobytes
+from defenses.subset_training import kept_count, table_kilobytes
 
 PAPER = ("Kerkouche, Ács, Castelluccia, Genevès, Constrained Differentially Private Federated Learning for "
          "Low-bandwidth Devices (UAI 2021)")

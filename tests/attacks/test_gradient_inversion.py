@@ -16,21 +16,7 @@ import pytest
 import torch
 
 from attacks.dlg import dlg, idlg
-from attacks.gradient_matching import (
-    ThreatModel,
-    clip_upload,
-    cosine_distance,
-    count_labels,
-    fedavg_upload,
-    idlg_label,
-    l2_distance,
-    noisy_upload,
-    recover_labels,
-    secure_sum,
-    single_gradient,
-    total_variation,
-    upload_norm,
-)
+from attacks.gradient_matching import cosine_distance, l2_distance, total_variation
 from attacks.image_quality import (
     image_grid_png,
     image_quality,
@@ -41,6 +27,16 @@ from attacks.image_quality import (
     ssim_per_image,
 )
 from attacks.inversion import attack_batch, untrained_model
+from attacks.label_recovery import count_labels, idlg_label, recover_labels
+from attacks.threat_models import (
+    ThreatModel,
+    clip_upload,
+    fedavg_upload,
+    noisy_upload,
+    secure_sum,
+    single_gradient,
+    upload_norm,
+)
 from audit.cli import main
 from audit.core.datasets import load_dataset
 from audit.core.seeding import torch_generator

@@ -13,13 +13,9 @@ import pytest
 import torch
 from torch import nn
 
-from attacks.attribute_inference import (
-    GUESSES,
-    attribute_encodings,
-    attribute_inference_on_dataset,
-    penultimate_embeddings,
-    score_guesses,
-)
+from attacks.attribute_inference import GUESSES, attribute_inference_on_dataset
+from attacks.attribute_queries import attribute_encodings, penultimate_embeddings
+from attacks.attribute_scores import score_guesses
 from attacks.model_inversion import model_inversion
 from attacks.property_inference import (
     client_has_property,

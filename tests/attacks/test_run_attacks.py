@@ -10,8 +10,8 @@ import pytest
 
 from attacks.server_view import upload_view
 from audit.cli import main
-from defenses.engine import TrainingConfig
 from defenses.fedavg import DPFedAvg, DPFedAvgParams, FedAvg
+from defenses.training_job import TrainingConfig
 from tests.helpers import shared_data
 
 

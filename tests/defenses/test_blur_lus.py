@@ -20,11 +20,12 @@ from defenses.blur_lus import (
     LUSParams,
     lus_mask,
 )
-from defenses.engine import FederatedEngine, TrainingConfig
+from defenses.engine import FederatedEngine
 from defenses.fedavg import DPFedAvg, DPFedAvgParams, FedAvg
 from defenses.flat import ParamLayout, parameters_of
 from defenses.local_training import LocalObjective, mean_loss_gradient
 from defenses.sparsify import kept_per_tensor
+from defenses.training_job import TrainingConfig
 
 
 def _same(a, b) -> bool:

@@ -17,9 +17,9 @@ from defenses.claims import (
     participation_bound,
 )
 from defenses.dp_fedsam import DPFedSAMTopK, DPFedSAMTopKParams
-from defenses.engine import TrainingConfig
 from defenses.fed_smp import FedSMPParams, FedSMPRandK, FedSMPTopK
 from defenses.fedavg import DPFedAvg, DPFedAvgParams
+from defenses.training_job import TrainingConfig
 
 ACCOUNTING = AccountingSettings()
 

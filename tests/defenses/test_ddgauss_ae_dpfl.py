@@ -10,22 +10,17 @@ import torch
 from scipy import stats
 
 from audit.core.errors import UserInputError
-from defenses.accounting import (
-    GaussianSchedule,
-    compute_epsilon,
-    poisson_subsampled_rdp,
-    rdp_per_round,
-    rdp_to_epsilon,
-)
+from defenses.accounting import GaussianSchedule, compute_epsilon, rdp_per_round, rdp_to_epsilon
 from defenses.ae_dpfl import AEDPFL, AEDPFLParams, vote_histogram
 from defenses.base import AccountingSettings
 from defenses.clipping import clip_rows
 from defenses.ddgauss import DDGauss, DDGaussParams, DDGaussSetting
-from defenses.engine import TrainingConfig
 from defenses.flat import ParamLayout
 from defenses.noise import discrete_gaussian
 from defenses.rotation import hadamard, padded_dimension, random_signs, rotate, unrotate
 from defenses.secure_aggregation import modular_sum, wrap
+from defenses.subsampled_rdp import poisson_subsampled_rdp
+from defenses.training_job import TrainingConfig
 from tests.defenses.test_blur_lus import _round_context
 
 

@@ -22,12 +22,12 @@ from defenses.dp_fedsam import (
     SAMObjective,
     sam_perturbation,
 )
-from defenses.engine import TrainingConfig
 from defenses.fed_smp import FedSMPParams, FedSMPRandK, FedSMPTopK
 from defenses.fedavg import DPFedAvg, DPFedAvgParams, FedAvg
 from defenses.flat import ParamLayout, parameters_of
 from defenses.local_training import LocalObjective
 from defenses.sparsify import kept_per_tensor
+from defenses.training_job import TrainingConfig
 from tests.defenses.test_blur_lus import _round_context, _same
 
 

@@ -16,8 +16,9 @@ from scipy import stats
 from audit.core.errors import UserInputError
 from defenses.base import AccountingSettings
 from defenses.clipping import clip_rows
-from defenses.engine import RecordSpec, RoundContext, TrainingConfig, sample_participants
+from defenses.engine import sample_participants
 from defenses.fedavg import DPFedAvg, DPFedAvgParams, FedAvg
+from defenses.training_job import RecordSpec, RoundContext, TrainingConfig
 
 
 def _max_difference(a: dict, b: dict) -> float:

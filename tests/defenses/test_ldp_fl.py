@@ -11,7 +11,6 @@ import torch
 
 from attacks.mechanism_audit import audit_two_point
 from defenses.base import AccountingSettings
-from defenses.engine import RecordSpec, TrainingConfig
 from defenses.flat import ParamLayout
 from defenses.ldp import (
     perturb,
@@ -21,6 +20,7 @@ from defenses.ldp import (
     two_point_magnitude,
 )
 from defenses.ldp_fl import LDPFL, LDPFLParams, split_and_shuffle
+from defenses.training_job import RecordSpec, TrainingConfig
 from tests.defenses.test_blur_lus import _round_context
 
 

@@ -12,19 +12,15 @@ import torch
 import torch.nn.functional as F
 from scipy import stats
 
-from defenses.accounting import (
-    INTEGER_ORDERS,
-    GaussianSchedule,
-    compute_epsilon,
-    rdp_per_round,
-    without_replacement_subsampled_rdp,
-)
+from defenses.accounting import GaussianSchedule, compute_epsilon, rdp_per_round
 from defenses.dp_fedsam import sam_perturbation
 from defenses.dp_sgd import DPSGDObjective
-from defenses.engine import TrainingConfig, sample_participants
+from defenses.engine import sample_participants
 from defenses.fedavg import DPFedAvg, DPFedAvgParams
-from defenses.fl_top import FLCSDP, FLCSDPParams
+from defenses.fl_cs import FLCSDP, FLCSDPParams
 from defenses.mechanisms import make_mechanism
+from defenses.subsampled_rdp import INTEGER_ORDERS, without_replacement_subsampled_rdp
+from defenses.training_job import TrainingConfig
 from tests.defenses.test_blur_lus import _round_context
 
 

@@ -15,9 +15,10 @@ from attacks.conformance import probe_setup
 from defenses.base import DEFENSES, AccountingSettings
 from defenses.catalog import DEFENSES as REGISTERED
 from defenses.dp_fedsam import DPFedSAMTopK, DPFedSAMTopKParams
-from defenses.engine import FederatedEngine, RoundContext, TrainingConfig
+from defenses.engine import FederatedEngine
 from defenses.fed_smp import FedSMPParams, FedSMPRandK
 from defenses.fedavg import DPFedAvg, DPFedAvgParams
+from defenses.training_job import RoundContext, TrainingConfig
 
 TRIALS = 150
 

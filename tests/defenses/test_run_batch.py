@@ -10,10 +10,10 @@ import torch
 
 from defenses.blur_lus import BLURParams, DPFedAvgBLUR
 from defenses.dp_fedsam import DPFedSAM, DPFedSAMParams
-from defenses.engine import RecordSpec
 from defenses.fedavg import DPFedAvg, DPFedAvgParams, FedAvg
 from defenses.local_training import LocalSchedule
 from defenses.run_batch import joinable, train_together
+from defenses.training_job import RecordSpec
 from defenses.udp_fl import UDPFL
 
 

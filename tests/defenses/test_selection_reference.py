@@ -14,8 +14,8 @@ import torch.nn.functional as F
 
 from defenses.blur_lus import DPFedAvgLUS, LUSParams
 from defenses.dp_fedsam import DPFedSAMTopK, DPFedSAMTopKParams
-from defenses.fl_top import select_top_k
 from defenses.sparsify import exact_count, exact_fraction, kept_per_tensor
+from defenses.top_k_selection import select_top_k
 from tests.defenses.test_blur_lus import _round_context
 
 

@@ -13,21 +13,17 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
 
 from audit.cli import main
 from audit.core.errors import UserInputError
+from audit.core.typed_json import from_json
+from reports.document import Results, results_schema
+from reports.gate import FAIL, PASS, SKIP, evaluate_policy, load_results
 from reports.junit import junit_xml
-from reports.policy import (
-    FAIL,
-    PASS,
-    SKIP,
-    evaluate_policy,
-    load_policy,
-    load_results,
-    parse_policy,
-)
+from reports.policy import load_policy, parse_policy
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 
@@ -78,28 +74,49 @@ def _stored(experiment: dict) -> dict:
     claim = experiment["claim"]
     claim.setdefault("mechanism", "")
     claim.setdefault("notes", "")
+    claim.setdefault("alternatives", {})
     claim.setdefault("relation", "add-remove" if claim["epsilon"] is not None else "none")
     claim.setdefault("adversary", "released")
     claim.setdefault("adversaries", [])
+    for value in experiment["utility"].values():
+        value.setdefault("runs", 8)
     for attack in experiment["attacks"]:
         if attack.get("kind") in ("membership", "canary"):
             attack["metrics"].setdefault("tpr_at_fpr_0.1%", estimate(0.0, 0.0, 0.05))
         attack.setdefault("roc", {"fpr": [], "tpr": []})
         attack.setdefault("figures", [])
-    for key, empty in (("rounds", []), ("diagnostics", {}), ("runs", [])):
+    unmeasured = {**estimate(None), "runs": 8}
+    diagnostics = {name: unmeasured for name in ("train_accuracy", "generalization_gap", "clip_fraction",
+                                                 "update_norm_median_first_round", "update_norm_median_last_round")}
+    for key, empty in (("reference", ""), ("params", {}), ("training", {}), ("server_view", ""), ("rounds", []),
+                       ("diagnostics", diagnostics), ("runs", []), ("canary_runs", {}), ("status", "completed")):
         experiment.setdefault(key, empty)
     return experiment
+
+
+def document_of(experiments: list[dict]) -> dict:
+    """A minimal valid results.json document (schema_version 2.1) holding ``experiments``."""
+    audit = {"name": "test", "seed": 0, "dataset": "digits", "dataset_source": "test", "kind": "image", "pool_size": 400,
+             "test_size": 200, "clients": 5, "partition": "iid", "model": "mlp", "model_parameters": 1000,
+             "membership_runs": 8, "membership_unit": "client", "accounting": {}, "metric_definitions": {}}
+    return {"schema_version": "2.1", "tool": {"name": "dpfl-audit", "version": "0.1.0", "dp_accounting": None},
+            "audit": audit, "config": {}, "versions": {}, "experiments": [_stored(e) for e in experiments], "rows": []}
+
+
+def results_of(experiments: list[dict]) -> Results:
+    document = document_of(experiments)
+    assert results_schema_validator().is_valid(document), next(results_schema_validator().iter_errors(document)).message
+    return from_json(Results, document)
+
+
+def results_schema_validator():
+    return jsonschema.Draft202012Validator(results_schema())
 
 
 def write_results(folder: Path, experiments: list[dict]) -> Path:
     """A results directory holding a minimal valid results.json (schema_version 2.1)."""
     folder.mkdir(parents=True, exist_ok=True)
-    audit = {"name": "test", "seed": 0, "dataset": "digits", "kind": "image", "pool_size": 400, "test_size": 200,
-             "clients": 5, "model": "mlp", "membership_runs": 8, "membership_unit": "client", "accounting": {},
-             "metric_definitions": {}}
-    document = {"schema_version": "2.1", "tool": {"name": "dpfl-audit", "version": "0.1.0"}, "audit": audit,
-                "config": {}, "experiments": [_stored(e) for e in experiments], "rows": []}
-    (folder / "results.json").write_text(json.dumps(document, indent=2), encoding="utf-8")
+    (folder / "results.json").write_text(json.dumps(document_of(experiments), indent=2), encoding="utf-8")
     return folder
 
 
@@ -111,8 +128,7 @@ def write_policy(path: Path, rules: list[dict] | str) -> Path:
 
 def outcomes_of(rules: list[dict], experiments: list[dict], baseline: list[dict] | None = None):
     policy = parse_policy({"rules": rules})
-    return evaluate_policy(policy, {"experiments": experiments},
-                           None if baseline is None else {"experiments": baseline})
+    return evaluate_policy(policy, results_of(experiments), None if baseline is None else results_of(baseline))
 
 
 HOLDING_RULES = [
@@ -161,19 +177,25 @@ def test_json_output_matches_the_exit_code(tmp_path, capsys):
 @pytest.mark.parametrize("policy_text, expected", [
     ("rules:\n  - kind: max\n    metric: [auc\n", "is not valid YAML"),
     ("rules:\n  - {kind: no-violation}\n  - {kind: no-violation}\n  - {kind: maxx, metric: auc, value: 0.6}\n",
-     "rules[2].kind: unknown rule 'maxx'; allowed: max, min, no-violation, no-regression"),
-    ("rules:\n  - {kind: max, attack: lira-online, metric: auc}\n", "rules[0].value: missing"),
-    ("rules:\n  - {kind: max, metric: auc, value: high}\n", "rules[0].value: expected a finite number"),
+     "rules[2].kind: 'maxx' is not allowed; allowed: max, min, no-violation, no-regression"),
+    ("rules:\n  - {kind: max, attack: lira-online, metric: auc}\n", "rules[0].value: required field is missing"),
+    ("rules:\n  - {kind: max, metric: auc, value: high}\n", "rules[0].value: must be a number, got 'high'"),
     ("rules:\n  - {kind: max, metric: auc, value: 0.6, use: median}\n", "rules[0].use: 'median' is not allowed; allowed: value, ci_low, ci_high"),
-    ("rules:\n  - {kind: min, metirc: auc, metric: auc, value: 0.6}\n", "rules[0].metirc: unknown field for a min rule; allowed:"),
-    ("rules:\n  - {kind: no-regression, require: 'yes'}\n", "rules[0].require: expected true or false"),
+    ("rules:\n  - {kind: min, metirc: auc, metric: auc, value: 0.6}\n", "rules[0].metirc: unknown field; allowed: kind, name, defense, experiment, attack, metric, value, use"),
+    ("rules:\n  - {kind: no-regression, require: 'yes'}\n", "rules[0].require: must be true or false"),
     ("rules:\n  - {kind: no-regression, tolerance: -1}\n", "rules[0].tolerance: must be >= 0"),
     ("rules:\n  - {kind: no-violation, warnings: loud}\n", "rules[0].warnings: 'loud' is not allowed; allowed: ignore, fail"),
     ("rules:\n  - {name: a, kind: no-violation}\n  - {name: a, kind: no-violation}\n", "rules[1].name: 'a' is already"),
-    ("version: 2\nrules:\n  - {kind: no-violation}\n", "version: 2 is not supported; allowed: 1"),
-    ("rules: []\n", "rules: expected a non-empty list"),
+    ("version: 2\nrules:\n  - {kind: no-violation}\n", "version: 2 is not allowed; allowed: 1"),
+    ("rules: []\n", "rules: must list at least 1 value(s)"),
     ("rule:\n  - {kind: no-violation}\n", "rule: unknown field; allowed: version, rules"),
-    ("rules:\n  - no-violation\n", "rules[0]: expected a mapping"),
+    ("rules:\n  - no-violation\n", "rules[0]: must be a mapping"),
+    ("rules:\n  - {metric: auc, value: 0.6}\n", "rules[0].kind: required field is missing; allowed: max, min, no-violation, no-regression"),
+    ("rules:\n  - {kind: no-violation, metric: auc}\n", "rules[0].metric: unknown field; allowed: kind, name, defense, experiment, warnings"),
+    ("rules:\n  - {kind: no-regression, metric: auc, metrics: [auc]}\n", "rules[0].metrics: give either metric (one) or metrics (a list), not both"),
+    ("rules:\n  - {kind: no-regression, metrics: [auc, auc]}\n", "rules[0].metrics: a metric is listed twice"),
+    ("rules:\n  - {kind: no-regression, metrics: [auc, ' ']}\n", "rules[0].metrics[1]: must be a non-empty string"),
+    ("rules:\n  - {kind: max, metric: auc, value: 0.6, defense: ''}\n", "rules[0].defense: must be a non-empty string"),
 ])
 def test_malformed_policy_exits_2_with_one_line_and_writes_nothing(tmp_path, capsys, policy_text, expected):
     results = write_results(tmp_path / "out", default_experiments())
@@ -377,7 +399,7 @@ def test_example_policy_and_workflow_are_valid():
     policy = load_policy(REPOSITORY / "examples" / "policy.yaml")
     kinds = {rule.kind for rule in policy.rules}
     assert kinds == {"max", "min", "no-violation", "no-regression"}
-    outcomes = evaluate_policy(policy, {"experiments": default_experiments()})
+    outcomes = evaluate_policy(policy, results_of(default_experiments()))
     assert not [o for o in outcomes if "matched no" in o.sentence]  # every rule finds its target in the default audit
     workflow = yaml.safe_load((REPOSITORY / "examples" / "ci" / "github-workflow.yml").read_text(encoding="utf-8"))
     commands = "\n".join(step.get("run", "") for job in workflow["jobs"].values() for step in job["steps"])

@@ -64,8 +64,8 @@ def files_under(folder: Path) -> list[Path]:
 
 def test_results_written_by_the_code_load_check_and_report(audit_out, tmp_path, capsys):
     document, manifest, folder = load_results(audit_out)
-    assert document["schema_version"] == SCHEMA_VERSION and folder == audit_out
-    assert [e["key"] for e in document["experiments"]] == ["fedavg", "dp-fedavg-eps8"]
+    assert document.schema_version == SCHEMA_VERSION and folder == audit_out
+    assert [e.key for e in document.experiments] == ["fedavg", "dp-fedavg-eps8"]
     assert isinstance(manifest.get("versions", {}), dict)
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY, encoding="utf-8")

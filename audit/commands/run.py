@@ -1,0 +1,90 @@
+"""The commands that train: ``run`` and ``train`` (an audit's pipeline, from a config) and
+``reproduce`` (a paper's comparison on a CPU proxy, its claims checked).
+
+The pipeline, and torch with it, is imported inside each command, never at module level (see
+``audit.commands``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from audit.commands import EXIT_OK
+from audit.core.errors import UserInputError
+
+if TYPE_CHECKING:  # types only: this module loads no torch (see audit.commands)
+    from defenses.claims import PrivacyClaim
+    from reports.document import Results
+
+
+def _load(args: argparse.Namespace):
+    from audit.config import load_config
+
+    overrides: dict[str, Any] = {}
+    if args.seed is not None:
+        overrides["seed"] = args.seed
+    if args.device is not None:
+        overrides["device"] = args.device
+    return load_config(args.config, args.preset, overrides)
+
+
+def _server_epsilon(claim: PrivacyClaim) -> str:
+    """The claim against the server, for the summary table ('–' when not covered or no claim)."""
+    server = claim.against("server")
+    return f"{server.epsilon:.3g}" if server is not None and server.covered else "–"
+
+
+def _print_summary(results: Results) -> None:
+    print(f"{'configuration':<28} {'accuracy':>9} {'claimed ε':>10} {'server ε':>9} {'unit':>7}  leakage")
+    for experiment in results.experiments:
+        accuracy, claim = experiment.utility.test_accuracy.value, experiment.claim
+        leak = ", ".join(
+            f"{a.attack} AUC {a.metrics['auc'].value:.3f} TPR@1% {100 * a.metrics['tpr_at_fpr_1%'].value:.1f}%"
+            for a in experiment.attacks if a.kind != "run")
+        shown = "diverged" if experiment.diverged is not None else "n/a" if accuracy is None else f"{100 * accuracy:.1f}%"
+        print(f"{experiment.label[:28]:<28} {shown:>9} {(f'{claim.epsilon:.3g}' if claim.is_private else '∞'):>10} "
+              f"{_server_epsilon(claim):>9} {claim.unit:>7}  {leak}; soundness: {experiment.soundness}")
+
+
+def command_run(args: argparse.Namespace, attack: bool) -> int:
+    from audit.budget import check_budget
+    from audit.executors import check_executor, check_executor_plan
+    from audit.pipeline import run_audit
+    from audit.planning import plan_audit
+
+    check_executor(args.executor, args.workers, args.ray_address, args.batch_runs)  # for ray: that Ray is installed
+    config = _load(args)
+    if not (math.isfinite(args.max_hours) and args.max_hours >= 0):
+        raise UserInputError(f"--max-hours: must be a finite number >= 0 (0: no limit), got {args.max_hours:g}")
+    plan = plan_audit(config)  # every check happens here, before the output directory exists
+    check_executor_plan(args.executor, plan)
+    cost = check_budget(plan, args.out, args.max_hours)
+    if not args.quiet:
+        print(f"plan: {cost.describe()}", file=sys.stderr)
+    result = run_audit(config, Path(args.out), attack=attack, quiet=args.quiet, plan=plan, executor=args.executor,
+                       workers=args.workers, batch_runs=args.batch_runs, ray_address=args.ray_address)
+    paths = result["paths"]
+    if attack:
+        _print_summary(result["summary"])
+        print(f"report:  {paths['report']}")
+        print(f"results: {paths['results_csv']}, {paths['results_json']}")
+    else:
+        print(f"runs stored in {paths['runs']}")
+    return EXIT_OK
+
+
+def command_reproduce(args: argparse.Namespace) -> int:
+    from audit.reproduce import make_study, reproduce
+
+    study = make_study(args.study, args.quick, args.dataset, args.data_root, args.seeds)
+    if args.device is not None:
+        study.config["device"] = args.device
+    out = Path(args.out or f"reproduce-{args.study}{'-quick' if args.quick else ''}")
+    result = reproduce(study, out, quiet=args.quiet)
+    print(result["markdown"])
+    print(f"written: {result['paths']['md']}, {result['paths']['json']}, {result['paths']['csv']}")
+    return EXIT_OK

@@ -1,0 +1,75 @@
+"""FL-BASIC(-DP), the random-subset baseline of Kerkouche, Ács, Castelluccia, Genevès,
+"Constrained Differentially Private Federated Learning for Low-bandwidth Devices" (UAI 2021;
+spec 003 §4), on the frame of ``subset_training.py``.
+
+Each round the server draws a fresh random K-subset (K = ⌊r·n⌋), shared by all clients; clients
+train only those coordinates, the others stay at the previous global model. The full model goes
+down, K values go up. FL-BASIC-DP clips and noises the K-dim update as FL-TOP-DP does (Alg. 3,
+under secure aggregation), with S the median over 100 random subsets of the public round's
+update norm (§2.6).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from audit.core.seeding import torch_generator
+from defenses.base import DEFENSES
+from defenses.subset_training import (
+    SubsetDPParams,
+    SubsetFL,
+    SubsetParams,
+    kept_count,
+    masked_public_update,
+)
+from defenses.training_job import RoundContext
+
+
+@dataclass(frozen=True)
+class FLBasicDPParams(SubsetDPParams):
+    calibration_subsets: int = field(default=100, metadata={"min": 1, "help": "random subsets for the median clip (§2.6)"})
+
+
+class _Basic(SubsetFL):
+    downstream_full = True
+
+    def trainable(self, ctx: RoundContext) -> torch.Tensor:
+        dim = ctx.layout.dim
+        order = torch.randperm(dim, generator=ctx.server_generator("random-subset"))
+        mask = torch.zeros(dim, dtype=torch.bool)
+        mask[order[:kept_count(self.params.keep_fraction, dim)]] = True
+        return mask.to(ctx.global_vector.device)
+
+    def prepare(self, job, model=None, initial=None) -> None:
+        super().prepare(job, model, initial)
+        if self.private and not self.params.clip:
+            dim = sum(p.numel() for p in initial.values())
+            keep = kept_count(self.params.keep_fraction, dim)
+            norms = []
+            for k in range(self.params.calibration_subsets):
+                order = torch.randperm(dim, generator=torch_generator(job.seed, "basic-calibration", k))
+                mask = torch.zeros(dim, dtype=torch.bool)
+                mask[order[:keep]] = True
+                update = masked_public_update(model, initial, mask.to(job.pool_x.device), *self._public, job.training, job.seed)
+                norms.append(float(torch.linalg.vector_norm(update.double())))
+            self._clip = float(np.median(norms))
+
+
+@DEFENSES.register("fl-basic")
+class FLBasic(_Basic):
+    name = "fl-basic"
+    summary = "Clients train and upload a fresh random K-subset each round; the full model goes down (non-private)"
+    reference = "Kerkouche et al. 2021 (§4 baseline FL-BASIC)"
+    Params = SubsetParams
+
+
+@DEFENSES.register("fl-basic-dp")
+class FLBasicDP(_Basic):
+    name = "fl-basic-dp"
+    summary = "FL-BASIC with clipping and noise under secure aggregation"
+    reference = "Kerkouche et al. 2021 (§4 baseline FL-BASIC-DP)"
+    Params = FLBasicDPParams
+    private = True

@@ -1,0 +1,257 @@
+"""The frame that Kerkouche, Ács, Castelluccia, Genevès, "Constrained Differentially Private
+Federated Learning for Low-bandwidth Devices" (UAI 2021; spec 003 §2) builds all its algorithms
+on: clients train a subset of the coordinates and exchange only what the algorithm says.
+
+* **Top_k-SGD** (Alg. 2): :class:`MaskedObjective` zeroes the gradients outside the trainable
+  coordinates, so (plain SGD, no weight decay) the frozen weights keep their bits.
+* **The round** (Alg. 1, 3): each client's update restricted to the trainable coordinates; the
+  DP variants clip it to S and add N(0, (Sσ)²/|𝕂|) on the exchanged coordinates, and secure
+  aggregation gives the server only the sum (§2.4). :func:`masked_public_update` is the one
+  server-side round on the public batch that calibrates S (§2.4, §2.6).
+* **Bandwidth** (§2.9): every round logs the exact bits each participating client sends and
+  receives (32-bit floats), and the claim states the paper's table formula
+  KB = ⌊r·n⌋·32·Round·C/8000 (:func:`table_kilobytes`, K = :func:`kept_count`).
+* **Accounting**: each round is a sampled Gaussian (Poisson rate C, multiplier σ) on the client
+  level; the observers of the released models get the amplified ε, the server, which picks 𝕂,
+  none of the amplification.
+
+The algorithms: FL-TOP(-DP) in ``fl_top.py``, FL-BASIC(-DP) in ``fl_basic.py``, FL-STD(-DP) in
+``fl_std.py``, FL-CS(-DP) in ``fl_cs.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from audit.core.errors import UserInputError
+from audit.core.seeding import numpy_rng
+from defenses.accounting import (
+    GaussianSchedule,
+    calibrate_noise,
+    epsilon_trajectory,
+)
+from defenses.base import AccountingSettings, Defense, PrivacyClaim
+from defenses.claims import GaussianRounds, gaussian_adversaries
+from defenses.clipping import clip_rows
+from defenses.local_training import (
+    LocalObjective,
+    LocalSchedule,
+    OptimizerSettings,
+    client_batches,
+    train_batched,
+)
+from defenses.noise import gaussian_rows
+from defenses.sparsify import exact_count
+from defenses.training_job import RoundContext, TrainingConfig
+
+BITS_PER_FLOAT = 32
+
+
+def table_kilobytes(floats: int, rounds: int, client_rate: float) -> float:
+    """The paper's bandwidth cell (spec 003 §2.9): floats·32·Round·C/8000, in KB of 1000 bytes."""
+    return floats * BITS_PER_FLOAT * rounds * client_rate / 8000.0
+
+
+def kept_count(fraction: float, dim: int) -> int:
+    """K = ⌊r·n⌋ in exact arithmetic (the floor reproduces the paper's byte counts exactly)."""
+    return exact_count(fraction, dim, "floor")
+
+
+# --------------------------------------------------------------------------- the masked local step
+
+
+class MaskedObjective(LocalObjective):
+    """Top_k-SGD (Alg. 2): gradients outside the trainable coordinates are zero, so with plain SGD
+    (no weight decay) those weights stay bit-identical; a defense sets the mask every round."""
+
+    #: the mask is chosen per run and round (:meth:`begin_round`): runs train their own clients
+    joins_runs = False
+
+    def __init__(self, defense):
+        self.defense = defense
+        self.mask: dict[str, torch.Tensor] | None = None
+
+    def set_mask(self, flat_mask: torch.Tensor | None, like: dict[str, torch.Tensor]) -> None:
+        if flat_mask is None:
+            self.mask = None
+            return
+        out, start = {}, 0
+        for name, p in like.items():
+            out[name] = flat_mask[start:start + p.numel()].view(p.shape).to(p.dtype)
+            start += p.numel()
+        self.mask = out
+
+    def begin_round(self, ctx) -> None:
+        self.set_mask(self.defense.trainable(ctx), ctx.global_params())
+
+    def batched_gradient(self, model, params, anchor, x, y, mask):
+        gradients = super().batched_gradient(model, params, anchor, x, y, mask)
+        return gradients if self.mask is None else {n: g * self.mask[n] for n, g in gradients.items()}
+
+    def module_backward(self, model, anchor, x, y):
+        super().module_backward(model, anchor, x, y)
+        if self.mask is not None:
+            for name, p in model.named_parameters():
+                p.grad.mul_(self.mask[name])
+
+
+def masked_public_update(model, initial, mask: torch.Tensor, x, y, training: TrainingConfig, seed: int) -> torch.Tensor:
+    """One client-like local round on the public batch with only ``mask`` trainable (§2.4): the update vector."""
+    batches = client_batches(len(y), training.local_unit, training.local_steps, training.batch_size,
+                             numpy_rng(seed, "public", "calibration"))
+    schedule = LocalSchedule.build([batches], [np.arange(len(y))])
+    objective = MaskedObjective(None)
+    objective.set_mask(mask, initial)
+    local = train_batched(model, objective, initial, schedule, x, y, OptimizerSettings(training.lr))
+    names = list(initial)
+    return torch.cat([(local[n][0] - initial[n]).reshape(-1) for n in names])
+
+
+# --------------------------------------------------------------------------- the frame
+
+
+@dataclass(frozen=True)
+class SubsetParams:
+    keep_fraction: float = field(default=0.05, metadata={"min": 0.0, "max": 1.0, "min_exclusive": True,
+                                                         "help": "r: share of the n coordinates exchanged (K = ⌊r·n⌋)"})
+    public_size: int = field(default=10, metadata={"min": 1, "help": "server's public batch, drawn from the held-out split"})
+
+
+@dataclass(frozen=True)
+class SubsetDPParams(SubsetParams):
+    clip: float = field(default=0.0, metadata={"min": 0.0, "help": "S (0: calibrate on the public batch, §2.4/§2.6)"})
+    noise_multiplier: float = field(default=1.5406, metadata={"min": 0.0, "min_exclusive": True,
+                                                              "help": "σ: noise of the sum is Sσ (set from 'epsilons')"})
+
+
+class SubsetFL(Defense):
+    """Shared round logic: a trainable-coordinate mask, what is exchanged, optional clip and noise."""
+
+    downstream_full: ClassVar[bool] = False  # the full model goes down (FL-BASIC, FL-STD, FL-CS)
+    extra_rounds: ClassVar[int] = 0
+
+    def __init__(self, params=None, layout=None):
+        super().__init__(params, layout)
+        self._clip = getattr(self.params, "clip", 0.0)
+        self._public: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def observes(self) -> str:
+        return "aggregate" if self.private else "uploads"
+
+    def canary_norm(self, honest_norms: torch.Tensor) -> float:
+        # S, once calibrated on the public batch (the DP variants clip the exchanged vector to S)
+        return float(self._clip) if self.private and self._clip > 0 else super().canary_norm(honest_norms)
+
+    def validate(self, training: TrainingConfig, num_clients: int) -> None:
+        if training.weight_decay:
+            raise UserInputError(f"training.weight_decay: {self.name} freezes coordinates, which weight decay would move; use 0")
+        if training.aggregation != "uniform":
+            raise UserInputError(f"training.aggregation: {self.name} averages uniformly (Alg. 1); use 'uniform'")
+
+    # ---------------------------------------------------------------- round structure
+
+    def trainable(self, ctx: RoundContext) -> torch.Tensor | None:
+        """Boolean mask of the coordinates clients train this round (None: all)."""
+        return None
+
+    def local_objective(self) -> LocalObjective:
+        return MaskedObjective(self)
+
+    def upload_floats(self, dim: int) -> int:
+        return kept_count(self.params.keep_fraction, dim)
+
+    def download_floats(self, dim: int) -> int:
+        return dim if self.downstream_full else kept_count(self.params.keep_fraction, dim)
+
+    def prepare(self, job, model=None, initial=None) -> None:
+        # the server's public batch comes from the held-out split, and those records then leave the
+        # split that measures accuracy (:meth:`test_split`): a model must not be scored on its own data
+        choice = numpy_rng(job.seed, "public").choice(len(job.test_y), size=min(self.params.public_size, len(job.test_y) - 1),
+                                                      replace=False)
+        public = np.zeros(len(job.test_y), dtype=bool)
+        public[choice] = True
+        index = torch.as_tensor(np.flatnonzero(public), device=job.test_x.device)
+        self._public = (job.test_x[index], job.test_y[index])
+        self._evaluation = torch.as_tensor(np.flatnonzero(~public), device=job.test_x.device)
+        self._seed = job.seed
+
+    def test_split(self, job) -> tuple[torch.Tensor, torch.Tensor]:
+        return job.test_x[self._evaluation], job.test_y[self._evaluation]
+
+    def bandwidth(self, dim: int) -> dict[str, float]:
+        return {"bits_up_per_client": BITS_PER_FLOAT * self.upload_floats(dim),
+                "bits_down_per_client": BITS_PER_FLOAT * self.download_floats(dim)}
+
+    def privatize(self, updates: torch.Tensor, ctx: RoundContext) -> tuple[torch.Tensor, dict]:
+        mask = self.trainable(ctx)
+        sparse = updates if mask is None else updates * mask.to(updates.dtype)
+        diagnostics = {**self.bandwidth(updates.shape[1]),
+                       "clip_input_norms": torch.linalg.vector_norm(sparse.to(torch.float64), dim=1)}
+        if not self.private:
+            return sparse, diagnostics
+        clipped, _, was_clipped = clip_rows(sparse, self._clip)
+        std = self._clip * self.params.noise_multiplier / math.sqrt(len(ctx.participants))
+        generators = [ctx.client_generator(int(c), "noise") for c in ctx.participants]
+        noise = gaussian_rows(len(ctx.participants), updates.shape[1], std, generators, updates.device)
+        if mask is not None:
+            noise = noise * mask.to(noise.dtype)  # noise only on the exchanged coordinates
+        diagnostics.update(clip_fraction=float(was_clipped.double().mean()), clip=self._clip)
+        return clipped + noise, diagnostics
+
+    def aggregate(self, uploads: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
+        return uploads.sum(0) / len(ctx.participants)  # with SecAgg the server only ever forms this sum
+
+    # ---------------------------------------------------------------- accounting
+
+    def schedule(self, training: TrainingConfig, num_clients: int, rounds: int | None = None) -> GaussianSchedule:
+        steps = (training.rounds if rounds is None else rounds) + self.extra_rounds
+        return GaussianSchedule(self.params.noise_multiplier, training.sampling_rate(num_clients), steps,
+                                training.sampling, num_clients)
+
+    def calibrate(self, target_epsilon, delta, training, num_clients, accounting) -> Defense:
+        if not self.private:
+            return super().calibrate(target_epsilon, delta, training, num_clients, accounting)
+        sigma = calibrate_noise(target_epsilon, self.schedule(training, num_clients), delta,
+                                accounting.accountant, accounting.conversion)
+        return self.with_params(noise_multiplier=sigma)
+
+    def privacy_claim(self, training, num_clients, rounds, delta, accounting: AccountingSettings) -> PrivacyClaim:
+        dim = self.layout.dim if self.layout is not None else 0
+        kilobytes = {"table_kb_up": table_kilobytes(self.upload_floats(dim), rounds, training.sampling_rate(num_clients)),
+                     "table_kb_down": table_kilobytes(self.download_floats(dim), rounds, training.sampling_rate(num_clients))}
+        if not self.private:
+            claim = PrivacyClaim.non_private(f"non-private; bandwidth per client (paper's formula): {kilobytes['table_kb_up']:.2f} KB up, "
+                                             f"{kilobytes['table_kb_down']:.2f} KB down")
+            return replace(claim, alternatives=kilobytes)
+        schedule = self.schedule(training, num_clients, rounds)
+        largest = training.round_size(num_clients) if training.sampling == "fixed" else num_clients
+        sigma = self.params.noise_multiplier
+        # Alg. 3: client noise Sσ/√|𝕂| under secure aggregation, so the server sees the sum (σ) and
+        # knows 𝕂 (no amplification); one upload alone carries σ/√|𝕂| ≥ σ/√m_max
+        reach = GaussianRounds(sigma, sigma / math.sqrt(largest), "aggregate", schedule.steps,
+                               training.sampling_rate(num_clients), training.sampling, num_clients,
+                               "secure aggregation: the server sees only the sum, but it picks the participants 𝕂")
+        adversaries = gaussian_adversaries(reach, delta, accounting.accountant, accounting.conversion)
+        released = adversaries[0]
+        notes = ["client-level; requires secure aggregation (each client's own noise is only Sσ/√|𝕂|)",
+                 "the amplified ε holds against observers of the released models; the server, which picks 𝕂, "
+                 f"gets ε = {adversaries[1].epsilon:.4g}",
+                 "the clip S is calibrated on public data" if not getattr(self.params, "clip", 0.0) else "fixed clip S",
+                 f"bandwidth per client (paper's formula): {kilobytes['table_kb_up']:.2f} KB up, {kilobytes['table_kb_down']:.2f} KB down"]
+        if self.extra_rounds:
+            notes.append("private Top-K selection costs one extra noisy round, accounted")
+        return PrivacyClaim(released.epsilon, delta, "client", released.accountant, schedule.describe(), "; ".join(notes),
+                            kilobytes, relation=released.relation, adversary="released", adversaries=adversaries)
+
+    def epsilon_trajectory(self, training, num_clients, delta, accounting) -> list[float] | None:
+        if not self.private:
+            return None
+        schedule = self.schedule(training, num_clients, training.rounds)
+        trajectory = epsilon_trajectory(schedule, delta, accounting.conversion)
+        return [float(e) for e in trajectory[self.extra_rounds:]]

@@ -1,0 +1,276 @@
+"""The results document (``results.json``) as types: one source for the file, its reader and its schema.
+
+:class:`Results` and the frozen dataclasses under it *are* the format: ``results.json`` is
+:func:`audit.core.typed_json.to_json` of a :class:`Results`, ``reports/schema/results.schema.json``
+is :func:`results_schema` (a test keeps the file equal to it), and every consumer — the tidy
+rows, the HTML report, the CI gate, ``reproduce`` — reads these types, not string keys.
+
+Members are the positive class of membership metrics; every estimate carries a value and, where
+one applies, a 95 % interval (``null`` when none). The claim is the defense's own
+:class:`defenses.claims.PrivacyClaim` (one figure per observer).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from audit.core.atomic import dumps, write_text
+from audit.core.typed_json import json_schema
+from defenses.claims import PrivacyClaim
+
+SCHEMA_VERSION = "2.1"
+#: the published JSON Schema of results.json (:func:`results_schema`; ``python -m reports.document`` rewrites it)
+SCHEMA_FILE = Path(__file__).with_name("schema") / "results.schema.json"
+
+#: a verdict's status, most serious first (the order in which an experiment's status is chosen)
+Status = Literal["violation", "estimate above claim", "consistent", "not covered", "no claim", "no measurement"]
+EpsilonKind = Literal["lower_bound", "estimate"]
+#: the ε figures an attack may carry, and what each is
+EPSILON_METRICS = ("epsilon_lower_bound", "epsilon_one_run", "epsilon_gaussian_fit")
+_OPTIONAL = {"omit_if_none": True}
+_SEED_MAX = 2**64 - 1
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A figure with its 95 % interval (null bounds where none applies)."""
+
+    value: float | None
+    ci_low: float | None
+    ci_high: float | None
+
+
+@dataclass(frozen=True)
+class MeanOverRuns(Estimate):
+    """The mean over the runs with a Student-t 95 % interval; ``per_run`` lists the finite values
+    (written when there are two or more)."""
+
+    runs: int = field(default=0, metadata={"min": 0, "help": "runs averaged (including runs without a finite value)"})
+    per_run: list[float] | None = field(default=None, metadata=_OPTIONAL)
+
+
+@dataclass(frozen=True)
+class Utility:
+    test_accuracy: MeanOverRuns
+    test_loss: MeanOverRuns
+
+
+@dataclass(frozen=True)
+class Sharpness:
+    """Mean rise of the training loss at each radius of weight perturbation (spec 002 §6)."""
+
+    radii: list[float] = field(metadata={"json_schema": {"minItems": 1}})
+    mean_rise: list[float | None] = field(metadata={"json_schema": {"minItems": 1}})
+    max_rise: list[float | None]
+
+
+@dataclass(frozen=True)
+class Robustness:
+    """Test accuracy under Gaussian weight noise of each standard deviation."""
+
+    stds: list[float]
+    accuracy: list[float | None]
+    accuracy_drop: list[float | None]
+
+
+@dataclass(frozen=True)
+class Diagnostics:
+    """Per-experiment diagnostics (spec 002 §6): train/test gap, clipping, update norms, flatness."""
+
+    train_accuracy: MeanOverRuns
+    generalization_gap: MeanOverRuns
+    clip_fraction: MeanOverRuns
+    update_norm_median_first_round: MeanOverRuns
+    update_norm_median_last_round: MeanOverRuns
+    bits_up_per_client_round: MeanOverRuns | None = field(default=None, metadata={
+        **_OPTIONAL, "help": "paper 003: exact bits a participating client sends per round"})
+    bits_down_per_client_round: MeanOverRuns | None = field(default=None, metadata={
+        **_OPTIONAL, "help": "paper 003: exact bits a participating client receives per round"})
+    sharpness: Sharpness | None = field(default=None, metadata=_OPTIONAL)
+    robustness: Robustness | None = field(default=None, metadata=_OPTIONAL)
+
+
+@dataclass(frozen=True)
+class Roc:
+    """A log-spaced subsample of the ROC curve (members are the positive class)."""
+
+    fpr: list[float] = field(metadata={"max": 1.0})
+    tpr: list[float] = field(metadata={"max": 1.0})
+
+
+@dataclass(frozen=True)
+class Figure:
+    title: str
+    png: str = field(metadata={"json_schema": {"contentEncoding": "base64"}})
+    caption: str
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Is one ε figure compatible with the claim? (:mod:`reports.soundness`)"""
+
+    metric: str
+    unit: str
+    kind: EpsilonKind
+    measured: float | None = field(metadata={"help": "the figure compared: a bound, or an estimate's interval's lower end"})
+    claimed: float | None = field(metadata={"help": "the claim's headline ε (null: no finite claim)"})
+    bound: float | None = field(metadata={"help": "the ε the claim implies for this unit (null: not covered)"})
+    bound_delta: float | None
+    status: Status
+    text: str
+
+
+@dataclass(frozen=True)
+class AttackRecord:
+    """One attack's metrics on one experiment, with a verdict per ε figure."""
+
+    __json_schema__: ClassVar[dict[str, Any]] = {  # membership and canary attacks always report the ROC figures
+        "if": {"properties": {"kind": {"enum": ["membership", "canary"]}}},
+        "then": {"properties": {"metrics": {"required": ["auc", "tpr_at_fpr_0.1%", "tpr_at_fpr_1%"]}}},
+    }
+
+    attack: str
+    unit: str
+    notes: str
+    metrics: dict[str, Estimate]
+    epsilon_kind: dict[str, EpsilonKind] = field(metadata={"json_schema": {"propertyNames": {"enum": list(EPSILON_METRICS)}}})
+    roc: Roc
+    kind: Literal["membership", "canary", "run"]
+    figures: list[Figure]
+    verdicts: list[Verdict]
+
+
+@dataclass(frozen=True)
+class Skipped:
+    attack: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Diverged:
+    """Where training diverged: the lowest-index membership run that did, the 1-based round it
+    stopped at, and what was non-finite."""
+
+    run: int = field(metadata={"min": 0})
+    run_id: str
+    round: int = field(metadata={"min": 1})
+    what: str
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One configuration (a defense at one ε) and its N membership runs, summarised."""
+
+    __json_schema__: ClassVar[dict[str, Any]] = {
+        "if": {"properties": {"status": {"const": "diverged"}}, "required": ["status"]},
+        "then": {"required": ["diverged"]},
+    }
+
+    key: str
+    label: str
+    defense: str
+    reference: str
+    params: dict[str, Any]
+    training: dict[str, Any]
+    target_epsilon: float | None
+    claim: PrivacyClaim
+    server_view: str
+    utility: Utility
+    rounds: list[dict[str, int | float | None]] = field(metadata={
+        "help": "per round, the mean over runs of each metric logged (round: 1-based)",
+        "json_schema": {"items": {"type": "object", "required": ["round"],
+                                  "properties": {"round": {"type": "integer", "minimum": 1}},
+                                  "additionalProperties": {"type": ["number", "null"]}}}})
+    diagnostics: Diagnostics
+    attacks: list[AttackRecord]
+    soundness: Status
+    soundness_text: str
+    skipped_attacks: list[Skipped]
+    runs: list[str]
+    canary_runs: dict[str, list[str]]
+    status: Literal["completed", "diverged"] = field(metadata={
+        "help": "diverged: a membership run's training turned non-finite; the experiment has no utility, "
+                "attacks or diagnostics (see diverged, skipped_attacks)"})
+    diverged: Diverged | None = field(default=None, metadata=_OPTIONAL)
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: Literal["dpfl-audit"]
+    version: str
+    dp_accounting: str | None
+
+
+@dataclass(frozen=True)
+class AuditInfo:
+    """What was audited: the task, the partition, the model and the membership design."""
+
+    name: str
+    seed: int = field(metadata={"min": 0, "max": _SEED_MAX})
+    dataset: str
+    dataset_source: str
+    kind: Literal["image", "tabular"]
+    pool_size: int = field(metadata={"min": 0})
+    test_size: int = field(metadata={"min": 0})
+    clients: int = field(metadata={"min": 1})
+    partition: str
+    model: str
+    model_parameters: int = field(metadata={"min": 0})
+    membership_runs: int = field(metadata={"min": 1})
+    membership_unit: Literal["record", "client"]
+    accounting: dict[str, Any]
+    metric_definitions: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of the tidy table (results.csv): one (experiment, attack, metric)."""
+
+    run: str
+    dataset: str
+    defense: str
+    label: str
+    epsilon: float | None
+    delta: float | None
+    unit: str
+    accountant: str
+    seed: int
+    attack: str = field(metadata={"help": "attack name, or none for utility rows"})
+    metric: str
+    value: float | None
+    ci_low: float | None
+    ci_high: float | None
+
+
+@dataclass(frozen=True)
+class Results:
+    """What `dpfl-audit run` writes to results.json."""
+
+    schema_version: str = field(metadata={"json_schema": {"const": SCHEMA_VERSION}})
+    tool: Tool
+    audit: AuditInfo
+    config: dict[str, Any]
+    versions: dict[str, Any]
+    experiments: list[Experiment]
+    rows: list[Row]
+
+    def experiment(self, key: str) -> Experiment | None:
+        return next((e for e in self.experiments if e.key == key), None)
+
+
+def results_schema() -> dict[str, Any]:
+    """The JSON Schema of results.json, generated from :class:`Results`."""
+    return json_schema(Results, **{"$id": "dpfl-audit/results.schema.json", "title": "dpfl-audit results.json"})
+
+
+def write_schema(path: Path = SCHEMA_FILE) -> Path:
+    """Write the published JSON Schema of results.json; returns the path."""
+    write_text(path, dumps(results_schema()) + "\n")
+    return path
+
+
+if __name__ == "__main__":
+    print(write_schema(Path(sys.argv[1]) if len(sys.argv) > 1 else SCHEMA_FILE))
