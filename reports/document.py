@@ -26,7 +26,7 @@ SCHEMA_VERSION = "2.1"
 SCHEMA_FILE = Path(__file__).with_name("schema") / "results.schema.json"
 
 #: a verdict's status, most serious first (the order in which an experiment's status is chosen)
-Status = Literal["violation", "estimate above claim", "consistent", "not covered", "no claim", "no measurement"]
+Status = Literal["violation", "estimate above claim", "consistent", "not covered", "vacuous", "no claim", "no measurement"]
 EpsilonKind = Literal["lower_bound", "estimate"]
 #: the ε figures an attack may carry, and what each is
 EPSILON_METRICS = ("epsilon_lower_bound", "epsilon_one_run", "epsilon_gaussian_fit")

@@ -16,8 +16,10 @@ What a claim implies depends on the unit measured (:func:`claim_bound`):
 * a record under a client-level claim: adding a record to one client's data *replaces* that
   client (one removal plus one addition under add/remove adjacency), so group privacy of size 2
   gives (2ε, (1 + e^ε)·δ) — Dwork & Roth 2014, Thm 2.2 / Lemma 2.2 (group privacy);
+* a record under a client claim so weak that its group δ′ reaches 1: (2ε, δ′ ≥ 1) rules out no
+  test at all — the verdict says "vacuous" and gives δ′ (an ε lower bound can never contradict it);
 * anything else (a whole client under a record-level claim, any unit under a per-weight LDP
-  claim, a record under a client claim so weak that its group δ′ reaches 1): nothing — "not covered".
+  claim): nothing — "not covered".
 
 The ε figures of a measurement are computed at the δ of that bound (:func:`measurement_delta`),
 so that "TPR ≤ e^ε·FPR + δ" is tested with the δ the claim really allows.
@@ -37,29 +39,44 @@ ESTIMATE_ABOVE: Status = "estimate above claim"
 NOT_COVERED: Status = "not covered"
 NO_CLAIM: Status = "no claim"
 NO_MEASUREMENT: Status = "no measurement"
+VACUOUS: Status = "vacuous"
 
 #: precedence when one experiment collects many verdicts (the first present wins)
-PRECEDENCE: tuple[Status, ...] = (VIOLATION, ESTIMATE_ABOVE, CONSISTENT, NOT_COVERED, NO_CLAIM, NO_MEASUREMENT)
+PRECEDENCE: tuple[Status, ...] = (VIOLATION, ESTIMATE_ABOVE, CONSISTENT, NOT_COVERED, VACUOUS, NO_CLAIM, NO_MEASUREMENT)
 
 
 def _claimed_epsilon(claim: PrivacyClaim) -> float | None:
     return float(claim.epsilon) if claim.is_private else None
 
 
+def group_delta(claim: PrivacyClaim) -> float:
+    """δ′ = (1 + e^ε)·δ of a client-level claim for one record (group privacy of two add/remove
+    steps; Dwork & Roth 2014, Thm 2.2), +inf where e^ε overflows."""
+    epsilon = float(claim.epsilon)
+    return (1.0 + math.exp(epsilon)) * float(claim.delta or 0.0) if epsilon < 700 else math.inf
+
+
 def claim_bound(claim: PrivacyClaim, unit: str) -> tuple[float, float, str] | None:
-    """(ε, δ, basis) that ``claim`` implies for a measurement per ``unit``; None when it implies nothing."""
+    """(ε, δ, basis) that ``claim`` implies for a measurement per ``unit``; None when it implies
+    nothing (see :func:`vacuous_delta` for the case where it implies a bound that rules out nothing)."""
     epsilon = _claimed_epsilon(claim)
     if epsilon is None:
         return None
     delta = float(claim.delta or 0.0)
     if unit == claim.unit and unit in ("client", "record"):
         return epsilon, delta, "the claim"
-    if claim.unit == "client" and unit == "record":
-        group_delta = (1.0 + math.exp(epsilon)) * delta if epsilon < 700 else math.inf
-        if group_delta >= 1.0:  # (2ε, δ' ≥ 1) constrains nothing: the record is not covered
-            return None
-        return 2.0 * epsilon, group_delta, "group privacy: a record changes one client's data"
+    if claim.unit == "client" and unit == "record" and vacuous_delta(claim, unit) is None:
+        return 2.0 * epsilon, group_delta(claim), "group privacy: a record changes one client's data"
     return None
+
+
+def vacuous_delta(claim: PrivacyClaim, unit: str) -> float | None:
+    """δ′ ≥ 1 when what ``claim`` implies per ``unit`` is (2ε, δ′) with δ′ ≥ 1 — a bound that every
+    test satisfies (TPR ≤ 1 ≤ e^{2ε}·FPR + δ′) — else None."""
+    if _claimed_epsilon(claim) is None or claim.unit != "client" or unit != "record":
+        return None
+    delta = group_delta(claim)
+    return delta if delta >= 1.0 else None
 
 
 def measurement_delta(claim: PrivacyClaim, unit: str, default: float) -> float:
@@ -81,6 +98,12 @@ def verdict(claim: PrivacyClaim, unit: str, metric: str, estimate: Estimate, kin
     if out.claimed is None:
         return replace(out, status=NO_CLAIM, text=f"{figure} (no privacy claim)")
     bound = claim_bound(claim, unit)
+    vacuous = vacuous_delta(claim, unit)
+    if vacuous is not None:
+        return replace(out, status=VACUOUS,
+                       text=f"vacuous: per {unit}, the {claim.unit}-level claim ε = {out.claimed:.3g} implies "
+                            f"(2ε = {2 * out.claimed:.3g}, δ′ = (1 + e^ε)·δ = {vacuous:.3g}) by group privacy, and "
+                            f"δ′ ≥ 1 rules out no attack ({figure})")
     if bound is None:
         return replace(out, status=NOT_COVERED,
                        text=f"not covered: the claim is per {claim.unit}, the measurement per {unit} ({figure})")
