@@ -32,11 +32,12 @@ smaller of that and the figure for all T rounds (both are valid bounds).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from audit.core.typed_json import from_json, to_json
 from defenses.accounting import GaussianSchedule, accountant_label, compute_epsilon
 
 UNITS = ("client", "record", "weight", "none")
@@ -92,13 +93,12 @@ class AdversaryClaim:
         return self.epsilon is not None and math.isfinite(self.epsilon)
 
     def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["epsilon"] = self.epsilon if self.covered else None
-        return out
+        """As JSON (:func:`audit.core.typed_json.to_json`): ε null when not covered."""
+        return to_json(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AdversaryClaim:
-        return cls(**data)
+        return from_json(cls, data)
 
     @classmethod
     def not_covered(cls, adversary: str, why: str, observes: str = "", relation: str = "none") -> AdversaryClaim:
@@ -145,17 +145,13 @@ class PrivacyClaim:
         return next((a for a in self.adversaries if a.adversary == adversary), None)
 
     def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["epsilon"] = self.epsilon if self.is_private else None  # JSON has no infinity
-        out["adversaries"] = [a.as_dict() for a in self.adversaries]
-        return out
+        """As JSON (:func:`audit.core.typed_json.to_json`): ε null for no claim (JSON has no infinity)."""
+        return to_json(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PrivacyClaim:
-        data = dict(data)
-        data["epsilon"] = math.inf if data.get("epsilon") is None else float(data["epsilon"])
-        data["adversaries"] = tuple(AdversaryClaim.from_dict(a) for a in data.get("adversaries") or ())
-        return cls(**data)
+        """The inverse of :meth:`as_dict` (ε null → ∞, by the field's ``null_means``)."""
+        return from_json(cls, data)
 
     @classmethod
     def non_private(cls, notes: str = "") -> PrivacyClaim:

@@ -257,9 +257,6 @@ class Results:
     experiments: list[Experiment]
     rows: list[Row]
 
-    def experiment(self, key: str) -> Experiment | None:
-        return next((e for e in self.experiments if e.key == key), None)
-
 
 def results_schema() -> dict[str, Any]:
     """The JSON Schema of results.json, generated from :class:`Results`."""

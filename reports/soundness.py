@@ -65,9 +65,9 @@ def claim_bound(claim: PrivacyClaim, unit: str) -> tuple[float, float, str] | No
     delta = float(claim.delta or 0.0)
     if unit == claim.unit and unit in ("client", "record"):
         return epsilon, delta, "the claim"
-    if claim.unit == "client" and unit == "record" and vacuous_delta(claim, unit) is None:
-        return 2.0 * epsilon, group_delta(claim), "group privacy: a record changes one client's data"
-    return None
+    if claim.unit == "client" and unit == "record" and (delta_prime := group_delta(claim)) < 1.0:
+        return 2.0 * epsilon, delta_prime, "group privacy: a record changes one client's data"
+    return None  # δ′ ≥ 1 included: :func:`vacuous_delta` names that case
 
 
 def vacuous_delta(claim: PrivacyClaim, unit: str) -> float | None:
