@@ -22,7 +22,6 @@ score = more likely member — and the metrics computed from them.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -32,17 +31,12 @@ import torch
 from torch import nn
 
 from attacks.signals import view_inputs
+from audit.core.cluster_bootstrap import REPLICATES, two_way_intervals
+from audit.core.empirical_epsilon import OneRunAudit, one_run_audit
 from audit.core.errors import UserInputError
-from audit.core.metrics import (
-    Estimate,
-    auc,
-    balanced_accuracy,
-    held_out_epsilon_lower_bound,
-    reference_threshold_accuracy,
-    roc_points_for_plot,
-    tpr_at_fpr,
-)
+from audit.core.metrics import Estimate, best_accuracy_threshold, roc_points_for_plot
 from audit.core.registry import Registry
+from audit.core.seeding import numpy_rng
 from defenses.evaluation import logits_of
 
 UNITS = ("auto", "record", "client")
@@ -70,6 +64,8 @@ class MembershipExperiment:
     seed: int
     device: str = "cpu"
     unit: str = "record"  # what the runs include at random
+    relation: str = "add-remove"  # what one inclusion coin changes (audit.tasks): add/remove or replace-one
+    inclusion: float = 0.5  # probability of each coin
     owners: np.ndarray | None = None  # candidate client of each record (client unit)
     client_keep: np.ndarray | None = None  # bool [runs, candidate clients] (client unit)
     load_round: Callable[[int, int], dict[str, torch.Tensor]] | None = None  # run r's global model after round t
@@ -155,6 +151,11 @@ class AttackResult:
     figures: list[dict[str, str]] = field(default_factory=list)
     #: "membership" (scores per unit, ROC metrics), "canary" or "run" (metrics of their own)
     kind: str = "membership"
+    #: neighbouring relation of the design the scores come from (audit.tasks): one coin adds or
+    #: removes a unit, or replaces one client of a pair by the other
+    relation: str = "add-remove"
+    #: ε figure → the one-run counts behind it (their p-value against any claim; reports.soundness)
+    evidence: dict[str, OneRunAudit] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -163,42 +164,62 @@ class AttackResult:
 
 #: metric name → description
 MEMBERSHIP_METRICS = {
-    "auc": "ROC AUC (DeLong 95 % interval)",
-    "tpr_at_fpr_0.1%": "largest TPR with FPR ≤ 0.1 % (Clopper–Pearson 95 %)",
-    "tpr_at_fpr_1%": "largest TPR with FPR ≤ 1 % (Clopper–Pearson 95 %)",
-    "balanced_accuracy": "best balanced accuracy over thresholds (optimistic: the threshold sees the truth)",
-    "accuracy": "accuracy at the threshold that is best on the other runs (the target's truth unseen; Clopper–Pearson 95 %)",
-    "epsilon_lower_bound": "ε lower bound (one-sided Clopper–Pearson 95 %, threshold chosen on the other half of the targets)",
-    "epsilon_one_run": "ε lower bound of the one-run audit (Steinke, Nasr, Jagielski 2023; 95 %)",
+    "auc": "ROC AUC over all (run, unit) pairs (95 % interval: two-way bootstrap over runs and units, Cameron–Gelbach–Miller)",
+    "tpr_at_fpr_0.1%": "largest TPR with FPR ≤ 0.1 % (two-way bootstrap 95 %)",
+    "tpr_at_fpr_1%": "largest TPR with FPR ≤ 1 % (two-way bootstrap 95 %)",
+    "balanced_accuracy": "best balanced accuracy over thresholds (optimistic: the threshold sees the truth; two-way bootstrap 95 %)",
+    "accuracy": "accuracy at the threshold that is best on the other runs (the target's truth unseen; two-way bootstrap 95 %)",
+    "epsilon_one_run": "ε lower bound of the one-run count (Steinke, Nasr, Jagielski 2023; 95 %) over independent coins: "
+                       "canaries, or the (run, unit) pairs of target runs scored without each other's membership",
     "epsilon_gaussian_fit": "ε estimate from Gaussians fitted to inserted and held-out canaries (Andrew et al. 2024; bootstrap 95 %)",
 }
 
+#: the TPR operating points reported, as (metric name, FPR)
+OPERATING_POINTS = (("tpr_at_fpr_0.1%", 0.001), ("tpr_at_fpr_1%", 0.01))
 
-def membership_metrics(scores: np.ndarray, truth: np.ndarray, confidence: float = 0.95,
-                       delta: float = 0.0) -> tuple[dict[str, Estimate], tuple[list[float], list[float]]]:
-    """Metrics over all (target, unit) pairs pooled, and a ROC curve for plots.
 
-    The ε lower bound picks its threshold on the first half of the target runs and counts on
-    the second half, so the bound is not fitted to the data it is computed from; it is computed
-    at ``delta`` (the δ the claim allows for this unit, :func:`reports.soundness.measurement_delta`).
+def _reference_correct(scores: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    """correct[r, u] when each target run's threshold is the best one on the *other* runs."""
+    correct = np.zeros(truth.shape, dtype=bool)
+    for target in range(scores.shape[0]):
+        others = np.r_[0:target, target + 1:scores.shape[0]]
+        threshold = best_accuracy_threshold(scores[others].ravel(), truth[others].ravel())
+        correct[target] = (scores[target] >= threshold) == truth[target]
+    return correct
+
+
+def membership_metrics(scores: np.ndarray, truth: np.ndarray, seed: int, confidence: float = 0.95,
+                       delta: float = 0.0, coins: tuple[np.ndarray, np.ndarray] | None = None, bootstrap: int = REPLICATES
+                       ) -> tuple[dict[str, Estimate], tuple[list[float], list[float]], OneRunAudit | None]:
+    """Metrics over all (target, unit) pairs pooled, their intervals, a ROC curve for plots, and
+    the one-run ε bound.
+
+    Intervals come from :func:`audit.core.cluster_bootstrap.two_way_intervals`: scores of one
+    unit across runs and of one run across units are correlated, so no interval treats the
+    pairs as independent. ``coins`` = (scores, inserted) of independent inclusion coins whose
+    guesses may use any output but none of those coins' truth (target runs scored from other
+    runs' membership only, or canaries); the one-run count on them is a valid ε lower bound at
+    ``delta`` (the δ the claim allows for this unit, :func:`reports.soundness.measurement_delta`).
+    Without ``coins`` there is no ε figure.
     """
-    flat_scores, flat_truth = scores.ravel(), truth.ravel().astype(bool)
-    metrics = {
-        "auc": auc(flat_scores, flat_truth, confidence),
-        "tpr_at_fpr_0.1%": tpr_at_fpr(flat_scores, flat_truth, 0.001, confidence),
-        "tpr_at_fpr_1%": tpr_at_fpr(flat_scores, flat_truth, 0.01, confidence),
-        "balanced_accuracy": Estimate(balanced_accuracy(flat_scores, flat_truth)),
-    }
+    truth = truth.astype(bool)
+    rng = numpy_rng(seed, "metrics", "two-way-bootstrap")
+    extra = {}
     if scores.shape[0] >= 2:
-        metrics["accuracy"] = reference_threshold_accuracy(scores, truth, confidence)
-    half = scores.shape[0] // 2
-    calibration, test = slice(0, half), slice(half, None)
-    if half >= 1 and truth[calibration].any() and (~truth[calibration]).any() and truth[test].any() and (~truth[test]).any():
-        metrics["epsilon_lower_bound"] = held_out_epsilon_lower_bound(
-            scores[calibration].ravel(), truth[calibration].ravel(), scores[test].ravel(), truth[test].ravel(), confidence, delta)
-    else:
-        metrics["epsilon_lower_bound"] = Estimate(math.nan)
-    return metrics, roc_points_for_plot(flat_scores, flat_truth)
+        correct = _reference_correct(scores, truth).astype(np.float64)
+        extra["accuracy"] = lambda weights: float((weights * correct).sum() / weights.sum())
+    intervals = two_way_intervals(scores, truth, rng, confidence, tuple(f for _, f in OPERATING_POINTS), bootstrap, extra)
+    metrics = {"auc": intervals["auc"]}
+    for name, fpr in OPERATING_POINTS:
+        metrics[name] = intervals[f"tpr@{fpr}"]
+    metrics["balanced_accuracy"] = intervals["balanced_accuracy"]
+    if "accuracy" in intervals:
+        metrics["accuracy"] = intervals["accuracy"]
+    evidence = None
+    if coins is not None and len(coins[0]) >= 2:
+        evidence = one_run_audit(coins[0], coins[1], delta=delta, alpha=1.0 - confidence)
+        metrics["epsilon_one_run"] = evidence.as_estimate()
+    return metrics, roc_points_for_plot(scores.ravel(), truth.ravel()), evidence
 
 
 class Attack:
@@ -236,21 +257,64 @@ class MembershipAttack(Attack):
         raise NotImplementedError
 
     def result(self, variant: str, experiment: MembershipExperiment, record_scores: np.ndarray, notes: str,
-               records: np.ndarray | None = None) -> AttackResult:
+               records: np.ndarray | None = None, independent: tuple[np.ndarray, np.ndarray] | None = None) -> AttackResult:
         """Turn record scores [targets, records] into a result at the attack's unit; ``records``
-        names the columns when only some records were attacked (whole clients, for the client unit)."""
+        names the columns when only some records were attacked (whole clients, for the client unit).
+
+        ``independent`` = (row indices, record scores of those rows) whose scores use no row of
+        the set's membership (e.g. targets scored from reference runs outside the set): their
+        inclusion coins feed the one-run ε bound. Default: the last target run alone, whose
+        leave-one-out scores use only the other runs' membership.
+        """
         unit = experiment.resolve_unit(getattr(self.params, "unit", "auto"))
+        rows, row_scores = independent if independent is not None else (np.array([experiment.runs - 1]), record_scores[-1:])
+        scores, truth, covered = self._unit_scores(experiment, record_scores, unit, records)
+        bound_scores, bound_truth, _ = self._unit_scores(experiment, row_scores, unit, records, rows)
+        coins = design_coins(bound_scores[:, covered], bound_truth[:, covered], experiment.relation, unit, experiment.inclusion)
+        if experiment.relation == "replace-one" and not covered.all():
+            coins = None  # pairs need both clients scored
+        metrics, roc, evidence = membership_metrics(scores, truth, experiment.seed, delta=experiment.deltas.get(unit, 0.0),
+                                                    coins=coins)
+        note = f"one-run ε over {len(rows)} target run(s) scored without each other's membership"
+        if coins is None:
+            note = f"no one-run ε: it needs independent coins of probability ½ (inclusion {experiment.inclusion:g})"
+        return AttackResult(self.label, variant, unit, scores, truth, metrics, roc, f"{notes}; {note}",
+                            {"epsilon_one_run": "lower_bound"}, relation=experiment.relation,
+                            evidence={"epsilon_one_run": evidence} if evidence is not None else {})
+
+    @staticmethod
+    def _unit_scores(experiment: MembershipExperiment, record_scores: np.ndarray, unit: str, records: np.ndarray | None,
+                     rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         truth = experiment.truth(unit)
+        if rows is not None:
+            truth = truth[rows]
         if records is None:
             scores = experiment.to_unit(record_scores, unit)
-        else:
-            full = np.full(experiment.keep.shape, np.nan)
-            full[:, records] = record_scores
-            scores = experiment.to_unit(full, unit)
-            covered = ~np.isnan(scores).any(0)
-            scores, truth = scores[:, covered], truth[:, covered]
-        metrics, roc = membership_metrics(scores, truth, delta=experiment.deltas.get(unit, 0.0))
-        return AttackResult(self.label, variant, unit, scores, truth, metrics, roc, notes, {"epsilon_lower_bound": "lower_bound"})
+            return scores, truth, np.ones(scores.shape[1], dtype=bool)
+        full = np.full((record_scores.shape[0], experiment.keep.shape[1]), np.nan)
+        full[:, records] = record_scores
+        scores = experiment.to_unit(full, unit)
+        covered = ~np.isnan(scores).any(0)
+        if rows is not None:
+            return scores, truth, covered
+        return scores[:, covered], truth[:, covered], covered
+
+
+def design_coins(scores: np.ndarray, truth: np.ndarray, relation: str, unit: str,
+                 inclusion: float) -> tuple[np.ndarray, np.ndarray] | None:
+    """The independent coins of the design and a score per coin, for the one-run count.
+
+    Add/remove: every (run, unit) is its own fair coin. Replace-one (client pairs (2i, 2i+1),
+    :mod:`audit.tasks`): one coin per pair says which of the two trained; its score is the
+    difference of the two clients' scores. Steinke et al.'s count needs coins of probability ½.
+    """
+    if inclusion != 0.5 or scores.size == 0:
+        return None
+    if relation == "replace-one" and unit == "client":
+        if scores.shape[1] % 2:
+            return None
+        return (scores[:, 0::2] - scores[:, 1::2]).ravel(), truth[:, 0::2].ravel()
+    return scores.ravel(), truth.ravel()
 
 
 def rounds_note(experiment: MembershipExperiment, rounds: str | list[int]) -> str:

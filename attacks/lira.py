@@ -96,17 +96,21 @@ class LiRA(MembershipAttack):
                 progress(i + 1, len(rounds))
         return np.concatenate(columns, axis=2)
 
-    def scores(self, signals: np.ndarray, keep: np.ndarray) -> dict[str, np.ndarray]:
-        """Leave-one-out LiRA scores [targets, records] for each variant, from signals [runs, records, views]."""
+    def scores(self, signals: np.ndarray, keep: np.ndarray, references: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """LiRA scores [targets, records] for each variant, from signals [runs, records, views].
+
+        Each target's references are the runs in ``references`` (bool [runs]; default all) other
+        than the target itself (leave-one-out)."""
         keep = keep.astype(bool)
         runs = keep.shape[0]
+        references = np.ones(runs, dtype=bool) if references is None else references
         per_example = self.params.variance == "per-example"
-        totals_in = _moments(signals, keep)
-        totals_out = _moments(signals, ~keep)
+        totals_in = _moments(signals, keep & references[:, None])
+        totals_out = _moments(signals, ~keep & references[:, None])
         result = {variant: np.empty(keep.shape, dtype=np.float64) for variant in self.params.variants}
         for target in range(runs):
             own = signals[target]
-            own_in, own_out = keep[target], ~keep[target]
+            own_in, own_out = keep[target] & references[target], ~keep[target] & references[target]
             # moments of the references = totals minus the target's own contribution
             moments_in = tuple(t - c for t, c in zip(totals_in, (own_in.astype(np.float64), own_in[:, None] * own, own_in[:, None] * own ** 2)))
             moments_out = tuple(t - c for t, c in zip(totals_out, (own_out.astype(np.float64), own_out[:, None] * own, own_out[:, None] * own ** 2)))
@@ -129,5 +133,11 @@ class LiRA(MembershipAttack):
         signals = self.signals(experiment, progress)
         notes = (f"{experiment.runs - 1} reference runs per target, {self.params.variance} variance, "
                  f"queries: {self.params.augment}, {rounds_note(experiment, self.params.rounds)}")
-        return [self.result(variant, experiment, scores, notes)
-                for variant, scores in self.scores(signals, experiment.keep.astype(bool)).items()]
+        keep = experiment.keep.astype(bool)
+        # The one-run ε needs targets scored without each other's membership: the second half of
+        # the runs, each against the first half as its only references.
+        references = np.arange(experiment.runs) < experiment.runs // 2
+        targets = np.flatnonzero(~references)
+        split = self.scores(signals, keep, references)
+        return [self.result(variant, experiment, scores, notes, independent=(targets, split[variant][targets]))
+                for variant, scores in self.scores(signals, keep).items()]

@@ -99,4 +99,6 @@ class Shokri(MembershipAttack):
         notes = (f"{folds} folds: each target attacked by per-class {self.params.classifier} models trained on "
                  f"{runs - int(np.ceil(runs / folds))}+ shadow runs; features: sorted probabilities"
                  + (" and their logs" if self.params.log_features else ""))
-        return [self.result("", experiment, scores, notes)]
+        # fold 0's targets were scored by classifiers trained on the other folds' membership only
+        fold = np.flatnonzero(fold_of == 0)
+        return [self.result("", experiment, scores, notes, independent=(fold, scores[fold]))]

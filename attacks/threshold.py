@@ -60,7 +60,9 @@ class ThresholdAttack(MembershipAttack):
             if progress is not None:
                 progress(i + 1, len(rounds))
         notes = f"score: {self.statistic}; threshold for the accuracy chosen on the other runs; {rounds_note(experiment, self.params.rounds)}"
-        return [self.result("", experiment, total / len(rounds), notes)]
+        scores = total / len(rounds)
+        # the score reads the target model alone, no run's membership: every run's coins are independent
+        return [self.result("", experiment, scores, notes, independent=(np.arange(experiment.runs), scores))]
 
 
 @ATTACKS.register("loss-threshold")

@@ -17,7 +17,7 @@ from attacks.base import (
 from attacks.canary_audit import CanaryAudit, CanaryRun
 from audit.core.safe_names import inside, slug
 from audit.core.seeding import derive_seed
-from audit.planning import Experiment, Plan, canary_context
+from audit.planning import Experiment, Plan, canary_context, canary_relation
 from audit.store import RunStore
 from audit.targets import membership_experiment, target_run
 from audit.training import divergence_reason, progress_bar, trained_claim, warn
@@ -31,7 +31,8 @@ def evaluate_canaries(plan: Plan, store: RunStore, experiment: Experiment, audit
     if not ids:
         return None
     device = plan.config.device
-    delta = measurement_delta(trained_claim(plan, store, experiment), audit.unit, experiment.delta)
+    relation = canary_relation(experiment, audit)
+    delta = measurement_delta(trained_claim(plan, store, experiment), audit.unit, experiment.delta, relation)
     context = canary_context(plan, experiment, delta)
     model = plan.task.model_factory().to(device)
     runs = []
@@ -39,7 +40,9 @@ def evaluate_canaries(plan: Plan, store: RunStore, experiment: Experiment, audit
         params = store.load_params(rid, device=device)
         _, layout, initial = initial_vector(plan.task.model_factory, derive_seed(plan.config.seed, "canary-run", audit.label, i))
         runs.append(CanaryRun(audit.injection(context, i), layout.flatten(params).cpu(), initial, params))
-    return audit.evaluate(context, runs, model)
+    result = audit.evaluate(context, runs, model)
+    result.relation = relation
+    return result
 
 
 def _save_scores(out: Path, experiment: Experiment, result: AttackResult) -> None:

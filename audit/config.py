@@ -73,6 +73,10 @@ class MembershipConfig:
     inclusion: float = field(default=0.5, metadata={"min": 0.0, "max": 1.0, "min_exclusive": True, "max_exclusive": True})
     unit: Literal["auto", "record", "client"] = field(default="auto", metadata={
         "help": "what a run includes at random: records, or whole clients (auto: client when a defense claims client-level DP)"})
+    relation: Literal["auto", "add-remove", "replace-one", "zero-out"] = field(default="auto", metadata={
+        "help": "neighbouring datasets the design compares: one unit added or removed (independent coins), one client of a "
+                "fixed pair replaced by the other, or one client's data zeroed (client unit); auto: the relation of the "
+                "defenses' client-level claims when they agree, else add-remove"})
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,7 @@ from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
 from defenses.flat import ParamLayout
 from defenses.training_job import RecordSpec, TrainingConfig
 
-STORE_FORMAT = 4  # bump when a change makes stored runs incompatible (or trains them differently: 3 = Philox batch streams, 4 = fully keyed noise streams, claims per observer)
+STORE_FORMAT = 5  # bump when a change makes stored runs incompatible (or trains them differently: 3 = Philox batch streams, 4 = fully keyed noise streams, claims per observer, 5 = membership designs matching the claim's relation, zero-out canary clients)
 
 
 @dataclass
@@ -193,9 +193,27 @@ def plan_audit(config: AuditConfig) -> Plan:
         unit = "client" if any(e.claim.unit == "client" for e in experiments) else "record"
     _check_attack_targets(attack_list, unit, experiments)
     build = client_membership if unit == "client" else record_membership
-    membership = build(task.pool.labels.numpy(), config.membership, config.partition, config.seed)
+    design = replace(config.membership, relation=design_relation(config.membership.relation, unit, experiments))
+    membership = build(task.pool.labels.numpy(), design, config.partition, config.seed)
     return Plan(config, task, experiments, attack_list, membership, accounting, _record_spec(config, attack_list),
                 target_record=_record_spec(config, attack_list, target=True))
+
+
+def design_relation(relation: str, unit: str, experiments: list[Experiment]) -> str:
+    """``membership.relation`` resolved: "auto" takes the neighbouring relation of the client-level
+    claims when they all agree (so the design measures what they promise), else add/remove."""
+    if relation != "auto":
+        return relation
+    claimed = {e.claim.relation for e in experiments
+               if e.claim.is_private and e.claim.unit == "client" and e.claim.relation in ("add-remove", "replace-one", "zero-out")}
+    return claimed.pop() if unit == "client" and len(claimed) == 1 else "add-remove"
+
+
+def canary_relation(experiment: Experiment, audit: CanaryAudit) -> str:
+    """The neighbouring relation of a canary audit's design. Canary clients follow a zero-out claim
+    (every canary takes part, a held-out one uploads nothing); otherwise a canary is added or
+    not (a canary record changes its client's data: add/remove per record)."""
+    return "zero-out" if audit.unit == "client" and experiment.claim.relation == "zero-out" else "add-remove"
 
 
 def _check_attack_targets(attacks: list[Attack], unit: str, experiments: list[Experiment]) -> None:

@@ -42,7 +42,12 @@ from reports.document import (
     Utility,
 )
 from reports.results import rows_from_results
-from reports.soundness import attack_verdicts, experiment_sentence, experiment_verdict
+from reports.soundness import (
+    attack_verdicts,
+    experiment_sentence,
+    experiment_verdict,
+    family_verdicts,
+)
 
 ROUND_METRICS = ("test_accuracy", "test_loss", "train_accuracy", "update_norm_median", "update_norm_q25",
                  "update_norm_q75", "clip_fraction", "epsilon")
@@ -74,16 +79,23 @@ def _round_curves(metrics_per_run: list[list[dict[str, Any]]]) -> list[dict[str,
     return curves
 
 
-def _attack_record(result: AttackResult, claim: PrivacyClaim) -> AttackRecord:
-    """An attack's result as results.json records it, with its verdicts (reports.soundness)."""
-    metrics = {name: Estimate(e.value, e.low, e.high) for name, e in result.metrics.items()}
-    epsilon_kind = dict(result.epsilon_kind)
-    return AttackRecord(
+def _attack_records(results: list[AttackResult], claim: PrivacyClaim) -> list[AttackRecord]:
+    """The experiment's attacks as results.json records them, with their verdicts: every ε
+    lower bound of the experiment is one family, decided together (reports.soundness)."""
+    raw = []
+    for result in results:
+        metrics = {name: Estimate(e.value, e.low, e.high) for name, e in result.metrics.items()}
+        epsilon_kind = dict(result.epsilon_kind)
+        raw.append((result, metrics, epsilon_kind,
+                    attack_verdicts(claim, result.unit, metrics, epsilon_kind,  # type: ignore[arg-type]
+                                    result.relation, result.evidence)))
+    decided = iter(family_verdicts([pair for *_, pairs in raw for pair in pairs]))
+    return [AttackRecord(
         attack=result.name, unit=result.unit, notes=result.notes, metrics=metrics,
         epsilon_kind=epsilon_kind,  # type: ignore[arg-type]  # "lower_bound" or "estimate" (attacks.base)
         roc=Roc(list(result.roc[0]), list(result.roc[1])), kind=result.kind,  # type: ignore[arg-type]
         figures=[Figure(**f) for f in result.figures],
-        verdicts=attack_verdicts(claim, result.unit, metrics, epsilon_kind))
+        verdicts=[next(decided) for _ in pairs]) for result, metrics, epsilon_kind, pairs in raw]
 
 
 def _mean_curves(entries: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, list[float]]:
@@ -140,7 +152,7 @@ def build_results(plan: Plan, store: RunStore, attack_results: dict[str, list[At
         manifests = [] if diverged else [store.load_manifest(rid) for rid in ids]
         metrics = [] if diverged else [store.load_metrics(rid) for rid in ids]
         claim = trained_claim(plan, store, experiment)
-        attacks = [_attack_record(r, claim) for r in attack_results.get(experiment.key, [])]
+        attacks = _attack_records(attack_results.get(experiment.key, []), claim)
         verdicts = [v for a in attacks for v in a.verdicts]
         soundness = experiment_verdict(verdicts)
         soundness_text = experiment_sentence(verdicts, [a.attack for a in attacks for _ in a.verdicts])

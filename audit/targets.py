@@ -49,11 +49,13 @@ def membership_experiment(plan: Plan, store: RunStore, experiment: Experiment) -
         seed=derive_seed(plan.config.seed, "attack", experiment.key),
         device=device,
         unit=membership.unit,
-        owners=membership.owners,
+        owners=membership.owners if membership.unit == "client" else None,
+        relation=membership.relation,
+        inclusion=plan.config.membership.inclusion,
         client_keep=membership.client_keep,
         load_round=load_round,
         rounds=experiment.training.rounds,
-        deltas={unit: measurement_delta(claim, unit, experiment.delta) for unit in ("record", "client")},
+        deltas={unit: measurement_delta(claim, unit, experiment.delta, membership.relation) for unit in ("record", "client")},
     )
 
 

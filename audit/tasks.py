@@ -2,22 +2,35 @@
 
 * The pool is the dataset's training split (or, without an official test split, the part not
   held out); it is the set of candidate units of the membership experiment.
-* Membership by **record**: run r includes each pool record independently with probability
-  ``inclusion`` (``keep[r, i]``), as DESIGN.md prescribes, and partitions its included records
-  into the configured clients.
-* Membership by **client** (for client-level DP): the pool is partitioned once into
-  C = round(N / inclusion) candidate clients; run r trains on a uniformly random N of them
-  (``client_keep[r, c]``), so each candidate is in a run with probability N/C and a record is
-  in exactly when its client is. The attacks then ask "was this client in the run?".
+* The design matches the claim's neighbouring relation (``membership.relation``; auditing.md §3):
+  a run is a function of its inclusion coins alone (:meth:`Membership.run_clients`), so toggling
+  one coin gives exactly the neighbouring dataset the relation names — a test checks this.
+* Membership by **record** (add/remove): the pool is partitioned once into the configured
+  clients (each record has one owner client for good); run r includes each record independently
+  with probability ``inclusion`` (``keep[r, i]``) and client c trains on the included records it
+  owns. Adding or removing a record therefore changes its owner client's data and nothing else,
+  which is what the group-privacy conversion of a client-level claim assumes.
+* Membership by **client**, add/remove: the pool is partitioned once into C = round(N / inclusion)
+  candidate clients; run r includes each candidate independently with probability ``inclusion``
+  (``client_keep[r, c]``), so its number of clients varies around N and a neighbouring run has one
+  client more or fewer — nothing replaces it.
+* Membership by **client**, zero-out: the N clients of the configuration take part in every run;
+  a client whose coin is off has no data (it trains on nothing and contributes nothing), so
+  neighbouring runs keep every participant and zero one's contribution — the relation of a mean
+  divided by the realized number of participants (Kairouz et al. 2021, §2).
+* Membership by **client**, replace-one: 2N candidates in N fixed pairs; run r trains on exactly
+  one client of every pair, chosen by a fair coin, so neighbouring runs have the same N clients
+  with one replaced (the relation of fixed-size sampling and of NbAFL's analysis).
 
-Keep matrices and partitions derive from the config seed, so every defense of an audit trains
+Every coin is independent of every other, which the one-run ε bounds need (Steinke, Nasr,
+Jagielski 2023, Thm 3.1). Keep matrices and partitions derive from the config seed, so every defense of an audit trains
 on the same runs — comparisons between defenses are paired.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 import numpy as np
@@ -82,45 +95,102 @@ def keep_matrix(pool_size: int, membership: MembershipConfig, seed: int) -> np.n
     return rng.random((membership.runs, pool_size)) < membership.inclusion
 
 
+RELATIONS = ("add-remove", "replace-one", "zero-out")
+
+
 @dataclass
 class Membership:
-    """Who trains in which membership run."""
+    """Who trains in which membership run.
+
+    ``parts`` are the fixed clients (record unit) or candidate clients (client unit), as pool
+    indices; a run's clients follow from its coins by :meth:`run_clients`.
+    """
 
     unit: str  # "record" or "client"
+    relation: str  # "add-remove", "replace-one" or "zero-out": what one coin changes
     keep: np.ndarray  # bool [runs, pool records]
-    clients: list[list[np.ndarray]]  # per run, the pool indices of each of its clients
-    owners: np.ndarray | None = None  # candidate client of each pool record (client unit)
+    parts: list[np.ndarray]
+    owners: np.ndarray  # the part of each pool record
     client_keep: np.ndarray | None = None  # bool [runs, candidate clients] (client unit)
+    clients: list[list[np.ndarray]] = field(default_factory=list)  # per run, the pool indices of each of its clients
+
+    def __post_init__(self) -> None:
+        if not self.clients:
+            self.clients = [self.run_clients(r) for r in range(self.keep.shape[0])]
+
+    def coins(self, run: int) -> np.ndarray:
+        """Run ``run``'s inclusion coins: one per record (record unit) or candidate client."""
+        return self.keep[run] if self.unit == "record" else self.client_keep[run]
+
+    def run_clients(self, run: int, coins: np.ndarray | None = None) -> list[np.ndarray]:
+        """The clients (pool indices) of the run whose coins are ``coins`` (default: run ``run``'s)."""
+        coins = self.coins(run) if coins is None else np.asarray(coins, dtype=bool)
+        if self.unit == "record":  # every fixed client keeps its included records
+            return [part[coins[part]] for part in self.parts]
+        if self.relation == "zero-out":  # every candidate takes part; one whose coin is off has no data
+            return [part if coin else part[:0] for part, coin in zip(self.parts, coins)]
+        return [self.parts[c] for c in np.flatnonzero(coins)]
 
     def truth(self, unit: str) -> np.ndarray:
         """Membership of every unit in every run: bool [runs, records or candidate clients]."""
         return self.keep if unit == "record" else self.client_keep
 
 
+def _resolved(membership: MembershipConfig, unit: str) -> MembershipConfig:
+    """``membership`` with its relation checked; "auto" left unresolved by the caller (the planner
+    resolves it from the claims) is add/remove."""
+    if membership.relation == "auto":
+        membership = replace(membership, relation="add-remove")
+    if membership.relation != "add-remove" and unit == "record":
+        raise UserInputError(f"membership.relation: '{membership.relation}' is available for membership.unit: client; "
+                             "records are audited with add-remove")
+    if membership.relation == "replace-one" and membership.inclusion != 0.5:
+        raise UserInputError(f"membership.inclusion: replace-one pairs need 0.5 (one client of each pair), got {membership.inclusion}")
+    return membership
+
+
 def client_membership(pool_labels: np.ndarray, membership: MembershipConfig, spec: PartitionConfig, seed: int) -> Membership:
-    """Candidate clients fixed once; each run trains on a random ``spec.clients`` of them."""
-    candidates = max(spec.clients + 1, int(round(spec.clients / membership.inclusion)))
+    """Candidate clients fixed once; each run includes each candidate by an independent coin
+    (add/remove) or one client of each fixed pair (replace-one)."""
+    membership = _resolved(membership, "client")
+    paired = membership.relation == "replace-one"
+    if membership.relation == "zero-out":  # the N clients of every run; a coin says whether one has its data
+        candidates = spec.clients
+    else:
+        candidates = 2 * spec.clients if paired else max(spec.clients + 1, int(round(spec.clients / membership.inclusion)))
     parts = partition(pool_labels, spec.name, candidates, seed, alpha=spec.alpha, classes_per_client=spec.classes_per_client,
                       min_client_size=spec.min_client_size, stream=("candidates",))
     owners = np.empty(len(pool_labels), dtype=np.int64)
     for c, part in enumerate(parts):
         owners[part] = c
-    client_keep = np.zeros((membership.runs, candidates), dtype=bool)
-    clients = []
-    for r in range(membership.runs):
-        chosen = np.sort(numpy_rng(seed, "membership", "clients", r).choice(candidates, size=spec.clients, replace=False))
-        client_keep[r, chosen] = True
-        clients.append([parts[c] for c in chosen])
-    return Membership("client", client_keep[:, owners], clients, owners, client_keep)
+    rng = numpy_rng(seed, "membership", "clients", membership.relation)
+    if paired:  # pair i = candidates (2i, 2i + 1); a fair coin picks which one trains
+        first = rng.random((membership.runs, spec.clients)) < 0.5
+        client_keep = np.stack([first, ~first], axis=2).reshape(membership.runs, candidates)
+    else:
+        client_keep = rng.random((membership.runs, candidates)) < membership.inclusion
+    empty = np.flatnonzero(~client_keep.any(1))
+    if len(empty) and membership.relation != "zero-out":
+        raise UserInputError(f"partition.clients: membership run {int(empty[0])} drew none of the {candidates} candidate "
+                             "clients; raise partition.clients or membership.inclusion")
+    return Membership("client", membership.relation, client_keep[:, owners], parts, owners, client_keep)
 
 
 def record_membership(pool_labels: np.ndarray, membership: MembershipConfig, spec: PartitionConfig, seed: int) -> Membership:
+    """Fixed clients; each run includes each record by an independent coin (add/remove)."""
+    membership = _resolved(membership, "record")
     keep = keep_matrix(len(pool_labels), membership, seed)
-    return Membership("record", keep, [run_clients(pool_labels, keep[r], spec, seed, r) for r in range(membership.runs)])
+    parts = partition(pool_labels, spec.name, spec.clients, seed, alpha=spec.alpha, classes_per_client=spec.classes_per_client,
+                      min_client_size=spec.min_client_size, stream=("owners",))
+    owners = np.empty(len(pool_labels), dtype=np.int64)
+    for c, part in enumerate(parts):
+        owners[part] = c
+    return Membership("record", "add-remove", keep, parts, owners)
 
 
 def run_clients(pool_labels: np.ndarray, keep_row: np.ndarray, spec: PartitionConfig, seed: int, run_index: int) -> list[np.ndarray]:
-    """Partition the records run ``run_index`` includes into clients; returns pool indices per client."""
+    """Partition the records ``keep_row`` includes into clients afresh (the reproduction runs'
+    data, where no membership is audited); returns pool indices per client."""
     members = np.flatnonzero(keep_row)
     parts = partition(pool_labels[members], spec.name, spec.clients, seed, alpha=spec.alpha,
                       classes_per_client=spec.classes_per_client, min_client_size=spec.min_client_size,

@@ -17,7 +17,7 @@ from attacks.canary_audit import CanaryAudit
 from audit import provenance
 from audit.core.schema import to_mapping
 from audit.core.seeding import derive_seed
-from audit.planning import Experiment, Plan, canary_context, canary_run_id, run_id
+from audit.planning import Experiment, Plan, canary_context, canary_relation, canary_run_id, run_id
 from audit.store import RunStore
 from defenses.claims import PrivacyClaim
 from defenses.engine import chunk_size
@@ -199,7 +199,12 @@ def train_canary_runs(plan: Plan, store: RunStore, experiment: Experiment, audit
             pool_y = torch.cat([pool_y, injection.records_y[torch.as_tensor(chosen)]])
             for client, index in zip(injection.record_clients[chosen], extra):
                 clients[int(client)] = np.append(clients[int(client)], index)
-        directions = None if injection.directions is None else injection.directions[torch.as_tensor(chosen)]
+        directions = None
+        if injection.directions is not None and canary_relation(experiment, audit) == "zero-out":
+            # every canary client takes part; a held-out one uploads nothing (zero-out neighbours)
+            directions = injection.directions * torch.as_tensor(injection.inserted, dtype=injection.directions.dtype)[:, None]
+        elif injection.directions is not None:
+            directions = injection.directions[torch.as_tensor(chosen)]
         job = _job(plan, experiment, clients, derive_seed(plan.config.seed, "canary-run", audit.label, i), pool_x, pool_y,
                    directions)
         members = np.concatenate([np.asarray(c) for c in base]) if base else np.array([], dtype=np.int64)

@@ -29,7 +29,7 @@ one whose released support depends on the data makes no finite claim.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import torch
@@ -169,6 +169,17 @@ class DPFedAvg(Defense):
         adversaries = gaussian_adversaries(reach, delta, accounting.accountant, accounting.conversion)
         released = adversaries[0]
         notes = ["client-level: neighbouring datasets differ in one client's data"]
+        if self.params.denominator == "realized" and released.relation == "add-remove":
+            # Dividing by the realized |P_t| releases it: a neighbour with one client more or fewer
+            # changes the scale of the noise in the model, which the Gaussian analysis (noise on the
+            # sum, the divisor public) does not cover. It does cover neighbours that keep every
+            # client and zero one's contribution (Kairouz et al. 2021, §2): the divisor is then the
+            # same on both sides.
+            released = replace(released, relation="zero-out")
+            adversaries = (released, *adversaries[1:])
+            notes.append("the mean divides by the realized number of participants, which reveals it: the claim is for "
+                         "zero-out neighbours (a client's contribution zeroed, its participation known); "
+                         "denominator: expected gives add/remove")
         if self.params.clip_mode == "per_tensor":
             notes.append(f"per-tensor clipping: sensitivity S√L with L={len(self.layout.names)} tensors, "
                          f"accounted with noise multiplier σ/√L = {self.effective_noise_multiplier():.4g}")
@@ -177,8 +188,6 @@ class DPFedAvg(Defense):
         elif self.masks_noise():
             notes.append(f"noise only on kept coordinates (the paper's variant): a coordinate kept by one client carries only "
                          f"its share σ/√m, so the claim is accounted with σ/√m_max = {reach.aggregate:.4g} instead of σ")
-        if self.params.denominator == "realized" and training.sampling == "poisson" and training.client_rate < 1:
-            notes.append("the mean divides by the realized |P_t|, which the sampled-Gaussian analysis does not strictly cover")
         notes.extend(self.claim_notes())
         mechanism = released.notes if released.covered else "no finite bound"
         return PrivacyClaim(released.epsilon if released.covered else math.inf, delta, "client",

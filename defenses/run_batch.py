@@ -94,10 +94,12 @@ def train_together(defense: Defense, jobs: list[TrainingJob],
     if not joinable(defense, jobs):
         return [_outcome_or_divergence(lambda job=job: defense.train(job)) for job in jobs]
     engines = [FederatedEngine(defense, job) for job in jobs]
-    states = [engine.start() for engine in engines]
+    engines[0].start()  # prepares the defense, whose local objective says whether it joins runs
     if not engines[0].defense.local_objective().joins_runs:
-        return [_outcome_or_divergence(lambda engine=engine, state=state: engine.train_from(state))
-                for engine, state in zip(engines, states)]
+        # One run at a time, each started just before it trains: start() prepares the shared
+        # defense object for that run's clients (their sizes differ between runs).
+        return [_outcome_or_divergence(lambda engine=engine: engine.train_from(engine.start())) for engine in engines]
+    states = [engine.start() for engine in engines]
     total = jobs[0].training.rounds
     stopped: dict[int, TrainingDiverged] = {}
     for t in range(total):

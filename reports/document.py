@@ -21,15 +21,16 @@ from audit.core.atomic import dumps, write_text
 from audit.core.typed_json import json_schema
 from defenses.claims import PrivacyClaim
 
-SCHEMA_VERSION = "2.1"
+SCHEMA_VERSION = "2.2"
 #: the published JSON Schema of results.json (:func:`results_schema`; ``python -m reports.document`` rewrites it)
 SCHEMA_FILE = Path(__file__).with_name("schema") / "results.schema.json"
 
 #: a verdict's status, most serious first (the order in which an experiment's status is chosen)
-Status = Literal["violation", "estimate above claim", "consistent", "not covered", "vacuous", "no claim", "no measurement"]
+Status = Literal["violation", "estimate above claim", "consistent", "inconclusive", "not covered", "vacuous", "no claim",
+                 "no measurement"]
 EpsilonKind = Literal["lower_bound", "estimate"]
 #: the ε figures an attack may carry, and what each is
-EPSILON_METRICS = ("epsilon_lower_bound", "epsilon_one_run", "epsilon_gaussian_fit")
+EPSILON_METRICS = ("epsilon_one_run", "epsilon_gaussian_fit")
 _OPTIONAL = {"omit_if_none": True}
 _SEED_MAX = 2**64 - 1
 
@@ -109,6 +110,18 @@ class Figure:
 
 
 @dataclass(frozen=True)
+class Power:
+    """What the audit could show against the bound (audit.core.audit_power): simulated with the
+    design's coins against a mechanism exactly as private as the bound, and one twice as leaky."""
+
+    canaries: int = field(metadata={"min": 0, "help": "independent coins the one-run count uses"})
+    level: float = field(metadata={"min": 0.0, "max": 1.0, "help": "Bonferroni level of the family (conservative for Holm)"})
+    tight_bound: float = field(metadata={"help": "median ε_LB when the mechanism is exactly as private as the bound"})
+    detection: float = field(metadata={"min": 0.0, "max": 1.0, "help": "probability of a violation verdict at twice the bound's ε"})
+    needed: int | None = field(metadata={"help": "coins for 80 % detection (normal approximation); null: none up to 10⁵"})
+
+
+@dataclass(frozen=True)
 class Verdict:
     """Is one ε figure compatible with the claim? (:mod:`reports.soundness`)"""
 
@@ -121,6 +134,17 @@ class Verdict:
     bound_delta: float | None
     status: Status
     text: str
+    claim_relation: str | None = field(default=None, metadata={
+        **_OPTIONAL, "help": "neighbouring relation of the claim (add-remove, replace-one, zero-out)"})
+    design_relation: str | None = field(default=None, metadata={
+        **_OPTIONAL, "help": "neighbouring relation of the measurement's design: what one inclusion coin changes"})
+    p_value: float | None = field(default=None, metadata={
+        **_OPTIONAL, "min": 0.0, "max": 1.0, "help": "p-value of 'the mechanism is as private as the bound' given the counts"})
+    family: int | None = field(default=None, metadata={
+        **_OPTIONAL, "min": 1, "help": "ε figures of the experiment corrected together (Holm–Bonferroni)"})
+    level: float | None = field(default=None, metadata={
+        **_OPTIONAL, "min": 0.0, "max": 1.0, "help": "the Holm-adjusted level this figure's p-value was compared with"})
+    power: Power | None = field(default=None, metadata=_OPTIONAL)
 
 
 @dataclass(frozen=True)

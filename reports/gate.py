@@ -8,14 +8,16 @@ from a finite number of membership runs, targets and canaries: change anything u
 refactor that draws random numbers in a different order, a new dependency version — and AUC
 moves by a few hundredths with no change in the privacy of the algorithm. A gate that compares
 point estimates therefore flakes. Every estimate in results.json carries its 95 % interval
-(DeLong for AUC, Clopper–Pearson for TPRs, Student-t over runs for utility), so a regression
+(two-way bootstrap over runs and units for the membership metrics — so the interval includes
+the run-to-run randomness of training, which two audits with different seeds differ by —,
+Student-t over runs for utility), so a regression
 is flagged only "beyond statistical noise": when the new interval lies entirely on the worse
 side of the baseline's interval — ``new ci_low > baseline ci_high`` where higher means more
 leakage, ``new ci_high < baseline ci_low`` where lower is worse. Two non-overlapping 95 %
 intervals are a conservative test (for equal standard errors about p < 0.006, not 0.05): the
 gate stays quiet on noise and speaks on shifts as large as a defense losing its noise. Where
 an estimate has no two-sided interval (``ci_low`` or ``ci_high`` null or NaN — e.g.
-``epsilon_lower_bound`` is a one-sided bound, ``balanced_accuracy`` has none), the values are
+``epsilon_one_run`` is a one-sided bound, ``balanced_accuracy`` has none), the values are
 compared with the absolute ``tolerance``; each outcome's sentence says which test was used.
 
 **Missing data.** An experiment, attack or metric of the new results that the baseline lacks
@@ -57,7 +59,7 @@ from reports.results import load_results as read_results
 LOWER_IS_WORSE = frozenset({"test_accuracy", "train_accuracy", "mse", "mae"})
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
-VIOLATION, ESTIMATE_ABOVE = "violation", "estimate above claim"
+VIOLATION, ESTIMATE_ABOVE, INCONCLUSIVE = "violation", "estimate above claim", "inconclusive"
 
 
 # --------------------------------------------------------------------------- results
@@ -213,6 +215,8 @@ def _evaluate_threshold(rule: ThresholdRule, experiments: list[Experiment]) -> l
 
 def _evaluate_soundness(rule: SoundnessRule, experiments: list[Experiment]) -> list[Outcome]:
     failing = (VIOLATION, ESTIMATE_ABOVE) if rule.warnings == "fail" else (VIOLATION,)
+    if rule.require_power:
+        failing += (INCONCLUSIVE,)
     outcomes = []
     for experiment in experiments:
         status, name = experiment.soundness, experiment.label or experiment.key
@@ -221,6 +225,8 @@ def _evaluate_soundness(rule: SoundnessRule, experiments: list[Experiment]) -> l
         sentence = f"{name}: soundness {status}" + (f" — {because}" if because else "")
         if verdict == PASS and status == ESTIMATE_ABOVE:
             sentence += " (a warning; this rule fails on warnings only with `warnings: fail`)"
+        if verdict == PASS and status == INCONCLUSIVE:
+            sentence += " (no violation, but too little power to find one; this rule fails on it with `require_power: true`)"
         outcomes.append(Outcome(rule.name, rule.kind, experiment.key, verdict, status, " or ".join(failing), "not",
                                 sentence))
     return outcomes

@@ -22,7 +22,7 @@ from reports.document import Experiment, Results
 TEMPLATES = Path(__file__).with_name("templates")
 MAIN_ATTACK_ORDER = ("lira-online", "lira-offline")
 #: short names of the ε figures in the attack tables
-EPSILON_NAMES = {"epsilon_lower_bound": "Clopper–Pearson", "epsilon_one_run": "one-run", "epsilon_gaussian_fit": "Gaussian fit"}
+EPSILON_NAMES = {"epsilon_one_run": "one-run", "epsilon_gaussian_fit": "Gaussian fit"}
 
 
 def _percent(value: Any) -> str:
@@ -82,7 +82,13 @@ def summary_lines(results: Results) -> list[str]:
     checked = [e for e in experiments if e.soundness == "consistent"]
     if not violated and checked:
         lines.append(f"No measured ε lower bound contradicts a claim: {len(checked)} of {len(experiments)} "
-                     "configurations checked and consistent.")
+                     "configurations checked and consistent, by audits with at least 80 % power to detect twice the "
+                     "claimed ε.")
+    unpowered = [e for e in experiments if e.soundness == "inconclusive"]
+    if unpowered:
+        lines.append(f"Inconclusive — {', '.join(e.label for e in unpowered)}: no violation found, but the audit could "
+                     "not have detected a mechanism twice as leaky as claimed with 80 % probability (see each verdict's "
+                     "power), so this is not evidence that the claim holds.")
     leaks = [(e, metric) for e in experiments if (metric := _leak_metric(e)) is not None]
     if leaks:
         worst, (attack, value) = max(leaks, key=lambda item: item[1][1])

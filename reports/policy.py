@@ -35,7 +35,7 @@ entry and the utility block — whichever carry the metric.
   the claim — a warning, not a proof; reports.soundness) fails too.
 * ``no-regression`` (:class:`RegressionRule`): compares with the experiment of the same ``key``
   in ``--baseline``. ``metric`` (one) or ``metrics`` (a list; default the membership metrics
-  ``auc``, ``tpr_at_fpr_1%``, ``epsilon_lower_bound``), ``tolerance`` (default 0.02, in the
+  ``auc``, ``tpr_at_fpr_1%``, ``epsilon_one_run``), ``tolerance`` (default 0.02, in the
   metric's own units, used only where an interval is missing), ``worse: higher | lower``
   (default: by metric — lower is worse for ``test_accuracy``, ``train_accuracy``, ``mse`` and
   ``mae``, higher is worse for everything else), ``require`` (default false: missing data is
@@ -61,7 +61,7 @@ from audit.core.schema import coerce, from_mapping
 from audit.core.strict_yaml import read_yaml_file
 
 RuleKind = Literal["max", "min", "no-violation", "no-regression"]
-DEFAULT_REGRESSION_METRICS = ("auc", "tpr_at_fpr_1%", "epsilon_lower_bound")
+DEFAULT_REGRESSION_METRICS = ("auc", "tpr_at_fpr_1%", "epsilon_one_run")
 DEFAULT_TOLERANCE = 0.02
 UTILITY = "none"  # the attack name of utility rows in results.csv
 
@@ -104,11 +104,14 @@ class ThresholdRule(_Rule):
 
 @dataclass(frozen=True, kw_only=True)
 class SoundnessRule(_Rule):
-    """``no-violation``: no experiment's soundness verdict is a violation (or, if asked, a warning)."""
+    """``no-violation``: no experiment's soundness verdict is a violation (or, if asked, a warning,
+    or an audit without the power to find one)."""
 
     kind: Literal["no-violation"]
     warnings: Literal["ignore", "fail"] = field(default="ignore", metadata={
         "help": "fail: an 'estimate above claim' warning fails too"})
+    require_power: bool = field(default=False, metadata={
+        "help": "true: an 'inconclusive' verdict (no violation, but < 80 % power to detect twice the claimed ε) fails too"})
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -10,16 +10,31 @@ statistics, and its interval covers the fitted ε, not a worst case. When even t
 its interval lies above the claim the verdict says so ("estimate above claim") — worth a closer
 look — but it never makes a violation on its own.
 
-What a claim implies depends on the unit measured (:func:`claim_bound`):
+What a claim implies depends on the unit measured and on the neighbouring relation of the
+measurement's design — what one inclusion coin changes (:mod:`audit.tasks`) — set beside the
+claim's relation (:func:`claim_bound`):
 
-* the claim's own unit: (ε, δ) as claimed;
-* a record under a client-level claim: adding a record to one client's data *replaces* that
-  client (one removal plus one addition under add/remove adjacency), so group privacy of size 2
-  gives (2ε, (1 + e^ε)·δ) — Dwork & Roth 2014, Thm 2.2 / Lemma 2.2 (group privacy);
-* a record under a client claim so weak that its group δ′ reaches 1: (2ε, δ′ ≥ 1) rules out no
-  test at all — the verdict says "vacuous" and gives δ′ (an ε lower bound can never contradict it);
-* anything else (a whole client under a record-level claim, any unit under a per-weight LDP
-  claim): nothing — "not covered".
+* the claim's own unit and relation: (ε, δ) as claimed;
+* one step of the design is two of the claim's — a replaced client under an add/remove or
+  zero-out claim, or a record added to one client's data (which *replaces* that client's data)
+  under an add/remove or zero-out client-level claim: group privacy of size 2 gives
+  (2ε, (1 + e^ε)·δ) — Dwork & Roth 2014, Thm 2.2 / Lemma 2.2; a record under a replace-one
+  client-level claim is one replacement: (ε, δ);
+* where that group δ′ reaches 1, (2ε, δ′ ≥ 1) rules out no test at all — the verdict says
+  "vacuous" and gives δ′ (an ε lower bound can never contradict it);
+* anything else (an added client under a replace-one or zero-out claim, a whole client under a
+  record-level claim, any unit under a per-weight LDP claim): nothing — "not covered".
+
+**A family per experiment.** Every ε lower bound of an experiment is a test of "the mechanism is
+as private as the claim implies"; with k of them at 95 % each, one false VIOLATION becomes likely
+(1 − 0.95^k). The bounds carry their one-run counts (:class:`audit.core.empirical_epsilon.OneRunAudit`),
+hence a p-value at the implied (ε, δ); :func:`family_verdicts` applies Holm's step-down
+correction (Holm 1979) at α = 5 % over the experiment's family, and only a rejection is a
+VIOLATION. A bound that is not rejected is **consistent** only if the audit had power — the
+probability of detecting a mechanism twice as leaky as the bound, simulated with the design's
+coins (:mod:`audit.core.audit_power`), reaches 80 % — otherwise **inconclusive**, with the coins
+that would be needed. A Gaussian-fit estimate is not a test: above the claim it warns, below it
+is inconclusive; it is not in the family.
 
 The ε figures of a measurement are computed at the δ of that bound (:func:`measurement_delta`),
 so that "TPR ≤ e^ε·FPR + δ" is tested with the δ the claim really allows.
@@ -30,10 +45,13 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from audit.core.audit_power import POWER_TARGET, one_run_power
+from audit.core.empirical_epsilon import OneRunAudit
 from defenses.claims import PrivacyClaim
-from reports.document import EpsilonKind, Estimate, Status, Verdict
+from reports.document import EpsilonKind, Estimate, Power, Status, Verdict
 
 CONSISTENT: Status = "consistent"
+INCONCLUSIVE: Status = "inconclusive"
 VIOLATION: Status = "violation"
 ESTIMATE_ABOVE: Status = "estimate above claim"
 NOT_COVERED: Status = "not covered"
@@ -41,8 +59,12 @@ NO_CLAIM: Status = "no claim"
 NO_MEASUREMENT: Status = "no measurement"
 VACUOUS: Status = "vacuous"
 
+#: the family-wise error rate of an experiment's violation verdicts
+FAMILY_ALPHA = 0.05
+
 #: precedence when one experiment collects many verdicts (the first present wins)
-PRECEDENCE: tuple[Status, ...] = (VIOLATION, ESTIMATE_ABOVE, CONSISTENT, NOT_COVERED, VACUOUS, NO_CLAIM, NO_MEASUREMENT)
+PRECEDENCE: tuple[Status, ...] = (VIOLATION, ESTIMATE_ABOVE, CONSISTENT, INCONCLUSIVE, NOT_COVERED, VACUOUS, NO_CLAIM,
+                                  NO_MEASUREMENT)
 
 
 def _claimed_epsilon(claim: PrivacyClaim) -> float | None:
@@ -50,83 +72,168 @@ def _claimed_epsilon(claim: PrivacyClaim) -> float | None:
 
 
 def group_delta(claim: PrivacyClaim) -> float:
-    """δ′ = (1 + e^ε)·δ of a client-level claim for one record (group privacy of two add/remove
-    steps; Dwork & Roth 2014, Thm 2.2), +inf where e^ε overflows."""
+    """δ′ = (1 + e^ε)·δ of a group of two (Dwork & Roth 2014, Thm 2.2), +inf where e^ε overflows."""
     epsilon = float(claim.epsilon)
     return (1.0 + math.exp(epsilon)) * float(claim.delta or 0.0) if epsilon < 700 else math.inf
 
 
-def claim_bound(claim: PrivacyClaim, unit: str) -> tuple[float, float, str] | None:
-    """(ε, δ, basis) that ``claim`` implies for a measurement per ``unit``; None when it implies
-    nothing (see :func:`vacuous_delta` for the case where it implies a bound that rules out nothing)."""
+def _steps(claim: PrivacyClaim, unit: str, design: str) -> tuple[int, str] | None:
+    """How many of the claim's neighbouring steps one coin of the design is, and why; None when
+    the claim does not speak of the design's neighbours."""
+    relation = claim.relation
+    if unit == claim.unit and unit in ("client", "record"):
+        if relation == design:
+            return 1, "the claim"
+        if design == "replace-one" and relation in ("add-remove", "zero-out"):
+            return 2, f"group privacy: replacing one {unit} is two {relation} steps"
+        if design == "zero-out" and relation == "add-remove":
+            return 2, f"group privacy: zeroing one {unit}'s data is a removal and an addition"
+        if design == "zero-out" and relation == "replace-one":
+            return 1, f"zeroing one {unit}'s data is one replacement"
+        return None
+    if claim.unit == "client" and unit == "record" and design == "add-remove":
+        if relation == "replace-one":
+            return 1, "a record changes one client's data: one client replaced"
+        if relation in ("add-remove", "zero-out"):
+            return 2, f"group privacy: a record changes one client's data, two {relation} steps"
+    return None
+
+
+def claim_bound(claim: PrivacyClaim, unit: str, design: str = "add-remove") -> tuple[float, float, str] | None:
+    """(ε, δ, basis) that ``claim`` implies for a measurement per ``unit`` whose design has
+    neighbouring relation ``design``; None when it implies nothing (see :func:`vacuous_delta` for
+    a bound that rules out nothing)."""
     epsilon = _claimed_epsilon(claim)
-    if epsilon is None:
+    steps = _steps(claim, unit, design)
+    if epsilon is None or steps is None:
         return None
     delta = float(claim.delta or 0.0)
-    if unit == claim.unit and unit in ("client", "record"):
-        return epsilon, delta, "the claim"
-    if claim.unit == "client" and unit == "record" and (delta_prime := group_delta(claim)) < 1.0:
-        return 2.0 * epsilon, delta_prime, "group privacy: a record changes one client's data"
-    return None  # δ′ ≥ 1 included: :func:`vacuous_delta` names that case
+    if steps[0] == 1:
+        return epsilon, delta, steps[1]
+    delta_prime = group_delta(claim)
+    return (2.0 * epsilon, delta_prime, steps[1]) if delta_prime < 1.0 else None
 
 
-def vacuous_delta(claim: PrivacyClaim, unit: str) -> float | None:
-    """δ′ ≥ 1 when what ``claim`` implies per ``unit`` is (2ε, δ′) with δ′ ≥ 1 — a bound that every
-    test satisfies (TPR ≤ 1 ≤ e^{2ε}·FPR + δ′) — else None."""
-    if _claimed_epsilon(claim) is None or claim.unit != "client" or unit != "record":
+def vacuous_delta(claim: PrivacyClaim, unit: str, design: str = "add-remove") -> float | None:
+    """δ′ ≥ 1 when what ``claim`` implies is (2ε, δ′) with δ′ ≥ 1 — a bound that every test
+    satisfies (TPR ≤ 1 ≤ e^{2ε}·FPR + δ′) — else None."""
+    steps = _steps(claim, unit, design)
+    if _claimed_epsilon(claim) is None or steps is None or steps[0] == 1:
         return None
     delta = group_delta(claim)
     return delta if delta >= 1.0 else None
 
 
-def measurement_delta(claim: PrivacyClaim, unit: str, default: float) -> float:
+def measurement_delta(claim: PrivacyClaim, unit: str, default: float, design: str = "add-remove") -> float:
     """The δ at which a measurement per ``unit`` computes its ε figures."""
-    bound = claim_bound(claim, unit)
+    bound = claim_bound(claim, unit, design)
     return bound[1] if bound is not None else float(claim.delta or default)
 
 
-def verdict(claim: PrivacyClaim, unit: str, metric: str, estimate: Estimate, kind: EpsilonKind) -> Verdict:
-    """A verdict on one ε figure: ``status`` plus a sentence with the numbers."""
+def verdict(claim: PrivacyClaim, unit: str, metric: str, estimate: Estimate, kind: EpsilonKind,
+            design: str = "add-remove", evidence: OneRunAudit | None = None, decide: bool = True) -> Verdict:
+    """A verdict on one ε figure on its own: ``status`` plus a sentence with the numbers.
+
+    A lower bound with ``evidence`` gets its p-value at the implied (ε, δ); its final status
+    (violation, consistent or inconclusive) is set by :func:`family_verdicts` with the rest of
+    the experiment's family; with ``decide`` (a family of one) it is decided here the same way.
+    """
     measured = estimate.ci_low if kind == "estimate" else estimate.value
     value = estimate.value
     out = Verdict(metric=metric, unit=unit, kind=kind, measured=measured, claimed=_claimed_epsilon(claim),
-                  bound=None, bound_delta=None, status=NO_MEASUREMENT, text="")
+                  bound=None, bound_delta=None, status=NO_MEASUREMENT, text="",
+                  claim_relation=claim.relation, design_relation=design)
     if measured is None or not math.isfinite(measured):
         return replace(out, text="no measurement (too few canaries or units)")
     figure = (f"ε estimate {value:.3g} (95 % interval from {measured:.3g})" if kind == "estimate" and value is not None
               else f"ε_LB = {measured:.3g}")
     if out.claimed is None:
         return replace(out, status=NO_CLAIM, text=f"{figure} (no privacy claim)")
-    bound = claim_bound(claim, unit)
-    vacuous = vacuous_delta(claim, unit)
+    vacuous = vacuous_delta(claim, unit, design)
     if vacuous is not None:
         return replace(out, status=VACUOUS,
                        text=f"vacuous: per {unit}, the {claim.unit}-level claim ε = {out.claimed:.3g} implies "
                             f"(2ε = {2 * out.claimed:.3g}, δ′ = (1 + e^ε)·δ = {vacuous:.3g}) by group privacy, and "
                             f"δ′ ≥ 1 rules out no attack ({figure})")
+    bound = claim_bound(claim, unit, design)
     if bound is None:
         return replace(out, status=NOT_COVERED,
-                       text=f"not covered: the claim is per {claim.unit}, the measurement per {unit} ({figure})")
-    limit, limit_delta, basis = bound
+                       text=f"not covered: the claim is per {claim.unit} under {claim.relation} neighbours, the "
+                            f"measurement per {unit} with a {design} design ({figure})")
+    limit, limit_delta, _ = bound
     out = replace(out, bound=limit, bound_delta=limit_delta)
-    against = (f"the claimed ε = {limit:.3g}" if basis == "the claim"
-               else f"2ε = {limit:.3g}, the claimed ε = {out.claimed:.3g} doubled ({basis})")
-    if measured <= limit * (1 + 1e-9):
-        if kind == "estimate":
-            return replace(out, status=CONSISTENT, text=f"consistent: {figure}; its lower end does not exceed {against}")
-        return replace(out, status=CONSISTENT, text=f"consistent: {figure} ≤ {against}")
     if kind == "estimate":
+        if measured <= limit * (1 + 1e-9):
+            return replace(out, status=INCONCLUSIVE, text=f"inconclusive: {figure}; its lower end does not exceed "
+                                                          f"{_against(out, bound)} (an estimate is not a test)")
         return replace(out, status=ESTIMATE_ABOVE,
-                       text=f"estimate above claim: the lower end of the {figure} exceeds {against}; "
+                       text=f"estimate above claim: the lower end of the {figure} exceeds {_against(out, bound)}; "
                             "a Gaussian-fit estimate is not a bound, so this is a warning, not a proof")
-    return replace(out, status=VIOLATION,
-                   text=f"VIOLATION: measured ε_LB = {measured:.3g} exceeds {against} beyond its confidence interval")
+    if evidence is None:  # a bound without its counts: compared as it is, at its own 95 %
+        above = measured > limit * (1 + 1e-9)
+        return replace(out, status=VIOLATION if above else INCONCLUSIVE,
+                       text=(f"VIOLATION: measured {figure} exceeds {_against(out, bound)} beyond its confidence interval"
+                             if above else f"inconclusive: {figure} ≤ {_against(out, bound)} (no counts, so no power)"))
+    out = replace(out, status=INCONCLUSIVE, p_value=evidence.p_value(limit, limit_delta))
+    return family_verdicts([(out, evidence)])[0] if decide else out
 
 
-def attack_verdicts(claim: PrivacyClaim, unit: str, metrics: dict[str, Estimate],
-                    epsilon_kind: dict[str, EpsilonKind]) -> list[Verdict]:
-    """Verdicts for every ε figure an attack carries (``epsilon_kind``: figure → what it is)."""
-    return [verdict(claim, unit, metric, metrics[metric], kind) for metric, kind in epsilon_kind.items() if metric in metrics]
+def _against(v: Verdict, bound: tuple[float, float, str]) -> str:
+    limit, _, basis = bound
+    if basis == "the claim":
+        return f"the claimed ε = {limit:.3g}"
+    if v.claimed is not None and abs(limit - v.claimed) < 1e-12:
+        return f"the claimed ε = {limit:.3g} ({basis})"
+    return f"2ε = {limit:.3g}, the claimed ε = {v.claimed:.3g} doubled ({basis})"
+
+
+def _power(evidence: OneRunAudit, v: Verdict, level: float) -> Power:
+    power = one_run_power(evidence.canaries, float(v.bound), float(v.bound_delta), level)
+    return Power(power.canaries, power.level, power.tight_bound, power.detection, power.needed)
+
+
+def family_verdicts(family: list[tuple[Verdict, OneRunAudit | None]]) -> list[Verdict]:
+    """Holm's step-down correction over the lower bounds with p-values (each verdict with its
+    counts), then power for each: VIOLATION where rejected, else consistent when the audit would
+    detect twice the bound's ε with probability ≥ 80 %, else inconclusive. Verdicts without a
+    p-value pass through unchanged."""
+    tested = [i for i, (v, e) in enumerate(family) if v.p_value is not None and v.bound is not None and e is not None]
+    k = len(tested)
+    order = sorted(tested, key=lambda i: family[i][0].p_value)
+    decided = [v for v, _ in family]
+    still_rejecting = True
+    for rank, i in enumerate(order):
+        v, evidence = family[i]
+        assert v.p_value is not None and evidence is not None
+        level = FAMILY_ALPHA / (k - rank)
+        still_rejecting = still_rejecting and v.p_value <= level
+        power = _power(evidence, v, FAMILY_ALPHA / k)
+        figure = f"ε_LB = {v.measured:.3g}"
+        bound = (float(v.bound), float(v.bound_delta), "the claim" if v.bound == v.claimed else "group privacy")
+        test = f"p = {v.p_value:.2g} against Holm level {level:.2g} (family of {k})"
+        reach = (f"power: {power.detection:.0%} to detect 2ε = {2 * v.bound:.3g} with {power.canaries} coins; "
+                 f"at most ε_LB ≈ {power.tight_bound:.3g} is certifiable against a tight mechanism")
+        if still_rejecting:
+            status, text = VIOLATION, f"VIOLATION: {figure} exceeds {_against(v, bound)}; {test}"
+        elif power.detection >= POWER_TARGET:
+            status, text = CONSISTENT, f"consistent: {figure}, {test}; {reach}"
+        else:
+            more = (f"about {power.needed} coins would reach 80 %" if power.needed is not None
+                    else "no number of coins up to 10⁵ reaches 80 % with the one-run count at this δ")
+            status, text = INCONCLUSIVE, f"inconclusive: {figure}, {test}; {reach} ({more})"
+        decided[i] = replace(v, status=status, text=text, family=k, level=level, power=power)
+    return decided
+
+
+def attack_verdicts(claim: PrivacyClaim, unit: str, metrics: dict[str, Estimate], epsilon_kind: dict[str, EpsilonKind],
+                    design: str = "add-remove", evidence: dict[str, OneRunAudit] | None = None
+                    ) -> list[tuple[Verdict, OneRunAudit | None]]:
+    """Verdicts for every ε figure an attack carries (``epsilon_kind``: figure → what it is), with
+    the counts of each, undecided: an experiment's family is decided together by
+    :func:`family_verdicts`."""
+    evidence = evidence or {}
+    return [(verdict(claim, unit, metric, metrics[metric], kind, design, evidence.get(metric), decide=False),
+             evidence.get(metric)) for metric, kind in epsilon_kind.items() if metric in metrics]
 
 
 def experiment_verdict(verdicts: list[Verdict]) -> Status:
@@ -144,9 +251,15 @@ def experiment_sentence(verdicts: list[Verdict], attacks: list[str]) -> str:
         hits = [f"{attack}: {v.text}" for attack, v in named if v.status == status]
         if hits:
             return "; ".join(hits)
-    compared = [(attack, v) for attack, v in named if v.status == CONSISTENT and v.kind == "lower_bound"]
+    compared = [(attack, v) for attack, v in named if v.status in (CONSISTENT, INCONCLUSIVE) and v.kind == "lower_bound"
+                and v.bound]
     if compared:
-        attack, strongest = max(compared, key=lambda item: (item[1].measured or 0.0) / item[1].bound if item[1].bound else 0.0)
+        attack, strongest = max(compared, key=lambda item: (item[1].measured or 0.0) / item[1].bound)
+        powered = [v for _, v in compared if v.status == CONSISTENT]
+        best = max((v.power.detection for _, v in compared if v.power is not None), default=None)
+        power = ("" if best is None else
+                 f"; {len(powered)} of {len(compared)} figures had ≥ 80 % power to detect 2ε (best {best:.0%})")
         return (f"the strongest lower bound, ε_LB = {strongest.measured:.3g} ({attack}, per {strongest.unit}), "
-                f"stays below its limit {strongest.bound:.3g}")
+                f"stays below its limit {strongest.bound:.3g} after Holm's correction over {strongest.family or 1} "
+                f"figure(s){power}")
     return ""

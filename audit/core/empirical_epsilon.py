@@ -80,9 +80,16 @@ def one_run_epsilon_lower_bound(canaries: int, guesses: int, correct: int, delta
     return low
 
 
+GUESS_FRACTIONS = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
 @dataclass(frozen=True)
 class OneRunAudit:
-    """The result of guessing on canary scores: the bound and the counts behind it."""
+    """The result of guessing on canary scores: the bound and the counts behind it.
+
+    ``tried`` lists (guesses, correct) for every abstention level tried; each was tested at
+    alpha / len(tried) (Bonferroni), so :meth:`p_value` is len(tried) × the smallest p-value.
+    """
 
     epsilon: float  # lower bound, confidence 1 − alpha (Bonferroni over the abstention levels tried)
     canaries: int
@@ -90,13 +97,38 @@ class OneRunAudit:
     correct: int
     alpha: float
     delta: float
+    tried: tuple[tuple[int, int], ...] = ()
 
     def as_estimate(self) -> Estimate:
         return Estimate(self.epsilon, self.epsilon, math.inf)
 
+    def p_value(self, epsilon: float, delta: float | None = None) -> float:
+        """The p-value of "the mechanism is (ε, δ)-DP" given these counts (δ defaults to the audit's)."""
+        delta = self.delta if delta is None else delta
+        tried = self.tried or ((self.guesses, self.correct),)
+        if not any(g for g, _ in tried):
+            return 1.0
+        smallest = min(one_run_p_value(self.canaries, g, c, epsilon, delta) for g, c in tried if g)
+        return min(1.0, len(tried) * smallest)
+
+
+def guess_counts(scores: np.ndarray, inserted: np.ndarray,
+                 guess_fractions: tuple[float, ...] = GUESS_FRACTIONS) -> tuple[tuple[int, int], ...]:
+    """(guesses, correct) at each abstention level: "in" for the k/2 highest scores, "out" for the
+    k/2 lowest, k = fraction · m (at least one of each)."""
+    m = len(scores)
+    ranked = inserted[np.argsort(-scores, kind="stable")]
+    counts = []
+    for fraction in guess_fractions:
+        half = min(max(1, int(fraction * m) // 2), m // 2)
+        if half == 0:
+            continue
+        counts.append((2 * half, int(ranked[:half].sum() + (~ranked[m - half:]).sum())))
+    return tuple(counts)
+
 
 def one_run_audit(scores: np.ndarray, inserted: np.ndarray, delta: float = 0.0, alpha: float = 0.05,
-                  guess_fractions: tuple[float, ...] = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)) -> OneRunAudit:
+                  guess_fractions: tuple[float, ...] = GUESS_FRACTIONS) -> OneRunAudit:
     """Steinke et al.'s audit on canary scores (higher = more likely inserted).
 
     The auditor guesses "in" for the k₊ highest scores and "out" for the k₋ lowest, with
@@ -109,20 +141,13 @@ def one_run_audit(scores: np.ndarray, inserted: np.ndarray, delta: float = 0.0, 
     if scores.shape != inserted.shape:
         raise ValueError("scores and inserted differ in length")
     m = len(scores)
-    order = np.argsort(-scores, kind="stable")
-    ranked = inserted[order]
+    tried = guess_counts(scores, inserted, guess_fractions)
     level = alpha / len(guess_fractions)
-    best = OneRunAudit(0.0, m, 0, 0, alpha, delta)
-    for fraction in guess_fractions:
-        half = max(1, int(fraction * m) // 2)
-        if 2 * half > m:
-            half = m // 2
-        if half == 0:
-            continue
-        correct = int(ranked[:half].sum() + (~ranked[m - half:]).sum())
-        bound = one_run_epsilon_lower_bound(m, 2 * half, correct, delta, level)
+    best = OneRunAudit(0.0, m, 0, 0, alpha, delta, tried)
+    for guesses, correct in tried:
+        bound = one_run_epsilon_lower_bound(m, guesses, correct, delta, level)
         if bound > best.epsilon or best.guesses == 0:
-            best = OneRunAudit(bound, m, 2 * half, correct, alpha, delta)
+            best = OneRunAudit(bound, m, guesses, correct, alpha, delta, tried)
     return best
 
 

@@ -128,21 +128,6 @@ def best_accuracy_threshold(scores, labels) -> float:
     return float(sorted_scores[cuts[int(np.argmax(correct))]])
 
 
-def reference_threshold_accuracy(scores: np.ndarray, truth: np.ndarray, confidence: float = 0.95) -> Estimate:
-    """Membership accuracy when each target's threshold is the best one on the *other* targets'
-    scores and truth (the reference runs): the target's own membership never picks its threshold.
-    Pooled over targets, with a Clopper–Pearson interval on the count of correct decisions."""
-    scores, truth = np.asarray(scores, dtype=np.float64), np.asarray(truth).astype(bool)
-    correct = 0
-    for target in range(scores.shape[0]):
-        others = np.r_[0:target, target + 1:scores.shape[0]]
-        threshold = best_accuracy_threshold(scores[others].ravel(), truth[others].ravel())
-        correct += int(((scores[target] >= threshold) == truth[target]).sum())
-    total = truth.size
-    low, high = clopper_pearson(correct, total, confidence)
-    return Estimate(correct / total, low, high)
-
-
 def epsilon_lower_bound(tp: int, fn: int, fp: int, tn: int, confidence: float = 0.95, delta: float = 0.0) -> float:
     """One-sided Clopper–Pearson lower bound on ε from an attack's confusion counts.
 

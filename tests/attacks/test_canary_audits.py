@@ -97,7 +97,6 @@ def test_canary_audits_are_null_on_runs_that_never_saw_the_canaries(tmp_path):
         m = result.metrics
         assert 0.4 <= m["auc"].value <= 0.6, (audit.label, m["auc"])
         assert m["epsilon_one_run"].value == 0.0 or m["epsilon_one_run"].value < 0.2, (audit.label, m["epsilon_one_run"])
-        assert m["epsilon_lower_bound"].value == 0.0, (audit.label, m["epsilon_lower_bound"])
         assert m["epsilon_gaussian_fit"].low == 0.0, (audit.label, m["epsilon_gaussian_fit"])
 
 
@@ -105,7 +104,8 @@ def test_canary_result_null_and_leaky_statistics():
     rng = np.random.default_rng(0)
     inserted = rng.random((1, 1000)) < 0.5
     null = canary_result("x", "record", rng.normal(size=(1, 1000)), inserted, 1e-5, 0, "")
-    assert null.metrics["epsilon_one_run"].value < 0.2 and null.metrics["epsilon_lower_bound"].value == 0.0
+    assert null.metrics["epsilon_one_run"].value < 0.2
+    assert "epsilon_lower_bound" not in null.metrics  # no Clopper–Pearson on canaries that share a run
     assert null.metrics["epsilon_gaussian_fit"].low == 0.0
     # a Gaussian mechanism with μ = 4 (ε ≈ 12 at δ = 1e-5): every figure far above 0, none above the truth
     leaky = canary_result("x", "record", rng.normal(size=(1, 1000)) + 4.0 * inserted, inserted, 1e-5, 0, "")
@@ -113,7 +113,6 @@ def test_canary_result_null_and_leaky_statistics():
 
     truth = gaussian_pair_epsilon(1e-5, 4.0, 1.0, 0.0, 1.0)
     assert 2.0 < leaky.metrics["epsilon_one_run"].value < truth
-    assert 1.0 < leaky.metrics["epsilon_lower_bound"].value < truth
     assert leaky.metrics["epsilon_gaussian_fit"].low < truth < leaky.metrics["epsilon_gaussian_fit"].high
 
 
@@ -144,10 +143,10 @@ def test_dp_fedavg_claims_hold_under_every_canary_audit(tmp_path, epsilon):
         experiment = json.loads((out / "results.json").read_text())["experiments"][0]
         assert experiment["claim"]["epsilon"] <= epsilon and experiment["claim"]["unit"] == "client"
         assert {a["attack"] for a in experiment["attacks"]} == set(CANARY_AUDITS)
-        assert experiment["soundness"] == "consistent", experiment["soundness"]
+        assert experiment["soundness"] in ("consistent", "inconclusive"), experiment["soundness"]
         for attack in experiment["attacks"]:
             for verdict in attack["verdicts"]:
-                assert verdict["status"] == "consistent", (seed, attack["attack"], verdict["text"])
+                assert verdict["status"] in ("consistent", "inconclusive"), (seed, attack["attack"], verdict["text"])
                 # record canaries are held to group privacy (2ε); client-level canaries to ε
                 assert verdict["bound"] == pytest.approx((2 if attack["unit"] == "record" else 1) * experiment["claim"]["epsilon"])
 
@@ -178,7 +177,7 @@ def test_an_unsound_claim_is_reported_as_a_violation(tmp_path):
     assert experiment["claim"]["epsilon"] < 0.5
     assert experiment["soundness"] == "violation"
     texts = [v["text"] for a in experiment["attacks"] for v in a["verdicts"] if v["status"] == "violation"]
-    assert texts and all(t.startswith("VIOLATION: measured ε_LB = ") and "beyond its confidence interval" in t for t in texts)
+    assert texts and all(t.startswith("VIOLATION: ε_LB = ") and "Holm level" in t for t in texts)
     html = (out / "report.html").read_text()
     assert "VIOLATION" in html
 

@@ -56,22 +56,45 @@ def _experiment(effect: float, seed: int = 1, runs: int = 16, records: int = 300
     return signals, keep
 
 
+def _split_coins(signals, keep, variant):
+    """Targets 8..15 scored against references 0..7 only: their coins feed the one-run count."""
+    references = np.arange(keep.shape[0]) < keep.shape[0] // 2
+    split = LiRA().scores(signals, keep, references)[variant]
+    return split[~references].ravel(), keep[~references].ravel()
+
+
 def test_null_case_shows_no_leakage():
     signals, keep = _experiment(effect=0.0)
     for variant, scores in LiRA().scores(signals, keep).items():
-        metrics, _ = membership_metrics(scores, keep)
+        metrics, _, _ = membership_metrics(scores, keep, seed=0, coins=_split_coins(signals, keep, variant))
         assert 0.48 < metrics["auc"].value < 0.52, variant
+        assert metrics["auc"].low <= 0.5 <= metrics["auc"].high, variant
         assert metrics["tpr_at_fpr_1%"].value <= 0.02, variant
-        assert metrics["epsilon_lower_bound"].value < 0.15, variant
+        assert metrics["epsilon_one_run"].value < 0.15, variant
+
+
+def test_split_scores_of_a_target_do_not_read_the_other_targets_membership():
+    """The one-run count is valid only if a target's guesses use no other counted coin: flipping
+    every other target run's membership must leave the target's split scores unchanged."""
+    signals, keep = _experiment(effect=1.0, records=200)
+    references = np.arange(16) < 8
+    flipped = keep.copy()
+    flipped[9:] = ~flipped[9:]  # every target but run 8
+    for variant in ("online", "offline"):
+        before = LiRA().scores(signals, keep, references)[variant][8]
+        after = LiRA().scores(signals, flipped, references)[variant][8]
+        np.testing.assert_array_equal(before, after)
+    # while the leave-one-out scores do read them (which is why they are not counted)
+    assert not np.array_equal(LiRA().scores(signals, keep)["online"][8], LiRA().scores(signals, flipped)["online"][8])
 
 
 def test_leaky_case_shows_leakage_and_per_record_calibration_matters():
     signals, keep = _experiment(effect=1.5)
     scores = LiRA().scores(signals, keep)
-    online, _ = membership_metrics(scores["online"], keep)
-    offline, _ = membership_metrics(scores["offline"], keep)
+    online, _, _ = membership_metrics(scores["online"], keep, seed=0, coins=_split_coins(signals, keep, "online"))
+    offline, _, _ = membership_metrics(scores["offline"], keep, seed=0)
     raw = auc(signals[:, :, 0].ravel(), keep.ravel()).value  # a global threshold on φ itself
     assert online["auc"].value > 0.8 and offline["auc"].value > 0.8
     assert raw < 0.65, "the records' spread hides membership from a global threshold"
     assert online["tpr_at_fpr_1%"].value > 0.1
-    assert online["epsilon_lower_bound"].value > 0.5
+    assert online["epsilon_one_run"].value > 0.5

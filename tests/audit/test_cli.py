@@ -42,7 +42,8 @@ def test_list_json_names_everything():
     claim = listing["details"]["defenses"]["dp-fedavg"]["claim_at_defaults"]
     assert claim["headline"] == "released" and set(claim["adversaries"]) == {"released", "server", "local"}
     released, server = claim["adversaries"]["released"], claim["adversaries"]["server"]
-    assert released["relation"] == "add-remove" and server["relation"] == "zero-out" and not server["amplification"]
+    # DP-FedAvg divides by the realized number of participants (the paper's choice): zero-out neighbours
+    assert released["relation"] == "zero-out" and server["relation"] == "zero-out" and not server["amplification"]
     assert server["epsilon"] > released["epsilon"]  # no secure aggregation: the server sees each upload
     assert listing["details"]["defenses"]["ddgauss"]["claim_at_defaults"]["adversaries"]["local"]["epsilon"] is None
     assert listing["details"]["defenses"]["fedavg"]["claim_at_defaults"]["headline"] is None

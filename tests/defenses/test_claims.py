@@ -77,8 +77,12 @@ def test_dp_fedavg_names_each_observer():
     sigma, clients = 1.2, 20
     claim = _claim(DPFedAvg(DPFedAvgParams(noise_multiplier=sigma)), clients=clients)
     released, server, local = (claim.against(a) for a in ("released", "server", "local"))
-    assert claim.adversary == "released" and claim.epsilon == released.epsilon and claim.relation == "add-remove"
+    # the mean divides by the realized |P_t|, which a neighbour with one client fewer would change:
+    # the Gaussian analysis covers neighbours that keep every client (zero-out), not add/remove
+    assert claim.adversary == "released" and claim.epsilon == released.epsilon and claim.relation == "zero-out"
     assert released.amplification and not server.amplification and server.relation == "zero-out"
+    expected = _claim(DPFedAvg(DPFedAvgParams(noise_multiplier=sigma, denominator="expected")), clients=clients)
+    assert expected.relation == "add-remove" and expected.epsilon == claim.epsilon  # a public divisor: add/remove
     # no secure aggregation: the server sees each upload, whose noise is σ/√|P_t| ≥ σ/√N
     assert server.noise_multiplier == pytest.approx(sigma / math.sqrt(clients)) == local.noise_multiplier
     assert server.epsilon > 5 * released.epsilon

@@ -38,8 +38,8 @@ def estimate(value, ci_low=None, ci_high=None) -> dict:
 def membership_attack(name: str, auc: tuple, tpr: tuple = (0.02, 0.0, 0.08), epsilon_lb: float = 0.0) -> dict:
     return {"attack": name, "unit": "client", "kind": "membership", "notes": "",
             "metrics": {"auc": estimate(*auc), "tpr_at_fpr_1%": estimate(*tpr),
-                        "balanced_accuracy": estimate(0.55), "epsilon_lower_bound": estimate(epsilon_lb, epsilon_lb, None)},
-            "epsilon_kind": {"epsilon_lower_bound": "lower_bound"}, "verdicts": []}
+                        "balanced_accuracy": estimate(0.55), "epsilon_one_run": estimate(epsilon_lb, epsilon_lb, None)},
+            "epsilon_kind": {"epsilon_one_run": "lower_bound"}, "verdicts": []}
 
 
 def experiment(key: str, defense: str, *, label: str | None = None, epsilon: float | None = None,
@@ -95,11 +95,11 @@ def _stored(experiment: dict) -> dict:
 
 
 def document_of(experiments: list[dict]) -> dict:
-    """A minimal valid results.json document (schema_version 2.1) holding ``experiments``."""
+    """A minimal valid results.json document (schema_version 2.2) holding ``experiments``."""
     audit = {"name": "test", "seed": 0, "dataset": "digits", "dataset_source": "test", "kind": "image", "pool_size": 400,
              "test_size": 200, "clients": 5, "partition": "iid", "model": "mlp", "model_parameters": 1000,
              "membership_runs": 8, "membership_unit": "client", "accounting": {}, "metric_definitions": {}}
-    return {"schema_version": "2.1", "tool": {"name": "dpfl-audit", "version": "0.1.0", "dp_accounting": None},
+    return {"schema_version": "2.2", "tool": {"name": "dpfl-audit", "version": "0.1.0", "dp_accounting": None},
             "audit": audit, "config": {}, "versions": {}, "experiments": [_stored(e) for e in experiments], "rows": []}
 
 
@@ -114,7 +114,7 @@ def results_schema_validator():
 
 
 def write_results(folder: Path, experiments: list[dict]) -> Path:
-    """A results directory holding a minimal valid results.json (schema_version 2.1)."""
+    """A results directory holding a minimal valid results.json (schema_version 2.2)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "results.json").write_text(json.dumps(document_of(experiments), indent=2), encoding="utf-8")
     return folder
@@ -307,7 +307,7 @@ def test_lower_is_worse_for_accuracy():
 
 def test_without_an_interval_the_tolerance_decides():
     old = [experiment("e", "dp-fedavg", epsilon=1.0, epsilon_lb=1.0)]
-    rule = {"kind": "no-regression", "attack": "lira-online", "metric": "epsilon_lower_bound"}
+    rule = {"kind": "no-regression", "attack": "lira-online", "metric": "epsilon_one_run"}
     within = outcomes_of([rule], [experiment("e", "dp-fedavg", epsilon=1.0, epsilon_lb=1.015)], old)[0]
     beyond = outcomes_of([rule], [experiment("e", "dp-fedavg", epsilon=1.0, epsilon_lb=1.5)], old)[0]
     loose = outcomes_of([{**rule, "tolerance": 0.6}], [experiment("e", "dp-fedavg", epsilon=1.0, epsilon_lb=1.5)], old)[0]

@@ -105,3 +105,26 @@ def test_bad_inputs():
         auc([1, 2], [1, 1])
     with pytest.raises(ValueError, match="finite"):
         auc([1, math.nan], [1, 0])
+
+
+def test_the_weighted_roc_of_the_two_way_intervals_agrees_with_the_plain_definitions():
+    """The bootstrap's point values come from one sorted, weighted ROC; with unit weights they
+    must equal scikit-learn's AUC and the conservative TPR-at-FPR definition above, ties included."""
+    from sklearn.metrics import roc_auc_score
+
+    from audit.core.cluster_bootstrap import WeightedRoc
+
+    rng = np.random.default_rng(3)
+    scores = np.round(rng.normal(size=(8, 300)), 1)  # rounded: many ties
+    labels = rng.random((8, 300)) < 0.5
+    scores += 0.4 * labels
+    point = WeightedRoc(scores, labels).statistics(np.ones_like(scores), (0.001, 0.01, 0.1))
+    assert point["auc"] == pytest.approx(roc_auc_score(labels.ravel(), scores.ravel()), abs=1e-12)
+    for fpr in (0.001, 0.01, 0.1):
+        assert point[f"tpr@{fpr}"] == pytest.approx(tpr_at_fpr(scores.ravel(), labels.ravel(), fpr).value, abs=1e-12)
+    # a weight of 2 on a run is that run duplicated
+    weights = np.ones_like(scores)
+    weights[3] = 2.0
+    doubled = np.vstack([scores, scores[3:4]]), np.vstack([labels, labels[3:4]])
+    assert WeightedRoc(scores, labels).statistics(weights, (0.01,))["auc"] == pytest.approx(
+        roc_auc_score(doubled[1].ravel(), doubled[0].ravel()), abs=1e-12)

@@ -97,11 +97,11 @@ def _drop(key):
 
 
 BROKEN_RESULTS = [
-    ("version-99", _set("schema_version", 99), "schema_version: 99 is not supported; allowed: '2.1'"),
-    ("version-3", _set("schema_version", "3.0"), "schema_version: '3.0' is not supported; allowed: '2.1'"),
+    ("version-99", _set("schema_version", 99), "schema_version: 99 is not supported; allowed: '2.2'"),
+    ("version-3", _set("schema_version", "3.0"), "schema_version: '3.0' is not supported; allowed: '2.2'"),
     ("version-1", _set("schema_version", "1.0"), "schema_version: '1.0' is not supported"),
     ("version-float", _set("schema_version", 2.1), "schema_version: 2.1 is not supported"),
-    ("version-missing", _drop("schema_version"), "schema_version: missing; allowed: '2.1'"),
+    ("version-missing", _drop("schema_version"), "schema_version: missing; allowed: '2.2'"),
     ("auc-string", _set("experiments", 0, "attacks", 0, "metrics", "auc", "value", "0.9"),
      "experiments[0].attacks[0].metrics.auc.value: must be a number or null, got '0.9'"),
     ("tpr-string", _set("experiments", 1, "attacks", 0, "metrics", "tpr_at_fpr_1%", "ci_high", "1"),
@@ -162,9 +162,9 @@ def test_library_error_names_the_json_path(results_copy):
 
 @pytest.mark.parametrize("content, expected", [
     (b"\xff\xfe{\x00}\x00", "is not UTF-8 text (byte 0 is 0xff)"),
-    ('{"schema_version": "2.1", "label": "caf\u00e9"}'.encode("latin-1"), "is not UTF-8 text (byte 39 is 0xe9)"),
+    ('{"schema_version": "2.2", "label": "caf\u00e9"}'.encode("latin-1"), "is not UTF-8 text (byte 39 is 0xe9)"),
     (b"\x00\x01\x02garbage", "is not valid JSON"),
-    (b'{"schema_version": "2.1", "experiments": [', "is not valid JSON: Expecting value at line 1, column 43"),
+    (b'{"schema_version": "2.2", "experiments": [', "is not valid JSON: Expecting value at line 1, column 43"),
     (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
 ])
 def test_unreadable_results_json_is_one_line(tmp_path, capsys, content, expected):

@@ -1,0 +1,164 @@
+"""How much an audit can show: its power against a claim (auditing.md §4).
+
+An ε lower bound below the claim is evidence only if the audit could have found a violation.
+For a design with m independent coins (canaries, or (run, unit) pairs) and Steinke, Nasr &
+Jagielski's (2023) one-run count, we simulate the audit against the *most leaky mechanism the
+claim allows* and the *optimal attack* on it:
+
+* a Gaussian claim (δ > 0) is exactly tight for the μ-GDP pair N(μ, 1) vs N(0, 1) whose privacy
+  profile meets δ at ε: δ(ε) = Φ(−ε/μ + μ/2) − e^ε·Φ(−ε/μ − μ/2) (Dong, Roth, Su 2022,
+  "Gaussian differential privacy", Cor. 2.13); the optimal score of a canary is its draw;
+* a pure claim (δ = 0) is tight for ε-randomised response: each canary's ±1 score is right with
+  probability e^ε/(1 + e^ε) (Steinke et al. 2023 show their bound is tight for it).
+
+Two figures (:class:`Power`): ``tight_bound`` — the median ε lower bound the audit reports when
+the mechanism is exactly as private as claimed (the most this design can certify), and
+``detection`` — the probability that it reports a violation of the claim (at the family-adjusted
+level) when the true ε is twice the claim. ``needed`` extrapolates, by a normal approximation of
+the counts, how many coins would give 80 % detection.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from scipy.special import ndtr
+
+from audit.core.empirical_epsilon import (
+    GUESS_FRACTIONS,
+    guess_counts,
+    one_run_epsilon_lower_bound,
+    one_run_p_value,
+)
+
+#: detection probability a verdict needs to call an audit powered
+POWER_TARGET = 0.8
+#: the largest number of coins :func:`one_run_power` searches for 80 % detection
+NEEDED_LIMIT = 10**5
+SIMULATIONS = 100  # the detection probability's standard error is ≤ 0.05
+
+
+def gdp_delta(mu: float, epsilon: float) -> float:
+    """δ(ε) of μ-GDP (Dong, Roth, Su 2022, Cor. 2.13)."""
+    if mu <= 0:
+        return 0.0
+    return float(ndtr(-epsilon / mu + mu / 2) - math.exp(epsilon) * ndtr(-epsilon / mu - mu / 2))
+
+
+@lru_cache(maxsize=1024)
+def gdp_mu(epsilon: float, delta: float) -> float:
+    """The μ whose μ-GDP pair is exactly (ε, δ)-DP (δ(ε) increases with μ; bisection)."""
+    if delta <= 0:
+        raise ValueError("a Gaussian pair is (ε, δ)-DP only for δ > 0")
+    low, high = 0.0, 1.0
+    while gdp_delta(high, epsilon) < delta:
+        low, high = high, 2.0 * high
+        if high > 1e4:
+            return high
+    for _ in range(200):
+        middle = 0.5 * (low + high)
+        if gdp_delta(middle, epsilon) < delta:
+            low = middle
+        else:
+            high = middle
+        if high - low < 1e-12 * max(1.0, high):
+            break
+    return low
+
+
+def tight_scores(rng: np.random.Generator, inserted: np.ndarray, epsilon: float, delta: float) -> np.ndarray:
+    """The optimal attack's scores on a mechanism exactly (ε, δ)-tight (see the module docstring)."""
+    if delta > 0:
+        return gdp_mu(epsilon, delta) * inserted + rng.standard_normal(inserted.shape)
+    right = rng.random(inserted.shape) < 1.0 / (1.0 + math.exp(-epsilon))
+    signs = np.where(inserted == right, 1.0, -1.0)
+    return signs + 1e-9 * rng.standard_normal(inserted.shape)  # break ties at random
+
+
+@dataclass(frozen=True)
+class Power:
+    """What the audit could show against the claim (ε, δ) with ``canaries`` coins."""
+
+    canaries: int
+    level: float  # the significance level the violation test uses (family-adjusted)
+    tight_bound: float  # median ε_LB under a mechanism exactly as private as claimed
+    detection: float  # probability of a violation verdict when the true ε is twice the claim
+    needed: int | None  # coins for 80 % detection (normal approximation); None when beyond NEEDED_LIMIT
+
+    @property
+    def powered(self) -> bool:
+        return self.detection >= POWER_TARGET
+
+
+def _detects(canaries: int, counts: tuple[tuple[int, int], ...], epsilon: float, delta: float, level: float) -> bool:
+    smallest = min(one_run_p_value(canaries, g, c, epsilon, delta) for g, c in counts)
+    return len(counts) * smallest <= level
+
+
+def _needed(canaries: int, epsilon: float, delta: float, level: float, rng: np.random.Generator) -> int | None:
+    """Smallest m (doubling) at which the 20th percentile of the counts detects 2ε."""
+    sample = np.arange(20000) < 10000
+    scores = tight_scores(rng, sample, 2.0 * epsilon, delta)
+    order = sample[np.argsort(-scores, kind="stable")]
+    m = canaries
+    while m <= NEEDED_LIMIT // 2:
+        m *= 2
+        counts = []
+        for fraction in GUESS_FRACTIONS:
+            half = max(1, int(fraction * m) // 2)
+            share = max(1, int(fraction * len(sample)) // 2)
+            accuracy = (order[:share].sum() + (~order[len(sample) - share:]).sum()) / (2 * share)
+            g = 2 * half
+            low = g * accuracy - 0.8416 * math.sqrt(g * accuracy * (1 - accuracy))
+            counts.append((g, int(min(g, max(0, math.floor(low))))))
+        if _detects(m, tuple(counts), epsilon, delta, level):
+            return m
+    return None
+
+
+def _critical_count(canaries: int, guesses: int, epsilon: float, delta: float, level: float) -> int:
+    """The fewest correct guesses (of ``guesses``) whose p-value is ≤ ``level``; guesses + 1 when
+    none is (the p-value falls as the count rises, so a bisection finds it)."""
+    if one_run_p_value(canaries, guesses, guesses, epsilon, delta) > level:
+        return guesses + 1
+    low, high = 0, guesses  # p(low) > level ≥ p(high), once low is checked
+    if one_run_p_value(canaries, guesses, 0, epsilon, delta) <= level:
+        return 0
+    while high - low > 1:
+        middle = (low + high) // 2
+        if one_run_p_value(canaries, guesses, middle, epsilon, delta) <= level:
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+@lru_cache(maxsize=256)
+def one_run_power(canaries: int, epsilon: float, delta: float, level: float, seed: int = 0,
+                  simulations: int = SIMULATIONS) -> Power:
+    """Power of the one-run audit with ``canaries`` independent coins against an (ε, δ) claim,
+    its violation test run at ``level``. Deterministic in ``seed``.
+
+    A simulated audit detects when some abstention level's count reaches the smallest count
+    whose Bonferroni-adjusted p-value is ≤ ``level`` (computed once per level)."""
+    if canaries < 2 or not math.isfinite(epsilon) or not 0 <= delta < 1:
+        return Power(canaries, level, 0.0, 0.0, None)
+    rng = np.random.default_rng([seed, canaries])
+    tight, leaky = [], []
+    for _ in range(simulations):
+        inserted = rng.random(canaries) < 0.5
+        tight.append([c for _, c in guess_counts(tight_scores(rng, inserted, epsilon, delta), inserted)])
+        leaky.append([c for _, c in guess_counts(tight_scores(rng, inserted, 2.0 * epsilon, delta), inserted)])
+    guesses = [g for g, _ in guess_counts(np.zeros(canaries), np.arange(canaries) % 2 == 0)]
+    critical = np.array([_critical_count(canaries, g, epsilon, delta, level / len(guesses)) for g in guesses])
+    detection = float(np.mean((np.array(leaky) >= critical[None, :]).any(axis=1)))
+    # median bound at the claim: each abstention level's bound is monotone in its count, so its
+    # median is the bound at the median count; the audit reports the best level
+    alpha = 0.05 / len(GUESS_FRACTIONS)
+    medians = np.median(np.array(tight), axis=0)
+    tight_bound = max(one_run_epsilon_lower_bound(canaries, g, int(c), delta, alpha) for g, c in zip(guesses, medians))
+    needed = None if detection >= POWER_TARGET else _needed(canaries, epsilon, delta, level, rng)
+    return Power(canaries, level, tight_bound, detection, needed)

@@ -1,0 +1,158 @@
+"""Simulations that validate the verdict statistics (issue 17; ``../shared/specs/auditing.md`` §5).
+
+Three designs, each replicated with fresh seeds (``benchmarks/coverage.py`` runs them at full
+size and ``tests/attacks/test_coverage.py`` small):
+
+(a) :func:`pipeline_null` — the real training, attack and report code (``dpfl-audit run``) on a
+    configuration where membership cannot leak: client-level DP-FedAvg at ε = 0.05, so the
+    model is at chance. True values: AUC 0.5, TPR = FPR at each operating point, ε = 0.
+(b) :func:`known_effect` — membership scores of a crossed runs × units design with a run
+    effect, a unit effect and a Gaussian shift μ for members, through the same metric code as
+    the attacks (:func:`attacks.base.membership_metrics`). With total score variance
+    s² = σ²_run + σ²_unit + σ²_cell the pooled AUC is Φ(μ/(s√2)) and TPR at FPR x is
+    1 − Φ(Φ⁻¹(1 − x) − μ/s).
+(c) :func:`tight_claim` — canary coins scored by the optimal attack on a mechanism exactly as
+    private as the claim (the μ-GDP pair meeting (ε, δ), or ε-randomised response for δ = 0),
+    several correlated ε figures per experiment, decided by the report's verdict code (Holm over
+    the family): the rate of experiments with a VIOLATION must stay ≤ 5 %.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from scipy.stats import norm
+
+from attacks.base import OPERATING_POINTS, membership_metrics
+from audit.config import load_config
+from audit.core.audit_power import tight_scores
+from audit.core.empirical_epsilon import one_run_audit
+from audit.pipeline import attack
+from audit.planning import plan_audit
+from audit.store import RunStore
+from audit.summary import build_results
+from defenses.claims import PrivacyClaim
+from reports.document import Estimate
+from reports.soundness import attack_verdicts, family_verdicts
+
+NULL_CONFIG = """
+seed: {seed}
+dataset: {{name: digits, max_pool: 400, max_test: 100}}
+model: {{name: mlp, options: {{hidden: [32]}}}}
+partition: {{name: iid, clients: 10}}
+membership: {{runs: 16, unit: client}}
+training: {{rounds: 2, local_steps: 1, batch_size: 10, lr: 0.1}}
+diagnostics: {{enabled: false}}
+attacks: [{{name: lira}}, {{name: loss-threshold}}]
+defenses:
+  - name: dp-fedavg
+    epsilons: [0.05]
+"""
+
+
+@dataclass
+class Tally:
+    """Hits of an interval over replicates."""
+
+    hits: int = 0
+    total: int = 0
+
+    def add(self, low: float | None, high: float | None, truth: float) -> None:
+        if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
+            return
+        self.count(low - 1e-12 <= truth <= high + 1e-12)
+
+    def count(self, hit: bool) -> None:
+        self.total += 1
+        self.hits += int(hit)
+
+    @property
+    def rate(self) -> float:
+        return self.hits / self.total if self.total else math.nan
+
+
+def pipeline_null(replicates: int, start_seed: int = 0, progress: bool = True) -> dict[str, Tally]:
+    """(a): the real pipeline under a null — training, attacks, metrics and verdicts as
+    ``dpfl-audit run`` computes them (:func:`audit.pipeline.attack`,
+    :func:`audit.summary.build_results`), without the HTML — ; coverage of AUC 0.5 and TPR = FPR,
+    the rate of ε_LB = 0 and of experiments without a VIOLATION."""
+    tallies: dict[str, Tally] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        config_file = Path(folder) / "null.yaml"
+        for i in range(replicates):
+            seed = start_seed + i
+            config_file.write_text(NULL_CONFIG.format(seed=seed), encoding="utf-8")
+            plan = plan_audit(load_config(config_file))
+            out = Path(folder) / f"out-{seed}"
+            results = build_results(plan, RunStore(out), attack(plan, out, quiet=True))
+            experiment = results.experiments[0]
+            for record in experiment.attacks:
+                if record.kind != "membership":
+                    continue
+                metrics = record.metrics
+                tallies.setdefault(f"{record.attack} auc", Tally()).add(metrics["auc"].ci_low, metrics["auc"].ci_high, 0.5)
+                for name, fpr in OPERATING_POINTS:
+                    tallies.setdefault(f"{record.attack} {name}", Tally()).add(metrics[name].ci_low, metrics[name].ci_high, fpr)
+                bound = metrics.get("epsilon_one_run")
+                if bound is not None and bound.value is not None:  # 0 except with probability ≤ 5 %
+                    tallies.setdefault(f"{record.attack} ε_LB = 0", Tally()).count(bound.value <= 0.0)
+            statuses = {v.status for record in experiment.attacks for v in record.verdicts}
+            tallies.setdefault("experiment without a VIOLATION", Tally()).count("violation" not in statuses)
+            shutil.rmtree(out, ignore_errors=True)
+            if progress:
+                print(f"\r  pipeline null: {i + 1}/{replicates}", end="", file=sys.stderr, flush=True)
+    if progress:
+        print(file=sys.stderr)
+    return tallies
+
+
+def crossed_scores(rng: np.random.Generator, runs: int, units: int, mu: float,
+                   run_sd: float = 0.5, unit_sd: float = 1.0) -> tuple[np.ndarray, np.ndarray, float]:
+    """(b): scores [runs, units] with run and unit effects and a member shift μ; returns the total sd."""
+    truth = rng.random((runs, units)) < 0.5
+    scores = (rng.normal(0, run_sd, (runs, 1)) + rng.normal(0, unit_sd, (1, units)) + rng.normal(0, 1, (runs, units))
+              + mu * truth)
+    return scores, truth, math.sqrt(run_sd ** 2 + unit_sd ** 2 + 1.0)
+
+
+def known_effect(replicates: int, mu: float = 1.0, runs: int = 16, units: int = 40, seed: int = 1,
+                 bootstrap: int = 1000) -> dict[str, Tally]:
+    """(b): coverage of the true AUC and TPRs for a known shift (μ = 0 is the metric-level null)."""
+    rng = np.random.default_rng(seed)
+    tallies = {name: Tally() for name in ("auc", *(n for n, _ in OPERATING_POINTS))}
+    for i in range(replicates):
+        scores, truth, sd = crossed_scores(rng, runs, units, mu)
+        metrics, _, _ = membership_metrics(scores, truth, seed=seed * 100003 + i, bootstrap=bootstrap)
+        tallies["auc"].add(metrics["auc"].low, metrics["auc"].high, float(norm.cdf(mu / (sd * math.sqrt(2)))))
+        for name, fpr in OPERATING_POINTS:
+            true_tpr = float(1 - norm.cdf(norm.ppf(1 - fpr) - mu / sd))
+            tallies[name].add(metrics[name].low, metrics[name].high, true_tpr)
+    return tallies
+
+
+def tight_claim(replicates: int, epsilon: float, delta: float, runs: int = 16, units: int = 40, figures: int = 4,
+                seed: int = 2) -> tuple[float, int]:
+    """(c): the rate of experiments with a VIOLATION when the mechanism is exactly as private as
+    claimed; ``figures`` correlated ε figures per experiment (the same coins, different noise)."""
+    rng = np.random.default_rng(seed)
+    claim = PrivacyClaim(epsilon, delta, "client", "simulated", relation="add-remove")
+    violations = 0
+    for _ in range(replicates):
+        inserted = rng.random(runs * units) < 0.5
+        base = tight_scores(rng, inserted, epsilon, delta)
+        family = []
+        for f in range(figures):  # correlated figures: a shared optimal statistic plus attack-specific noise
+            scores = base + (0.3 * f) * rng.standard_normal(base.shape)
+            audit = one_run_audit(scores, inserted, delta=delta)
+            family += attack_verdicts(claim, "client", {"epsilon_one_run": Estimate(audit.epsilon, audit.epsilon, None)},
+                                      {"epsilon_one_run": "lower_bound"}, "add-remove", {"epsilon_one_run": audit})
+        violations += any(v.status == "violation" for v in family_verdicts(family))
+    return violations / replicates, replicates
+
+
