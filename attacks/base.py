@@ -189,8 +189,8 @@ def _reference_correct(scores: np.ndarray, truth: np.ndarray) -> np.ndarray:
 
 
 def membership_metrics(scores: np.ndarray, truth: np.ndarray, seed: int, confidence: float = 0.95,
-                       delta: float = 0.0, coins: tuple[np.ndarray, np.ndarray] | None = None, bootstrap: int = REPLICATES
-                       ) -> tuple[dict[str, Estimate], tuple[list[float], list[float]], OneRunAudit | None]:
+                       delta: float = 0.0, coins: tuple[np.ndarray, np.ndarray] | None = None, bootstrap: int = REPLICATES,
+                       run_groups: np.ndarray | None = None) -> tuple[dict[str, Estimate], tuple[list[float], list[float]], OneRunAudit | None]:
     """Metrics over all (target, unit) pairs pooled, their intervals, a ROC curve for plots, and
     the one-run ε bound.
 
@@ -208,7 +208,8 @@ def membership_metrics(scores: np.ndarray, truth: np.ndarray, seed: int, confide
     if scores.shape[0] >= 2:
         correct = _reference_correct(scores, truth).astype(np.float64)
         extra["accuracy"] = lambda weights: float((weights * correct).sum() / weights.sum())
-    intervals = two_way_intervals(scores, truth, rng, confidence, tuple(f for _, f in OPERATING_POINTS), bootstrap, extra)
+    intervals = two_way_intervals(scores, truth, rng, confidence, tuple(f for _, f in OPERATING_POINTS), bootstrap, extra,
+                                  run_groups)
     metrics = {"auc": intervals["auc"]}
     for name, fpr in OPERATING_POINTS:
         metrics[name] = intervals[f"tpr@{fpr}"]
@@ -257,14 +258,16 @@ class MembershipAttack(Attack):
         raise NotImplementedError
 
     def result(self, variant: str, experiment: MembershipExperiment, record_scores: np.ndarray, notes: str,
-               records: np.ndarray | None = None, independent: tuple[np.ndarray, np.ndarray] | None = None) -> AttackResult:
+               records: np.ndarray | None = None, independent: tuple[np.ndarray, np.ndarray] | None = None,
+               run_groups: np.ndarray | None = None) -> AttackResult:
         """Turn record scores [targets, records] into a result at the attack's unit; ``records``
         names the columns when only some records were attacked (whole clients, for the client unit).
 
         ``independent`` = (row indices, record scores of those rows) whose scores use no row of
         the set's membership (e.g. targets scored from reference runs outside the set): their
         inclusion coins feed the one-run ε bound. Default: the last target run alone, whose
-        leave-one-out scores use only the other runs' membership.
+        leave-one-out scores use only the other runs' membership. ``run_groups``: runs whose scores
+        share an attack model (folds), resampled together by the intervals.
         """
         unit = experiment.resolve_unit(getattr(self.params, "unit", "auto"))
         rows, row_scores = independent if independent is not None else (np.array([experiment.runs - 1]), record_scores[-1:])
@@ -274,7 +277,7 @@ class MembershipAttack(Attack):
         if experiment.relation == "replace-one" and not covered.all():
             coins = None  # pairs need both clients scored
         metrics, roc, evidence = membership_metrics(scores, truth, experiment.seed, delta=experiment.deltas.get(unit, 0.0),
-                                                    coins=coins)
+                                                    coins=coins, run_groups=run_groups)
         note = f"one-run ε over {len(rows)} target run(s) scored without each other's membership"
         if coins is None:
             note = f"no one-run ε: it needs independent coins of probability ½ (inclusion {experiment.inclusion:g})"

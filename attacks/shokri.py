@@ -101,4 +101,5 @@ class Shokri(MembershipAttack):
                  + (" and their logs" if self.params.log_features else ""))
         # fold 0's targets were scored by classifiers trained on the other folds' membership only
         fold = np.flatnonzero(fold_of == 0)
-        return [self.result("", experiment, scores, notes, independent=(fold, scores[fold]))]
+        # a fold's targets share its attack models: the intervals resample whole folds
+        return [self.result("", experiment, scores, notes, independent=(fold, scores[fold]), run_groups=fold_of)]

@@ -193,7 +193,10 @@ class FederatedEngine:
         if not len(chosen):
             return updates, ctx
         honest = torch.linalg.vector_norm(updates, dim=1, dtype=torch.float64)
-        scale = self.defense.canary_norm(honest)
+        # clients without data (a zero-out design's held-out ones) upload nothing: a canary is
+        # scaled like the clients that trained, not like the empty ones
+        trained = torch.as_tensor(np.asarray(ctx.sizes) > 0, device=honest.device)
+        scale = self.defense.canary_norm(honest[trained] if bool(trained.any()) else honest)
         rows = directions[torch.as_tensor(chosen, device=directions.device)].to(updates) * scale
         empty = np.array([], dtype=np.int64)
         ctx = replace(ctx, participants=np.concatenate([ctx.participants, len(job.clients) + chosen]),

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
+from scipy.optimize import brentq
 from scipy.special import ndtr
 
 from audit.core.empirical_epsilon import (
@@ -50,23 +51,15 @@ def gdp_delta(mu: float, epsilon: float) -> float:
 
 @lru_cache(maxsize=1024)
 def gdp_mu(epsilon: float, delta: float) -> float:
-    """The μ whose μ-GDP pair is exactly (ε, δ)-DP (δ(ε) increases with μ; bisection)."""
+    """The μ whose μ-GDP pair is exactly (ε, δ)-DP (δ(ε) increases with μ: Brent's root)."""
     if delta <= 0:
         raise ValueError("a Gaussian pair is (ε, δ)-DP only for δ > 0")
-    low, high = 0.0, 1.0
+    high = 1.0
     while gdp_delta(high, epsilon) < delta:
-        low, high = high, 2.0 * high
+        high *= 2.0
         if high > 1e4:
             return high
-    for _ in range(200):
-        middle = 0.5 * (low + high)
-        if gdp_delta(middle, epsilon) < delta:
-            low = middle
-        else:
-            high = middle
-        if high - low < 1e-12 * max(1.0, high):
-            break
-    return low
+    return float(brentq(lambda mu: gdp_delta(mu, epsilon) - delta, 0.0, high, xtol=1e-13, rtol=1e-13))
 
 
 def tight_scores(rng: np.random.Generator, inserted: np.ndarray, epsilon: float, delta: float) -> np.ndarray:

@@ -81,9 +81,14 @@ def _multiplicities(rng: np.random.Generator, n: int) -> np.ndarray:
     return np.bincount(rng.integers(0, n, n), minlength=n).astype(np.float64)
 
 
-def resample_weights(rng: np.random.Generator, runs: int, units: int, over: str) -> np.ndarray:
-    """Weights [runs, units] of one bootstrap resample of the runs, the units, or the cells."""
+def resample_weights(rng: np.random.Generator, runs: int, units: int, over: str,
+                     run_groups: np.ndarray | None = None) -> np.ndarray:
+    """Weights [runs, units] of one bootstrap resample of the runs (whole groups of runs when
+    ``run_groups`` gives each run's group), the units, or the cells."""
     if over == "runs":
+        if run_groups is not None:
+            groups, index = np.unique(run_groups, return_inverse=True)
+            return np.repeat(_multiplicities(rng, len(groups))[index][:, None], units, axis=1)
         return np.repeat(_multiplicities(rng, runs)[:, None], units, axis=1)
     if over == "units":
         return np.repeat(_multiplicities(rng, units)[None, :], runs, axis=0)
@@ -92,13 +97,16 @@ def resample_weights(rng: np.random.Generator, runs: int, units: int, over: str)
 
 def two_way_intervals(scores: np.ndarray, truth: np.ndarray, rng: np.random.Generator, confidence: float = 0.95,
                       fprs: tuple[float, ...] = (0.001, 0.01), replicates: int = REPLICATES,
-                      extra: dict[str, Callable[[np.ndarray], float]] | None = None) -> dict[str, Estimate]:
+                      extra: dict[str, Callable[[np.ndarray], float]] | None = None,
+                      run_groups: np.ndarray | None = None) -> dict[str, Estimate]:
     """Point values and two-way intervals of the pooled ROC metrics of ``scores`` [runs, units]
     with membership ``truth`` [runs, units].
 
     Keys: ``auc``, ``balanced_accuracy``, ``tpr@<fpr>``, plus one per ``extra`` entry
     name → weighted statistic given the weights [runs, units] (e.g. the mean correctness of a
-    fixed decision rule). Intervals are normal, point ± z·SE, clipped to [0, 1].
+    fixed decision rule). Intervals are normal, point ± z·SE, clipped to [0, 1]. ``run_groups``
+    names runs whose scores share more than their run — e.g. the targets of one fold, scored by
+    one attack model — and are resampled together.
     """
     scores = np.asarray(scores, dtype=np.float64)
     truth = np.asarray(truth).astype(bool)
@@ -114,10 +122,11 @@ def two_way_intervals(scores: np.ndarray, truth: np.ndarray, rng: np.random.Gene
     point = evaluate(np.ones_like(scores))
     variances = {}
     for over in ("runs", "units", "cells"):
-        if over == "runs" and runs < 2:
+        clusters = runs if run_groups is None else len(np.unique(run_groups))
+        if over == "runs" and clusters < 2:
             variances[over] = {name: 0.0 for name in point}
             continue
-        draws = [evaluate(resample_weights(rng, runs, units, over)) for _ in range(replicates)]
+        draws = [evaluate(resample_weights(rng, runs, units, over, run_groups)) for _ in range(replicates)]
         variances[over] = {name: float(np.nanvar([d.get(name, math.nan) for d in draws], ddof=1)) for name in point}
     z = float(norm.ppf(0.5 + confidence / 2.0))
     out = {}
