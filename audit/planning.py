@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -32,6 +32,8 @@ from audit.tasks import Membership, Task, build_task, client_membership, record_
 from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
 from defenses.flat import ParamLayout
 from defenses.training_job import RecordSpec, TrainingConfig
+
+Relation = Literal["add-remove", "replace-one", "zero-out"]
 
 STORE_FORMAT = 5  # bump when a change makes stored runs incompatible (or trains them differently: 3 = Philox batch streams, 4 = fully keyed noise streams, claims per observer, 5 = membership designs matching the claim's relation, zero-out canary clients)
 
@@ -199,13 +201,14 @@ def plan_audit(config: AuditConfig) -> Plan:
                 target_record=_record_spec(config, attack_list, target=True))
 
 
-def design_relation(relation: str, unit: str, experiments: list[Experiment]) -> str:
+def design_relation(relation: str, unit: str, experiments: list[Experiment]) -> Relation:
     """``membership.relation`` resolved: "auto" takes the neighbouring relation of the client-level
     claims when they all agree (so the design measures what they promise), else add/remove."""
+    designs: dict[str, Relation] = {"add-remove": "add-remove", "replace-one": "replace-one", "zero-out": "zero-out"}
     if relation != "auto":
-        return relation
-    claimed = {e.claim.relation for e in experiments
-               if e.claim.is_private and e.claim.unit == "client" and e.claim.relation in ("add-remove", "replace-one", "zero-out")}
+        return designs[relation]
+    claimed = {designs[e.claim.relation] for e in experiments
+               if e.claim.is_private and e.claim.unit == "client" and e.claim.relation in designs}
     return claimed.pop() if unit == "client" and len(claimed) == 1 else "add-remove"
 
 

@@ -214,7 +214,7 @@ def _evaluate_threshold(rule: ThresholdRule, experiments: list[Experiment]) -> l
 
 
 def _evaluate_soundness(rule: SoundnessRule, experiments: list[Experiment]) -> list[Outcome]:
-    failing = (VIOLATION, ESTIMATE_ABOVE) if rule.warnings == "fail" else (VIOLATION,)
+    failing: tuple[str, ...] = (VIOLATION, ESTIMATE_ABOVE) if rule.warnings == "fail" else (VIOLATION,)
     if rule.require_power:
         failing += (INCONCLUSIVE,)
     outcomes = []

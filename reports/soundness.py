@@ -187,8 +187,8 @@ def _against(v: Verdict, bound: tuple[float, float, str]) -> str:
     return f"2ε = {limit:.3g}, the claimed ε = {v.claimed:.3g} doubled ({basis})"
 
 
-def _power(evidence: OneRunAudit, v: Verdict, level: float) -> Power:
-    power = one_run_power(evidence.canaries, float(v.bound), float(v.bound_delta), level)
+def _power(evidence: OneRunAudit, limit: float, limit_delta: float, level: float) -> Power:
+    power = one_run_power(evidence.canaries, limit, limit_delta, level)
     return Power(power.canaries, power.level, power.tight_bound, power.detection, power.needed)
 
 
@@ -199,19 +199,21 @@ def family_verdicts(family: list[tuple[Verdict, OneRunAudit | None]]) -> list[Ve
     p-value pass through unchanged."""
     tested = [i for i, (v, e) in enumerate(family) if v.p_value is not None and v.bound is not None and e is not None]
     k = len(tested)
-    order = sorted(tested, key=lambda i: family[i][0].p_value)
+    p_values = {i: float(family[i][0].p_value or 0.0) for i in tested}  # not None: filtered above
+    order = sorted(tested, key=lambda i: p_values[i])
     decided = [v for v, _ in family]
     still_rejecting = True
     for rank, i in enumerate(order):
         v, evidence = family[i]
-        assert v.p_value is not None and evidence is not None
+        assert v.bound is not None and v.bound_delta is not None and evidence is not None
+        limit, limit_delta = v.bound, v.bound_delta
         level = FAMILY_ALPHA / (k - rank)
-        still_rejecting = still_rejecting and v.p_value <= level
-        power = _power(evidence, v, FAMILY_ALPHA / k)
+        still_rejecting = still_rejecting and p_values[i] <= level
+        power = _power(evidence, limit, limit_delta, FAMILY_ALPHA / k)
         figure = f"ε_LB = {v.measured:.3g}"
-        bound = (float(v.bound), float(v.bound_delta), "the claim" if v.bound == v.claimed else "group privacy")
-        test = f"p = {v.p_value:.2g} against Holm level {level:.2g} (family of {k})"
-        reach = (f"power: {power.detection:.0%} to detect 2ε = {2 * v.bound:.3g} with {power.canaries} coins; "
+        bound = (limit, limit_delta, "the claim" if limit == v.claimed else "group privacy")
+        test = f"p = {p_values[i]:.2g} against Holm level {level:.2g} (family of {k})"
+        reach = (f"power: {power.detection:.0%} to detect 2ε = {2 * limit:.3g} with {power.canaries} coins; "
                  f"at most ε_LB ≈ {power.tight_bound:.3g} is certifiable against a tight mechanism")
         if still_rejecting:
             status, text = VIOLATION, f"VIOLATION: {figure} exceeds {_against(v, bound)}; {test}"
@@ -254,7 +256,7 @@ def experiment_sentence(verdicts: list[Verdict], attacks: list[str]) -> str:
     compared = [(attack, v) for attack, v in named if v.status in (CONSISTENT, INCONCLUSIVE) and v.kind == "lower_bound"
                 and v.bound]
     if compared:
-        attack, strongest = max(compared, key=lambda item: (item[1].measured or 0.0) / item[1].bound)
+        attack, strongest = max(compared, key=lambda item: (item[1].measured or 0.0) / (item[1].bound or 1.0))
         powered = [v for _, v in compared if v.status == CONSISTENT]
         best = max((v.power.detection for _, v in compared if v.power is not None), default=None)
         power = ("" if best is None else
