@@ -31,10 +31,10 @@ import torch
 from torch import nn
 
 from attacks.signals import view_inputs
-from audit.core.cluster_bootstrap import REPLICATES, two_way_intervals
+from audit.core.cluster_bootstrap import REPLICATES, comparison_roc, two_way_intervals
 from audit.core.empirical_epsilon import OneRunAudit, one_run_audit
 from audit.core.errors import UserInputError
-from audit.core.metrics import Estimate, best_accuracy_threshold, roc_points_for_plot
+from audit.core.metrics import Estimate, best_accuracy_threshold, thin_curve
 from audit.core.registry import Registry
 from audit.core.seeding import numpy_rng
 from defenses.evaluation import logits_of
@@ -164,9 +164,12 @@ class AttackResult:
 
 #: metric name → description
 MEMBERSHIP_METRICS = {
-    "auc": "ROC AUC over all (run, unit) pairs (95 % interval: two-way bootstrap over runs and units, Cameron–Gelbach–Miller)",
-    "tpr_at_fpr_0.1%": "largest TPR with FPR ≤ 0.1 % (two-way bootstrap 95 %)",
-    "tpr_at_fpr_1%": "largest TPR with FPR ≤ 1 % (two-way bootstrap 95 %)",
+    "auc": "ROC AUC over (member, non-member) score pairs of different units — pairs of one unit in two runs see each "
+           "other's truth through the references — and, for attacks trained in folds, of one fold (95 % interval: "
+           "two-way bootstrap over runs and units, Cameron–Gelbach–Miller, Satterthwaite t)",
+    "tpr_at_fpr_0.1%": "largest TPR with FPR ≤ 0.1 %, each member's FPR among the non-members it is compared with "
+                       "(two-way bootstrap 95 %); with fewer than 1,000 of them it is the TPR at FPR 0",
+    "tpr_at_fpr_1%": "largest TPR with FPR ≤ 1 %, as above (two-way bootstrap 95 %)",
     "balanced_accuracy": "best balanced accuracy over thresholds (optimistic: the threshold sees the truth; two-way bootstrap 95 %)",
     "accuracy": "accuracy at the threshold that is best on the other runs (the target's truth unseen; two-way bootstrap 95 %)",
     "epsilon_one_run": "ε lower bound of the one-run count (Steinke, Nasr, Jagielski 2023; 95 %) over independent coins: "
@@ -191,12 +194,14 @@ def _reference_correct(scores: np.ndarray, truth: np.ndarray) -> np.ndarray:
 def membership_metrics(scores: np.ndarray, truth: np.ndarray, seed: int, confidence: float = 0.95,
                        delta: float = 0.0, coins: tuple[np.ndarray, np.ndarray] | None = None, bootstrap: int = REPLICATES,
                        run_groups: np.ndarray | None = None) -> tuple[dict[str, Estimate], tuple[list[float], list[float]], OneRunAudit | None]:
-    """Metrics over all (target, unit) pairs pooled, their intervals, a ROC curve for plots, and
-    the one-run ε bound.
+    """Metrics over the (target, unit) scores, their intervals, a ROC curve for plots, and the
+    one-run ε bound.
 
-    Intervals come from :func:`audit.core.cluster_bootstrap.two_way_intervals`: scores of one
-    unit across runs and of one run across units are correlated, so no interval treats the
-    pairs as independent. ``coins`` = (scores, inserted) of independent inclusion coins whose
+    The ROC compares member and non-member scores of different units, and only within a group of
+    ``run_groups`` (:func:`audit.core.cluster_bootstrap.comparison_roc`): leave-one-out scores of
+    one unit see each other's truth. Intervals come from
+    :func:`audit.core.cluster_bootstrap.two_way_intervals`: scores of one unit across runs and of
+    one run across units are correlated, so no interval treats the pairs as independent. ``coins`` = (scores, inserted) of independent inclusion coins whose
     guesses may use any output but none of those coins' truth (target runs scored from other
     runs' membership only, or canaries); the one-run count on them is a valid ε lower bound at
     ``delta`` (the δ the claim allows for this unit, :func:`reports.soundness.measurement_delta`).
@@ -220,7 +225,7 @@ def membership_metrics(scores: np.ndarray, truth: np.ndarray, seed: int, confide
     if coins is not None and len(coins[0]) >= 2:
         evidence = one_run_audit(coins[0], coins[1], delta=delta, alpha=1.0 - confidence)
         metrics["epsilon_one_run"] = evidence.as_estimate()
-    return metrics, roc_points_for_plot(scores.ravel(), truth.ravel()), evidence
+    return metrics, thin_curve(*comparison_roc(scores, truth, run_groups).curve()), evidence
 
 
 class Attack:

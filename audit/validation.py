@@ -6,11 +6,13 @@ size and ``tests/attacks/test_coverage.py`` small):
 (a) :func:`pipeline_null` — the real training, attack and report code (``dpfl-audit run``) on a
     configuration where membership cannot leak: client-level DP-FedAvg at ε = 0.05, so the
     model is at chance. True values: AUC 0.5, TPR = FPR at each operating point, ε = 0.
-(b) :func:`known_effect` — membership scores of a crossed runs × units design with a run
-    effect, a unit effect and a Gaussian shift μ for members, through the same metric code as
-    the attacks (:func:`attacks.base.membership_metrics`). With total score variance
-    s² = σ²_run + σ²_unit + σ²_cell the pooled AUC is Φ(μ/(s√2)) and TPR at FPR x is
-    1 − Φ(Φ⁻¹(1 − x) − μ/s).
+(b) :func:`pipeline_leaky` — the same pipeline on a leaky configuration (non-private FedAvg
+    whose clients overfit): coverage of the design's expected AUC and TPRs, estimated by the
+    mean over the replicates; and :func:`known_effect` — membership scores of a crossed runs ×
+    units design with a run effect, a unit effect and a Gaussian shift μ for members, through
+    the same metric code as the attacks (:func:`attacks.base.membership_metrics`), where the
+    truth is known exactly: with total score variance s² = σ²_run + σ²_unit + σ²_cell the pooled
+    AUC is Φ(μ/(s√2)) and TPR at FPR x is 1 − Φ(Φ⁻¹(1 − x) − μ/s).
 (c) :func:`tight_claim` — canary coins scored by the optimal attack on a mechanism exactly as
     private as the claim (the μ-GDP pair meeting (ε, δ), or ε-randomised response for δ = 0),
     several correlated ε figures per experiment, decided by the report's verdict code (Holm over
@@ -23,7 +25,7 @@ import math
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -49,10 +51,24 @@ partition: {{name: iid, clients: 10}}
 membership: {{runs: 16, unit: client}}
 training: {{rounds: 2, local_steps: 1, batch_size: 10, lr: 0.1}}
 diagnostics: {{enabled: false}}
-attacks: [{{name: lira}}, {{name: loss-threshold}}]
+attacks: [{{name: lira}}, {{name: shokri}}, {{name: loss-threshold}}]
 defenses:
   - name: dp-fedavg
     epsilons: [0.05]
+"""
+
+
+LEAKY_CONFIG = """
+seed: {seed}
+dataset: {{name: digits, max_pool: 400, max_test: 100}}
+model: {{name: mlp, options: {{hidden: [32]}}}}
+partition: {{name: iid, clients: 10}}
+membership: {{runs: 16, unit: client}}
+training: {{rounds: 4, local_steps: 5, batch_size: 10, lr: 0.1}}
+diagnostics: {{enabled: false}}
+attacks: [{{name: lira}}, {{name: shokri}}, {{name: loss-threshold}}]
+defenses:
+  - name: fedavg
 """
 
 
@@ -77,17 +93,49 @@ class Tally:
         return self.hits / self.total if self.total else math.nan
 
 
-def pipeline_null(replicates: int, start_seed: int = 0, progress: bool = True) -> dict[str, Tally]:
-    """(a): the real pipeline under a null — training, attacks, metrics and verdicts as
-    ``dpfl-audit run`` computes them (:func:`audit.pipeline.attack`,
-    :func:`audit.summary.build_results`), without the HTML — ; coverage of AUC 0.5 and TPR = FPR,
-    the rate of ε_LB = 0 and of experiments without a VIOLATION."""
-    tallies: dict[str, Tally] = {}
+@dataclass
+class Replicates:
+    """One figure's 95 % intervals over the replicates of a pipeline design."""
+
+    values: list[float] = field(default_factory=list)
+    lows: list[float] = field(default_factory=list)
+    highs: list[float] = field(default_factory=list)
+
+    def add(self, estimate: Estimate) -> None:
+        if None in (estimate.value, estimate.ci_low, estimate.ci_high):
+            return
+        self.values.append(float(estimate.value))
+        self.lows.append(float(estimate.ci_low))
+        self.highs.append(float(estimate.ci_high))
+
+    def coverage(self, truth: float) -> Tally:
+        tally = Tally()
+        for low, high in zip(self.lows, self.highs):
+            tally.add(low, high, truth)
+        return tally
+
+    def spread(self) -> tuple[float, float]:
+        """(SD of the point values across replicates, the mean SE its intervals imply: half-width / 1.96)."""
+        values = np.asarray(self.values)
+        implied = (np.asarray(self.highs) - np.asarray(self.lows)) / (2 * 1.96)
+        return float(values.std(ddof=1)) if len(values) > 1 else math.nan, float(implied.mean()) if len(values) else math.nan
+
+
+def pipeline_replicates(template: str, replicates: int, start_seed: int = 0, progress: str | None = None
+                        ) -> tuple[dict[str, Replicates], dict[str, Tally]]:
+    """The real pipeline — training, attacks, metrics and verdicts as ``dpfl-audit run`` computes
+    them (:func:`audit.pipeline.attack`, :func:`audit.summary.build_results`), without the HTML —
+    on ``template`` (a config with a ``{seed}`` field) at seeds ``start_seed`` onwards.
+
+    Returns every membership figure's intervals ("<attack> auc", "<attack> tpr_at_fpr_1%", …) and
+    the tallies of events: ε_LB = 0 per attack, and experiments without a VIOLATION."""
+    figures: dict[str, Replicates] = {}
+    events: dict[str, Tally] = {}
     with tempfile.TemporaryDirectory() as folder:
-        config_file = Path(folder) / "null.yaml"
+        config_file = Path(folder) / "design.yaml"
         for i in range(replicates):
             seed = start_seed + i
-            config_file.write_text(NULL_CONFIG.format(seed=seed), encoding="utf-8")
+            config_file.write_text(template.format(seed=seed), encoding="utf-8")
             plan = plan_audit(load_config(config_file))
             out = Path(folder) / f"out-{seed}"
             results = build_results(plan, RunStore(out), attack(plan, out, quiet=True))
@@ -95,21 +143,45 @@ def pipeline_null(replicates: int, start_seed: int = 0, progress: bool = True) -
             for record in experiment.attacks:
                 if record.kind != "membership":
                     continue
-                metrics = record.metrics
-                tallies.setdefault(f"{record.attack} auc", Tally()).add(metrics["auc"].ci_low, metrics["auc"].ci_high, 0.5)
-                for name, fpr in OPERATING_POINTS:
-                    tallies.setdefault(f"{record.attack} {name}", Tally()).add(metrics[name].ci_low, metrics[name].ci_high, fpr)
-                bound = metrics.get("epsilon_one_run")
-                if bound is not None and bound.value is not None:  # 0 except with probability ≤ 5 %
-                    tallies.setdefault(f"{record.attack} ε_LB = 0", Tally()).count(bound.value <= 0.0)
+                for name in ("auc", *(n for n, _ in OPERATING_POINTS)):
+                    figures.setdefault(f"{record.attack} {name}", Replicates()).add(record.metrics[name])
+                bound = record.metrics.get("epsilon_one_run")
+                if bound is not None and bound.value is not None:
+                    events.setdefault(f"{record.attack} ε_LB = 0", Tally()).count(bound.value <= 0.0)
             statuses = {v.status for record in experiment.attacks for v in record.verdicts}
-            tallies.setdefault("experiment without a VIOLATION", Tally()).count("violation" not in statuses)
+            events.setdefault("experiment without a VIOLATION", Tally()).count("violation" not in statuses)
             shutil.rmtree(out, ignore_errors=True)
             if progress:
-                print(f"\r  pipeline null: {i + 1}/{replicates}", end="", file=sys.stderr, flush=True)
+                print(f"\r  {progress}: {i + 1}/{replicates}", end="", file=sys.stderr, flush=True)
     if progress:
         print(file=sys.stderr)
-    return tallies
+    return figures, events
+
+
+def pipeline_null(replicates: int, start_seed: int = 0, progress: bool = True) -> dict[str, Tally]:
+    """(a): the real pipeline under a null (:data:`NULL_CONFIG`): coverage of AUC 0.5 and of
+    TPR = FPR at each operating point, the rate of ε_LB = 0 and of experiments without a VIOLATION."""
+    figures, events = pipeline_replicates(NULL_CONFIG, replicates, start_seed, "pipeline null" if progress else None)
+    truth = {"auc": 0.5, **dict(OPERATING_POINTS)}
+    tallies = {name: figure.coverage(truth[name.rsplit(" ", 1)[1]]) for name, figure in figures.items()}
+    return {**tallies, **events}
+
+
+def pipeline_leaky(replicates: int, start_seed: int = 10**6, progress: bool = True
+                   ) -> dict[str, tuple[Tally, float, float, float]]:
+    """(b): the real pipeline on a leaky design (:data:`LEAKY_CONFIG`: non-private FedAvg whose
+    clients overfit). Its true AUC and TPRs have no closed form; the estimand of a fixed design is
+    the expectation of the figure over training randomness and the unit population, estimated by
+    the mean over the replicates (its standard error is the SD / √replicates, small beside an
+    interval's half-width). Per figure: (coverage of that mean, the mean, the SD across
+    replicates, the mean SE the intervals imply)."""
+    figures, _ = pipeline_replicates(LEAKY_CONFIG, replicates, start_seed, "pipeline leaky" if progress else None)
+    out = {}
+    for name, figure in figures.items():
+        truth = float(np.mean(figure.values)) if figure.values else math.nan
+        sd, implied = figure.spread()
+        out[name] = (figure.coverage(truth), truth, sd, implied)
+    return out
 
 
 def crossed_scores(rng: np.random.Generator, runs: int, units: int, mu: float,

@@ -208,9 +208,9 @@ def held_out_epsilon_lower_bound(calibration_scores, calibration_labels, test_sc
     return Estimate(bound, bound, math.inf)
 
 
-def roc_points_for_plot(scores, labels, max_points: int = 400) -> tuple[list[float], list[float]]:
-    """A log-spaced subsample of the ROC curve, small enough to store in results.json."""
-    fpr, tpr, _ = roc(scores, labels)
+def thin_curve(fpr, tpr, max_points: int = 400) -> tuple[list[float], list[float]]:
+    """A log-spaced subsample of a ROC curve (FPR ascending), small enough to store in results.json."""
+    fpr, tpr = np.asarray(fpr, dtype=np.float64), np.asarray(tpr, dtype=np.float64)
     if len(fpr) <= max_points:
         return [float(v) for v in fpr], [float(v) for v in tpr]
     grid = np.unique(np.r_[0.0, np.logspace(-5, 0, max_points - 1)])

@@ -128,3 +128,58 @@ def test_the_weighted_roc_of_the_two_way_intervals_agrees_with_the_plain_definit
     doubled = np.vstack([scores, scores[3:4]]), np.vstack([labels, labels[3:4]])
     assert WeightedRoc(scores, labels).statistics(weights, (0.01,))["auc"] == pytest.approx(
         roc_auc_score(doubled[1].ravel(), doubled[0].ravel()), abs=1e-12)
+
+
+def _brute_force_comparisons(scores, labels, units, strata):
+    """AUC and each member's FPR by enumerating the pairs the ROC may compare: a member and a
+    non-member of the same stratum and different units (ties half in the AUC)."""
+    s, y, u, g = (np.asarray(a).ravel() for a in (scores, labels, units, strata))
+    concordant, pairs, member_fpr = 0.0, 0, []
+    for i in np.flatnonzero(y):
+        others = np.flatnonzero(~y & (g == g[i]) & (u != u[i]))
+        concordant += np.sum(s[others] < s[i]) + 0.5 * np.sum(s[others] == s[i])
+        pairs += len(others)
+        member_fpr.append(np.mean(s[others] >= s[i]))
+    return concordant / pairs, np.array(member_fpr)
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_the_comparison_roc_compares_members_with_non_members_of_other_units_in_their_group(grouped):
+    from audit.core.cluster_bootstrap import comparison_roc
+
+    rng = np.random.default_rng(5)
+    scores = np.round(rng.normal(size=(8, 12)), 1)  # ties within and across units
+    labels = rng.random((8, 12)) < 0.5
+    scores += 0.5 * labels
+    groups = np.arange(8) % 3 if grouped else np.zeros(8, dtype=int)
+    units = np.broadcast_to(np.arange(12), scores.shape)
+    strata = np.broadcast_to(groups[:, None], scores.shape)
+    expected_auc, member_fpr = _brute_force_comparisons(scores, labels, units, strata)
+    point = comparison_roc(scores, labels, groups if grouped else None).statistics(np.ones_like(scores), (0.05, 0.2))
+    assert point["auc"] == pytest.approx(expected_auc, abs=1e-12)
+    for fpr in (0.05, 0.2):
+        assert point[f"tpr@{fpr}"] == pytest.approx(np.mean(member_fpr <= fpr + 1e-12), abs=1e-12)
+
+
+def test_pooled_leave_one_out_auc_is_biased_under_a_null_and_the_comparison_roc_is_not():
+    """An attack that only counts how often the references held the unit, (k_u − c_tu)/(R − 1),
+    carries no information about the target (the coins are independent). Pooled over targets its
+    AUC is far below ½ — a member's references hold one member fewer than a non-member's of the
+    same unit — while the comparison ROC, which never pairs two runs of one unit, averages ½
+    within its standard error (Airola et al. 2011 on pooled leave-one-out AUC)."""
+    from sklearn.metrics import roc_auc_score
+
+    from audit.core.cluster_bootstrap import comparison_roc
+
+    rng = np.random.default_rng(6)
+    pooled, compared = [], []
+    for _ in range(400):
+        keep = rng.random((8, 5)) < 0.5
+        if keep.all() or not keep.any():
+            continue
+        scores = (keep.sum(0, keepdims=True) - keep) / 7 + 1e-6 * rng.standard_normal(keep.shape)
+        pooled.append(roc_auc_score(keep.ravel(), scores.ravel()))
+        compared.append(comparison_roc(scores, keep).statistics(np.ones_like(scores), (0.01,))["auc"])
+    standard_error = np.std(compared, ddof=1) / np.sqrt(len(compared))
+    assert np.mean(pooled) < 0.45  # the bias this ROC exists to remove (≈ 0.41)
+    assert abs(np.mean(compared) - 0.5) < 4 * standard_error, (np.mean(compared), standard_error)
