@@ -17,15 +17,19 @@ size and ``tests/attacks/test_coverage.py`` small):
     private as the claim (the μ-GDP pair meeting (ε, δ), or ε-randomised response for δ = 0),
     several correlated ε figures per experiment, decided by the report's verdict code (Holm over
     the family): the rate of experiments with a VIOLATION must stay ≤ 5 %.
+(d) :func:`gate_false_alarms` — ``check --baseline`` between honest audits of the smoke preset
+    at different seeds (the rate of failing checks must stay ≤ 5 %, the regressions' family-wise
+    level), and against an audit whose DP-FedAvg lost its noise (it must fail).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +45,8 @@ from audit.store import RunStore
 from audit.summary import build_results
 from defenses.claims import PrivacyClaim
 from reports.document import Estimate
+from reports.gate import FAIL, evaluate_policy
+from reports.policy import parse_policy
 from reports.soundness import attack_verdicts, family_verdicts
 
 NULL_CONFIG = """
@@ -228,3 +234,69 @@ def tight_claim(replicates: int, epsilon: float, delta: float, runs: int = 16, u
     return violations / replicates, replicates
 
 
+
+
+#: the no-regression rules of ``examples/policy.yaml``: leakage of the private defense, utility of all
+GATE_RULES = [{"kind": "no-regression", "name": "no leakage regression vs baseline", "defense": "dp-fedavg"},
+              {"kind": "no-regression", "name": "no utility regression vs baseline", "attack": "none",
+               "metric": "test_accuracy"}]
+
+
+@dataclass
+class GateRates:
+    """How often ``check --baseline`` fails between honest audits of the same code (false alarms)
+    and when the private defense has lost its noise (detections)."""
+
+    false_alarms: Tally = field(default_factory=Tally)  # independent pairs: seeds (0, 1), (2, 3), ...
+    false_alarms_all_pairs: Tally = field(default_factory=Tally)  # every ordered pair (correlated)
+    comparisons: int = 0  # interval comparisons per check
+    detections: Tally = field(default_factory=Tally)  # independent pairs, the new audit's DP-FedAvg without noise
+
+
+def smoke_results(seed: int, folder: Path, attacks: list[dict] | None = None):
+    """The smoke preset's results at ``seed`` (``attacks`` replaces its attack list)."""
+    overrides: dict = {"seed": seed}
+    if attacks is not None:
+        overrides["attacks"] = attacks
+    plan = plan_audit(load_config(preset_name="smoke", overrides=overrides))
+    out = folder / f"seed-{seed}"
+    results = build_results(plan, RunStore(out), attack(plan, out, quiet=True))
+    shutil.rmtree(out, ignore_errors=True)
+    return results
+
+
+def without_noise(results):
+    """``results`` as if its DP-FedAvg had lost its noise: the private experiment's utility and
+    leakage replaced by those of the non-private FedAvg of the same audit (key and label kept)."""
+    plain = next(e for e in results.experiments if e.defense == "fedavg")
+    swapped = [replace(plain, key=e.key, label=e.label, defense=e.defense) if e.defense == "dp-fedavg" else e
+               for e in results.experiments]
+    return replace(results, experiments=swapped)
+
+
+def gate_false_alarms(seeds: int, start_seed: int = 0, attacks: list[dict] | None = None,
+                      progress: bool = True) -> GateRates:
+    """(d): the smoke preset at ``seeds`` seeds, and :data:`GATE_RULES` checked between them —
+    baseline one seed, new another — through :func:`reports.gate.evaluate_policy`."""
+    policy = parse_policy({"rules": GATE_RULES})
+    rates = GateRates()
+    with tempfile.TemporaryDirectory() as folder:
+        audits = []
+        for i in range(seeds):
+            audits.append(smoke_results(start_seed + i, Path(folder), attacks))
+            if progress:
+                print(f"\r  smoke audits: {i + 1}/{seeds}", end="", file=sys.stderr, flush=True)
+    if progress:
+        print(file=sys.stderr)
+
+    def fails(new, old) -> bool:
+        outcomes = evaluate_policy(policy, new, old)
+        rates.comparisons = sum(o.p_value is not None for o in outcomes)
+        return any(o.verdict == FAIL for o in outcomes)
+
+    for a, b in itertools.permutations(range(seeds), 2):
+        rates.false_alarms_all_pairs.count(fails(audits[b], audits[a]))
+    for a in range(0, seeds - 1, 2):
+        rates.false_alarms.count(fails(audits[a + 1], audits[a]))
+        rates.detections.count(fails(without_noise(audits[a + 1]), audits[a]))
+    return rates

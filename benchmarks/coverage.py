@@ -7,10 +7,14 @@ Three designs, each replicated many times with fresh seeds:
     configuration where membership cannot leak: client-level DP-FedAvg at ε = 0.05, so the
     model is at chance and every run is as informative about a client as any other. True values:
     AUC 0.5, TPR = FPR at each operating point, ε = 0.
-(b) **leaky design with a known effect** — membership scores of a crossed runs × units design
-    with a run effect, a unit effect and a Gaussian shift μ for members, through the same metric
-    code as the attacks (:func:`attacks.base.membership_metrics`). With total score variance
-    s² = σ²_run + σ²_unit + σ²_cell the pooled AUC is Φ(μ/(s√2)) and TPR at FPR x is
+(b) **leaky designs with a known effect** — (b1) the same pipeline on non-private FedAvg whose
+    clients overfit; the estimand of a fixed design (the expectation of the figure over training
+    randomness and the unit population) is estimated by the mean over the replicates, and the
+    table also gives the seed-to-seed SD beside the SE the intervals imply; (b2) membership
+    scores of a crossed runs × units design with a run effect, a unit effect and a Gaussian shift
+    μ for members, through the same metric code as the attacks
+    (:func:`attacks.base.membership_metrics`), where the truth is exact: with total score variance
+    s² = σ²_run + σ²_unit + σ²_cell the AUC is Φ(μ/(s√2)) and TPR at FPR x is
     1 − Φ(Φ⁻¹(1 − x) − μ/s).
 (c) **tight claim** — canary coins scored by the optimal attack on a mechanism exactly as
     private as the claim (the μ-GDP pair meeting (ε, δ), or ε-randomised response for δ = 0),
@@ -34,33 +38,36 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from audit.validation import known_effect, pipeline_null, tight_claim  # noqa: E402
+from audit.validation import known_effect, pipeline_leaky, pipeline_null, tight_claim  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--replicates", type=int, default=200, help="replicates of the simulated designs (b) and (c)")
-    parser.add_argument("--pipeline-replicates", type=int, default=200, help="replicates of the pipeline null (a); 0 skips it")
+    parser.add_argument("--pipeline-replicates", type=int, default=200, help="replicates of the pipeline designs (a) and (b1); 0 skips them")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "coverage.json")
     args = parser.parse_args(argv)
     started = time.time()
     report: dict[str, dict] = {}
     rows = []
-    for label, tallies in (("(b) metric-level null, μ = 0", known_effect(args.replicates, mu=0.0)),
-                           ("(b) known effect, μ = 1", known_effect(args.replicates, mu=1.0))):
+    for label, tallies in (("(b2) crossed design, μ = 0", known_effect(args.replicates, mu=0.0)),
+                           ("(b2) crossed design, μ = 1", known_effect(args.replicates, mu=1.0))):
         for name, tally in tallies.items():
-            rows.append((label, name, tally.hits, tally.total, tally.rate))
+            rows.append((label, name, tally.hits, tally.total, tally.rate, ""))
     for epsilon, delta in ((1.0, 1e-5), (2.0, 0.0), (0.5, 0.0)):
         rate, n = tight_claim(args.replicates, epsilon, delta)
-        rows.append((f"(c) tight claim ε = {epsilon:g}, δ = {delta:g}", "experiments with a VIOLATION", round(rate * n), n, rate))
+        rows.append((f"(c) tight claim ε = {epsilon:g}, δ = {delta:g}", "experiments with a VIOLATION", round(rate * n), n, rate, ""))
     if args.pipeline_replicates:
         for name, tally in pipeline_null(args.pipeline_replicates).items():
-            rows.append(("(a) pipeline null (DP-FedAvg ε = 0.05)", name, tally.hits, tally.total, tally.rate))
+            rows.append(("(a) pipeline null (DP-FedAvg ε = 0.05)", name, tally.hits, tally.total, tally.rate, ""))
+        for name, (tally, truth, sd, implied) in pipeline_leaky(args.pipeline_replicates).items():
+            rows.append(("(b1) pipeline leaky (FedAvg)", name, tally.hits, tally.total, tally.rate,
+                         f"mean {truth:.3f}, SD {sd:.3f} vs implied SE {implied:.3f}"))
     width = max(len(r[0]) for r in rows)
     print(f"{'design':<{width}}  {'figure':<40} {'hits':>6} {'of':>5}  rate")
-    for label, name, hits, total, rate in rows:
-        print(f"{label:<{width}}  {name:<40} {hits:>6} {total:>5}  {rate:.3f}")
-        report.setdefault(label, {})[name] = {"hits": hits, "of": total, "rate": rate}
+    for label, name, hits, total, rate, note in rows:
+        print(f"{label:<{width}}  {name:<40} {hits:>6} {total:>5}  {rate:.3f}  {note}")
+        report.setdefault(label, {})[name] = {"hits": hits, "of": total, "rate": rate, **({"note": note} if note else {})}
     print(f"({time.time() - started:.0f} s)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2), encoding="utf-8")

@@ -24,6 +24,11 @@ class Outcome:
     sentence: str
     value_basis: str = ""
     threshold_basis: str = ""
+    #: a regression test's one-sided p-value, the Holm level it was compared with (family: the
+    #: check's interval comparisons), and the standard error of the difference it rests on
+    p_value: float | None = None
+    level: float | None = None
+    se: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -47,6 +47,7 @@ from dataclasses import replace
 
 from audit.core.audit_power import POWER_TARGET, one_run_power
 from audit.core.empirical_epsilon import OneRunAudit
+from audit.core.multiplicity import holm
 from defenses.claims import PrivacyClaim
 from reports.document import EpsilonKind, Estimate, Power, Status, Verdict
 
@@ -200,22 +201,20 @@ def family_verdicts(family: list[tuple[Verdict, OneRunAudit | None]]) -> list[Ve
     tested = [i for i, (v, e) in enumerate(family) if v.p_value is not None and v.bound is not None and e is not None]
     k = len(tested)
     p_values = {i: float(family[i][0].p_value or 0.0) for i in tested}  # not None: filtered above
-    order = sorted(tested, key=lambda i: p_values[i])
+    decisions = dict(zip(tested, holm([p_values[i] for i in tested], FAMILY_ALPHA)))
     decided = [v for v, _ in family]
-    still_rejecting = True
-    for rank, i in enumerate(order):
+    for i in tested:
         v, evidence = family[i]
         assert v.bound is not None and v.bound_delta is not None and evidence is not None
         limit, limit_delta = v.bound, v.bound_delta
-        level = FAMILY_ALPHA / (k - rank)
-        still_rejecting = still_rejecting and p_values[i] <= level
+        rejected, level = decisions[i]
         power = _power(evidence, limit, limit_delta, FAMILY_ALPHA / k)
         figure = f"ε_LB = {v.measured:.3g}"
         bound = (limit, limit_delta, "the claim" if limit == v.claimed else "group privacy")
         test = f"p = {p_values[i]:.2g} against Holm level {level:.2g} (family of {k})"
         reach = (f"power: {power.detection:.0%} to detect 2ε = {2 * limit:.3g} with {power.canaries} coins; "
                  f"at most ε_LB ≈ {power.tight_bound:.3g} is certifiable against a tight mechanism")
-        if still_rejecting:
+        if rejected:
             status, text = VIOLATION, f"VIOLATION: {figure} exceeds {_against(v, bound)}; {test}"
         elif power.detection >= POWER_TARGET:
             status, text = CONSISTENT, f"consistent: {figure}, {test}; {reach}"

@@ -8,6 +8,7 @@ intervals, soundness), so every test runs in milliseconds.
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -16,6 +17,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
+from scipy.stats import norm
 
 from audit.cli import main
 from audit.core.errors import UserInputError
@@ -285,9 +287,37 @@ def regression_outcome(old_auc: tuple, new_auc: tuple, **rule):
 
 
 def test_baseline_flags_a_regression_beyond_the_intervals():
+    """SEs from the 95 % half-widths (0.03 and 0.04 → √(0.03² + 0.04²)/1.96 for the difference);
+    one comparison is a family of one, so the level is 5 % and the threshold the baseline plus
+    z₀.₉₅ standard errors."""
     outcome = regression_outcome((0.55, 0.52, 0.58), (0.75, 0.71, 0.79))
-    assert outcome.verdict == FAIL and outcome.value == 0.71 and outcome.threshold == 0.58
-    assert "95 % intervals compared" in outcome.sentence and "regression beyond statistical noise" in outcome.sentence
+    se = math.hypot(0.03, 0.04) / norm.ppf(0.975)
+    assert outcome.verdict == FAIL and outcome.value == 0.75 and outcome.level == 0.05
+    assert outcome.se == pytest.approx(se) and outcome.p_value == pytest.approx(norm.sf(0.2 / se))
+    assert outcome.threshold == pytest.approx(0.55 + norm.ppf(0.95) * se)
+    assert "regression beyond statistical noise" in outcome.sentence
+
+
+def test_the_regressions_of_one_check_are_one_family():
+    """Twenty comparisons each worse by 2.5 standard errors (one-sided p = 0.0062): alone each is a
+    regression at 5 %; as one family Holm compares the smallest with 0.05/20 = 0.0025 and none is."""
+    half = 0.02 * norm.ppf(0.975) / math.sqrt(2)  # both intervals this wide: SE of the difference 0.02
+    worse = 2.5 * 0.02
+    alone = regression_outcome((0.5, 0.5 - half, 0.5 + half), (0.5 + worse, 0.5 + worse - half, 0.5 + worse + half))
+    assert alone.p_value == pytest.approx(norm.sf(2.5)) and alone.verdict == FAIL
+    attacks = [f"attack-{i}" for i in range(20)]
+    old = [experiment("e", "dp-fedavg", epsilon=1.0,
+                      attacks=[membership_attack(a, (0.5, 0.5 - half, 0.5 + half)) for a in attacks])]
+    new = [experiment("e", "dp-fedavg", epsilon=1.0,
+                      attacks=[membership_attack(a, (0.5 + worse, 0.5 + worse - half, 0.5 + worse + half)) for a in attacks])]
+    rules = [{"kind": "no-regression", "attack": a, "metric": "auc"} for a in attacks]  # one family across rules
+    outcomes = outcomes_of(rules, new, old)
+    assert len(outcomes) == 20 and all(o.verdict == PASS for o in outcomes)
+    assert sorted(o.level for o in outcomes)[0] == pytest.approx(0.05 / 20)
+    # one of them far worse: Holm rejects it, then compares the next with 0.05/19 — still not rejected
+    new[0]["attacks"][0]["metrics"]["auc"] = estimate(0.7, 0.7 - half, 0.7 + half)
+    outcomes = outcomes_of(rules, new, old)
+    assert [o.verdict for o in outcomes] == [FAIL] + [PASS] * 19
 
 
 def test_baseline_ignores_a_difference_within_noise():
@@ -300,7 +330,9 @@ def test_lower_is_worse_for_accuracy():
     old = [experiment("fedavg", "fedavg", accuracy=(0.94, 0.93, 0.95))]
     rule = {"kind": "no-regression", "attack": "none", "metric": "test_accuracy"}
     dropped = outcomes_of([rule], [experiment("fedavg", "fedavg", accuracy=(0.80, 0.78, 0.82))], old)[0]
-    assert dropped.verdict == FAIL and dropped.relation == "≥" and dropped.threshold == 0.93
+    se = math.hypot(0.01, 0.02) / norm.ppf(0.975)
+    assert dropped.verdict == FAIL and dropped.relation == "≥"
+    assert dropped.threshold == pytest.approx(0.94 - norm.ppf(0.95) * se)
     risen = outcomes_of([rule], [experiment("fedavg", "fedavg", accuracy=(0.99, 0.98, 1.0))], old)[0]
     assert risen.verdict == PASS
 
@@ -316,7 +348,7 @@ def test_without_an_interval_the_tolerance_decides():
 
 
 def test_missing_baseline_data_is_skipped_unless_required():
-    old = [experiment("dp-fedavg-eps1", "dp-fedavg", epsilon=1.0, attacks=[membership_attack("lira-online", (0.5, 0.47, 0.53))])]
+    old = [experiment("dp-fedavg-eps1", "dp-fedavg", epsilon=1.0, attacks=[membership_attack("lira-online", (0.54, 0.51, 0.57))])]
     new = [experiment("dp-fedavg-eps1", "dp-fedavg", epsilon=1.0), experiment("new-defense", "dp-fedsam", epsilon=1.0)]
     rule = {"kind": "no-regression", "metric": "auc"}
     skipped = outcomes_of([rule], new, old)

@@ -183,3 +183,17 @@ def test_pooled_leave_one_out_auc_is_biased_under_a_null_and_the_comparison_roc_
     standard_error = np.std(compared, ddof=1) / np.sqrt(len(compared))
     assert np.mean(pooled) < 0.45  # the bias this ROC exists to remove (≈ 0.41)
     assert abs(np.mean(compared) - 0.5) < 4 * standard_error, (np.mean(compared), standard_error)
+
+
+def test_the_two_way_variance_and_its_degrees_of_freedom():
+    """V = V_cells + (V_runs − V_cells)⁺ + (V_units − V_cells)⁺, and Satterthwaite's ν counts the
+    clusters each one-way variance that enters V was estimated from: pure cell noise has RU − 1
+    degrees of freedom, a unit component alone U − 1, and both components ν = V²/(V_r²/(R−1) +
+    V_u²/(U−1) + V_c²/(RU−1)) (the cell variance enters with coefficient 1 − 1 − 1 = −1)."""
+    from audit.core.cluster_bootstrap import combined_variance
+
+    assert combined_variance(1.0, 1.0, 1.0, 16, 10) == pytest.approx((1.0, 159.0))
+    assert combined_variance(0.9, 1.0, 1.0, 16, 10) == pytest.approx((1.0, 159.0))  # no component beyond noise
+    assert combined_variance(1.0, 3.0, 1.0, 16, 10) == pytest.approx((3.0, 9.0))  # units only: U − 1
+    v, dof = combined_variance(2.0, 3.0, 1.0, 16, 10)
+    assert v == pytest.approx(4.0) and dof == pytest.approx(16.0 / (4.0 / 15 + 9.0 / 9 + 1.0 / 159))

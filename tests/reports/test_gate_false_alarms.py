@@ -1,0 +1,39 @@
+"""``check --baseline`` tolerates honest randomness and still catches a lost defense (issue 17,
+item 6): the small version of ``benchmarks/gate_false_alarms.py``.
+
+Two audits of the same code with different seeds are two independent draws of every figure, and
+the gate's regression comparisons are one family decided by Holm at 5 %: a check between them
+fails with probability at most 5 % when the intervals are honest. Over n independent seed pairs
+the number of failing checks is then at most Binomial(n, 0.05); we accept up to the count that a
+correct gate exceeds with probability < 1 %. The same pairs with the new audit's DP-FedAvg
+stripped of its noise (its figures replaced by FedAvg's: AUC ≈ 1 instead of ≈ ½) must all fail.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from scipy.stats import binom
+
+from audit.validation import GATE_RULES, gate_false_alarms
+from reports.policy import load_policy, parse_policy
+
+ROOT = Path(__file__).resolve().parents[2]
+#: the membership attacks of the smoke preset (its canary audits and run attacks are left out to
+#: keep the suite fast; the benchmark runs them all)
+ATTACKS = [{"name": "lira"}, {"name": "loss-threshold"}]
+SEEDS = 42  # 21 independent pairs
+
+
+def test_the_gate_rules_measured_are_those_of_the_example_policy():
+    example = [rule for rule in load_policy(ROOT / "examples" / "policy.yaml").rules if rule.kind == "no-regression"]
+    assert list(parse_policy({"rules": GATE_RULES}).rules) == example
+
+
+def test_honest_seed_pairs_rarely_fail_the_gate_and_a_lost_defense_always_does():
+    rates = gate_false_alarms(SEEDS, start_seed=1000, attacks=ATTACKS, progress=False)
+    pairs = rates.false_alarms.total
+    assert pairs >= 20 and rates.comparisons >= 5
+    allowed = int(binom.ppf(0.99, pairs, 0.05))  # 3 of 21
+    assert rates.false_alarms.hits <= allowed, (rates.false_alarms.hits, pairs, rates.false_alarms_all_pairs.rate)
+    assert rates.detections.hits == rates.detections.total == pairs
