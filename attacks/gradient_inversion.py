@@ -80,15 +80,18 @@ class GradientInversion(RunAttack):
                      f"({threat.examples} records > max_images {self.params.max_images})")
             return [AttackResult(self.label, "", "client", np.zeros((0, 0)), np.zeros((0, 0), dtype=bool), {}, ((), ()),
                                  notes, kind="run")]
+        eligible = [c for c in range(len(run.clients)) if len(run.clients[c]) >= self.params.batch_size]
+        if len(eligible) < threat.clients:  # e.g. a zero-out membership run whose coins emptied the clients
+            notes = (f"not attempted: {len(eligible)} of the target run's {len(run.clients)} clients hold "
+                     f"{self.params.batch_size} records, and an upload of this threat model needs {threat.clients}")
+            return [AttackResult(self.label, "", "client", np.zeros((0, 0)), np.zeros((0, 0), dtype=bool), {}, ((), ()),
+                                 notes, kind="run")]
         params = run.global_before(self.params.round)
         if params is None:
             raise RuntimeError(f"gradient-inversion: the global model before round {self.params.round} was not stored")
         params = {k: v.detach() for k, v in params.items()}
         data_range = data_range_of(run.pool_x)
         rng = numpy_rng(run.seed, "gradient-inversion", self.label)
-        eligible = [c for c in range(len(run.clients)) if len(run.clients[c]) >= self.params.batch_size]
-        if len(eligible) < threat.clients:
-            raise RuntimeError(f"gradient-inversion: fewer than {threat.clients} clients hold {self.params.batch_size} records")
         truth, reconstructions = [], []
         per_image: dict[str, list[float]] = {"ssim": [], "psnr": [], "mse": []}
         correct = []

@@ -82,6 +82,14 @@ class Plan:
     def clients(self) -> list[list[np.ndarray]]:
         return self.membership.clients
 
+    def canary_base_run(self, index: int) -> int:
+        """The membership run whose clients' data canary run ``index`` trains on (cycling over the
+        runs). Runs in which no client holds data — possible in a zero-out design with few clients,
+        where every coin can come up off — are passed over: FedAvg weights uploads by data size,
+        so canary clients beside only empty ones would weigh nothing and the audit would see none."""
+        runs = [r for r, clients in enumerate(self.clients) if any(len(c) for c in clients)] or list(range(len(self.clients)))
+        return runs[index % len(runs)]
+
     @property
     def membership_attacks(self) -> list[Attack]:
         return [a for a in self.attacks if a.kind == "membership"]
@@ -265,7 +273,7 @@ def clients_digest(clients: list[np.ndarray]) -> str:
 
 
 def canary_run_id(plan: Plan, experiment: Experiment, audit: CanaryAudit, index: int) -> str:
-    base = run_id(plan, experiment, index % plan.config.membership.runs)
+    base = run_id(plan, experiment, plan.canary_base_run(index))
     fingerprint = {"base": base, "audit": audit.name, "label": audit.label, "params": to_mapping(asdict(audit.params)),
                    "index": index}
     digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True, default=str).encode()).hexdigest()[:12]

@@ -190,7 +190,7 @@ def train_canary_runs(plan: Plan, store: RunStore, experiment: Experiment, audit
             continue
         injection = audit.injection(context, i)
         chosen = np.flatnonzero(injection.inserted)
-        base = plan.clients[i % plan.config.membership.runs]
+        base = plan.clients[plan.canary_base_run(i)]
         clients = [np.asarray(c).copy() for c in base]
         pool_x, pool_y = plan.task.pool.features, plan.task.pool.labels
         if injection.records_x is not None:

@@ -121,3 +121,27 @@ def test_dp_fedavg_dividing_by_the_realized_count_claims_zero_out_and_the_design
     expected = plan({"denominator": "expected"})
     assert expected.experiments[0].claim.relation == "add-remove"
     assert expected.membership.relation == "add-remove"
+
+
+def test_a_zero_out_run_without_any_data_is_audited_without_a_crash_or_a_blind_canary_audit(tmp_path):
+    """With 5 clients a zero-out run has no data at all with probability 1/32 (the smoke preset's
+    run 0 at seed 29). Canary runs then train on the next run that has data — FedAvg weighs
+    uploads by data size, so canary clients beside only empty ones would weigh nothing and
+    non-private FedAvg would look leak-free — and gradient inversion says why it was not attempted."""
+    from audit.pipeline import attack as run_attacks
+    from audit.store import RunStore
+    from audit.summary import build_results
+
+    overrides = {"seed": 29, "attacks": [{"name": "client-canaries"}, {"name": "gradient-inversion",
+                                                                       "params": {"iterations": 5, "batch_size": 1}}],
+                 "defenses": [{"name": "fedavg"}, {"name": "dp-fedavg", "epsilons": [8]}]}
+    plan = plan_audit(load_config(preset_name="smoke", overrides=overrides))
+    assert plan.membership.relation == "zero-out"
+    empty = [r for r, clients in enumerate(plan.clients) if not any(len(c) for c in clients)]
+    assert empty == [0]
+    assert [plan.canary_base_run(i) for i in range(8)] == [1, 2, 3, 4, 5, 6, 7, 1]
+    results = build_results(plan, RunStore(tmp_path), run_attacks(plan, tmp_path, quiet=True))
+    fedavg = next(e for e in results.experiments if e.defense == "fedavg")
+    by_name = {a.attack: a for a in fedavg.attacks}
+    assert by_name["client-canaries"].metrics["auc"].value == 1.0  # every canary client found
+    assert by_name["gradient-inversion"].notes.startswith("not attempted: 0 of the target run's 5 clients hold 1 records")
