@@ -15,9 +15,10 @@ import math
 
 import pytest
 
-from audit.validation import known_effect, tight_claim
+from audit.validation import known_effect, pipeline_leaky, pipeline_null, tight_claim
 
 REPLICATES = 120
+PIPELINE_REPLICATES = 30  # about 2 s each: training, attacks and verdicts of one small audit
 
 
 def _tolerance(n: int, rate: float = 0.95) -> float:
@@ -36,3 +37,25 @@ def test_two_way_intervals_cover_the_truth_on_a_crossed_design(mu):
 def test_a_tight_claim_is_rarely_called_a_violation(epsilon, delta):
     rate, n = tight_claim(REPLICATES, epsilon, delta, seed=12)
     assert rate <= 0.05 + _tolerance(n, 0.05), rate
+
+
+def test_the_pipeline_intervals_cover_chance_under_a_null():
+    """(a) through the real training, attacks and verdicts: AUC intervals cover ½ (3 binomial
+    standard errors at n = 30: ≥ 0.83), and no experiment is called a violation."""
+    tallies = pipeline_null(PIPELINE_REPLICATES, start_seed=500, progress=False)
+    for attack in ("lira-online", "lira-offline", "shokri", "loss-threshold"):
+        tally = tallies[f"{attack} auc"]
+        assert tally.total == PIPELINE_REPLICATES and tally.rate >= 0.95 - _tolerance(tally.total), (attack, tally)
+    assert tallies["experiment without a VIOLATION"].rate == 1.0
+
+
+def test_the_pipeline_intervals_cover_a_leaky_designs_expected_auc():
+    """(b1): on non-private FedAvg the AUC intervals cover the design's expected AUC (the mean
+    over the replicates) within 3 binomial standard errors, and the seed-to-seed spread is what
+    the intervals say (their implied SE within a factor 1.6 of the SD: at n = 30 an SD is
+    known to ±13 %)."""
+    for name, (tally, truth, sd, implied) in pipeline_leaky(PIPELINE_REPLICATES, start_seed=7 * 10**5, progress=False).items():
+        if not name.endswith(" auc"):
+            continue
+        assert truth > 0.5 and abs(tally.rate - 0.95) <= _tolerance(tally.total), (name, tally, truth)
+        assert 1 / 1.6 <= implied / sd <= 1.6, (name, sd, implied)
