@@ -168,8 +168,9 @@ MEMBERSHIP_METRICS = {
            "other's truth through the references — and, for attacks trained in folds, of one fold (95 % interval: "
            "two-way bootstrap over runs and units, Cameron–Gelbach–Miller, Satterthwaite t)",
     "tpr_at_fpr_0.1%": "largest TPR with FPR ≤ 0.1 %, each member's FPR among the non-members it is compared with "
-                       "(two-way bootstrap 95 %); with fewer than 1,000 of them it is the TPR at FPR 0",
-    "tpr_at_fpr_1%": "largest TPR with FPR ≤ 1 %, as above (two-way bootstrap 95 %)",
+                       "(two-way bootstrap 95 %); null (not estimable) when a member is compared with fewer than "
+                       "1,000 non-member scores: below that it would be the TPR at FPR 0",
+    "tpr_at_fpr_1%": "largest TPR with FPR ≤ 1 %, as above (two-way bootstrap 95 %); null below 100 non-member scores",
     "balanced_accuracy": "best balanced accuracy over thresholds (optimistic: the threshold sees the truth; two-way bootstrap 95 %)",
     "accuracy": "accuracy at the threshold that is best on the other runs (the target's truth unseen; two-way bootstrap 95 %)",
     "epsilon_one_run": "ε lower bound of the one-run count (Steinke, Nasr, Jagielski 2023; 95 %) over independent coins: "

@@ -79,12 +79,17 @@ def _round_curves(metrics_per_run: list[list[dict[str, Any]]]) -> list[dict[str,
     return curves
 
 
+def _finite(value: float) -> float | None:
+    """A number as results.json holds it: None where there is none (NaN: not estimable; ±inf: no bound)."""
+    return float(value) if value is not None and math.isfinite(value) else None
+
+
 def _attack_records(results: list[AttackResult], claim: PrivacyClaim) -> list[AttackRecord]:
     """The experiment's attacks as results.json records them, with their verdicts: every ε
     lower bound of the experiment is one family, decided together (reports.soundness)."""
     raw = []
     for result in results:
-        metrics = {name: Estimate(e.value, e.low, e.high) for name, e in result.metrics.items()}
+        metrics = {name: Estimate(*(_finite(x) for x in (e.value, e.low, e.high))) for name, e in result.metrics.items()}
         epsilon_kind = dict(result.epsilon_kind)
         raw.append((result, metrics, epsilon_kind,
                     attack_verdicts(claim, result.unit, metrics, epsilon_kind,  # type: ignore[arg-type]

@@ -199,7 +199,7 @@ def crossed_scores(rng: np.random.Generator, runs: int, units: int, mu: float,
     return scores, truth, math.sqrt(run_sd ** 2 + unit_sd ** 2 + 1.0)
 
 
-def known_effect(replicates: int, mu: float = 1.0, runs: int = 16, units: int = 40, seed: int = 1,
+def known_effect(replicates: int, mu: float = 1.0, runs: int = 16, units: int = 160, seed: int = 1,
                  bootstrap: int = 1000) -> dict[str, Tally]:
     """(b): coverage of the true AUC and TPRs for a known shift (μ = 0 is the metric-level null)."""
     rng = np.random.default_rng(seed)

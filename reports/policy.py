@@ -35,7 +35,7 @@ entry and the utility block — whichever carry the metric.
   the claim — a warning, not a proof; reports.soundness) fails too.
 * ``no-regression`` (:class:`RegressionRule`): compares with the experiment of the same ``key``
   in ``--baseline``. ``metric`` (one) or ``metrics`` (a list; default the membership metrics
-  ``auc``, ``tpr_at_fpr_1%``, ``epsilon_one_run``), ``tolerance`` (default 0.02, in the
+  ``auc`` and ``tpr_at_fpr_1%``; ε lower bounds are held to the claim by ``no-violation``), ``tolerance`` (default 0.02, in the
   metric's own units, used only where an interval is missing), ``worse: higher | lower``
   (default: by metric — lower is worse for ``test_accuracy``, ``train_accuracy``, ``mse`` and
   ``mae``, higher is worse for everything else), ``require`` (default false: missing data is

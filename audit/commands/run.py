@@ -38,13 +38,21 @@ def _server_epsilon(claim: PrivacyClaim) -> str:
     return f"{server.epsilon:.3g}" if server is not None and server.covered else "–"
 
 
+def _auc(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def _percent(value: float | None) -> str:
+    """A TPR for the summary table, 'n/a' where it was not estimable (too few non-member scores)."""
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
 def _print_summary(results: Results) -> None:
     print(f"{'configuration':<28} {'accuracy':>9} {'claimed ε':>10} {'server ε':>9} {'unit':>7}  leakage")
     for experiment in results.experiments:
         accuracy, claim = experiment.utility.test_accuracy.value, experiment.claim
-        leak = ", ".join(
-            f"{a.attack} AUC {a.metrics['auc'].value:.3f} TPR@1% {100 * a.metrics['tpr_at_fpr_1%'].value:.1f}%"
-            for a in experiment.attacks if a.kind != "run")
+        leak = ", ".join(f"{a.attack} AUC {_auc(a.metrics['auc'].value)} TPR@1% {_percent(a.metrics['tpr_at_fpr_1%'].value)}"
+                         for a in experiment.attacks if a.kind != "run")
         shown = "diverged" if experiment.diverged is not None else "n/a" if accuracy is None else f"{100 * accuracy:.1f}%"
         print(f"{experiment.label[:28]:<28} {shown:>9} {(f'{claim.epsilon:.3g}' if claim.is_private else '∞'):>10} "
               f"{_server_epsilon(claim):>9} {claim.unit:>7}  {leak}; soundness: {experiment.soundness}")

@@ -149,6 +149,10 @@ class WeightedRoc:
         last = np.r_[fpr_sorted[1:] != fpr_sorted[:-1], True]  # the last member at each FPR value
         return np.r_[0.0, fpr_sorted[last], 1.0], np.r_[0.0, cumulative[last], 1.0]
 
+    def compared_negatives(self) -> np.ndarray:
+        """How many non-member scores each member is compared with (unit weights)."""
+        return self.member_fprs(np.ones(self.size))[3]
+
     def curve(self, weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The ROC curve (FPR, TPR) the statistics are read from (unit weights by default)."""
         return self.curve_from(*self.member_fprs(np.ones(self.size) if weights is None else weights))
@@ -190,7 +194,8 @@ def two_way_intervals(scores: np.ndarray, truth: np.ndarray, rng: np.random.Gene
     """Point values and two-way intervals of the pooled ROC metrics of ``scores`` [runs, units]
     with membership ``truth`` [runs, units].
 
-    Keys: ``auc``, ``balanced_accuracy``, ``tpr@<fpr>``, plus one per ``extra`` entry
+    Keys: ``auc``, ``balanced_accuracy``, ``tpr@<fpr>`` (NaN where the members are compared with
+    fewer than 1/fpr non-member scores: not estimable), plus one per ``extra`` entry
     name → weighted statistic given the weights [runs, units] (e.g. the mean correctness of a
     fixed decision rule). Intervals are point ± t·SE (Satterthwaite degrees of freedom), clipped
     to [0, 1]. ``run_groups`` names runs whose scores share more than their run — e.g. the targets
@@ -218,8 +223,16 @@ def two_way_intervals(scores: np.ndarray, truth: np.ndarray, rng: np.random.Gene
         # × G/(G − 1): the bootstrap variance of a mean of G cluster totals is biased low by (G − 1)/G
         scale = clusters[over] / (clusters[over] - 1)
         variances[over] = {name: scale * float(np.nanvar([d.get(name, math.nan) for d in draws], ddof=1)) for name in point}
+    # TPR at FPR x needs non-member scores to reach FPR x: with n of them per member the finest
+    # FPR above 0 is 1/n, and below n = 1/x "TPR at FPR ≤ x" is the TPR at FPR 0 (whose null
+    # expectation is 1/(n + 1), not x) — not estimable, reported as such
+    resolution = float(np.median(roc.compared_negatives())) if point else 0.0
+    unresolved = {f"tpr@{x}" for x in fprs if resolution * x < 1.0 - 1e-9}
     out = {}
     for name, value in point.items():
+        if name in unresolved:
+            out[name] = Estimate(math.nan)
+            continue
         variance, dof = combined_variance(variances["runs"][name], variances["units"][name], variances["cells"][name],
                                           clusters["runs"], clusters["units"])
         half = critical_value(confidence, dof) * math.sqrt(variance) if math.isfinite(variance) else math.nan

@@ -197,3 +197,19 @@ def test_the_two_way_variance_and_its_degrees_of_freedom():
     assert combined_variance(1.0, 3.0, 1.0, 16, 10) == pytest.approx((3.0, 9.0))  # units only: U − 1
     v, dof = combined_variance(2.0, 3.0, 1.0, 16, 10)
     assert v == pytest.approx(4.0) and dof == pytest.approx(16.0 / (4.0 / 15 + 9.0 / 9 + 1.0 / 159))
+
+
+def test_tpr_at_an_fpr_finer_than_the_non_member_scores_allow_is_not_estimable():
+    """With n non-member scores per member the finest FPR above 0 is 1/n: TPR at FPR 1 % needs
+    n ≥ 100. Here 4 runs × 30 units give each member about 56 non-members of other units, so
+    TPR at 10 % is reported and TPR at 1 % (which would be the TPR at FPR 0) is not."""
+    from audit.core.cluster_bootstrap import comparison_roc, two_way_intervals
+
+    rng = np.random.default_rng(8)
+    labels = rng.random((4, 30)) < 0.5
+    scores = rng.normal(size=(4, 30)) + labels
+    compared = comparison_roc(scores, labels).compared_negatives()
+    assert 40 < np.median(compared) < 100
+    out = two_way_intervals(scores, labels, rng, fprs=(0.01, 0.1), replicates=50)
+    assert math.isnan(out["tpr@0.01"].value) and math.isnan(out["tpr@0.01"].low)
+    assert 0 < out["tpr@0.1"].value <= 1 and out["tpr@0.1"].low <= out["tpr@0.1"].value <= out["tpr@0.1"].high
