@@ -5,7 +5,8 @@ size and ``tests/attacks/test_coverage.py`` small):
 
 (a) :func:`pipeline_null` — the real training, attack and report code (``dpfl-audit run``) on a
     configuration where membership cannot leak: client-level DP-FedAvg at ε = 0.05, so the
-    model is at chance. True values: AUC 0.5, TPR = FPR at each operating point, ε = 0.
+    model is at chance. True values: AUC 0.5, TPR = the attainable FPR at each operating point
+    (:func:`attainable_fpr`), ε = 0.
 (b) :func:`pipeline_leaky` — the same pipeline on a leaky configuration (non-private FedAvg
     whose clients overfit): coverage of the design's expected AUC and TPRs, estimated by the
     mean over the replicates; and :func:`known_effect` — membership scores of a crossed runs ×
@@ -39,6 +40,7 @@ from attacks.base import OPERATING_POINTS, membership_metrics
 from audit.config import load_config
 from audit.core.audit_power import tight_scores
 from audit.core.empirical_epsilon import one_run_audit
+from audit.core.safe_names import slug
 from audit.pipeline import attack
 from audit.planning import plan_audit
 from audit.store import RunStore
@@ -106,18 +108,22 @@ class Replicates:
     values: list[float] = field(default_factory=list)
     lows: list[float] = field(default_factory=list)
     highs: list[float] = field(default_factory=list)
+    #: per replicate, the largest FPR ≤ the operating point that a threshold can give (TPR figures)
+    attainable: list[float] = field(default_factory=list)
 
-    def add(self, estimate: Estimate) -> None:
+    def add(self, estimate: Estimate, attainable: float = math.nan) -> None:
         if None in (estimate.value, estimate.ci_low, estimate.ci_high):
             return
         self.values.append(float(estimate.value))
         self.lows.append(float(estimate.ci_low))
         self.highs.append(float(estimate.ci_high))
+        self.attainable.append(attainable)
 
-    def coverage(self, truth: float) -> Tally:
+    def coverage(self, truth: float | None = None) -> Tally:
+        """Coverage of ``truth``, or of each replicate's attainable FPR (a TPR's value under a null)."""
         tally = Tally()
-        for low, high in zip(self.lows, self.highs):
-            tally.add(low, high, truth)
+        for low, high, attainable in zip(self.lows, self.highs, self.attainable):
+            tally.add(low, high, attainable if truth is None else truth)
         return tally
 
     def spread(self) -> tuple[float, float]:
@@ -149,8 +155,11 @@ def pipeline_replicates(template: str, replicates: int, start_seed: int = 0, pro
             for record in experiment.attacks:
                 if record.kind != "membership":
                     continue
-                for name in ("auc", *(n for n, _ in OPERATING_POINTS)):
-                    figures.setdefault(f"{record.attack} {name}", Replicates()).add(record.metrics[name])
+                scores = np.load(out / "attacks" / experiment.key / f"{slug(record.attack)}.npz")["scores"]
+                figures.setdefault(f"{record.attack} auc", Replicates()).add(record.metrics["auc"])
+                for name, fpr in OPERATING_POINTS:
+                    figures.setdefault(f"{record.attack} {name}", Replicates()).add(record.metrics[name],
+                                                                                    attainable_fpr(scores, fpr))
                 bound = record.metrics.get("epsilon_one_run")
                 if bound is not None and bound.value is not None:
                     events.setdefault(f"{record.attack} ε_LB = 0", Tally()).count(bound.value <= 0.0)
@@ -164,12 +173,28 @@ def pipeline_replicates(template: str, replicates: int, start_seed: int = 0, pro
     return figures, events
 
 
-def pipeline_null(replicates: int, start_seed: int = 0, progress: bool = True) -> dict[str, Tally]:
-    """(a): the real pipeline under a null (:data:`NULL_CONFIG`): coverage of AUC 0.5 and of
-    TPR = FPR at each operating point, the rate of ε_LB = 0 and of experiments without a VIOLATION."""
-    figures, events = pipeline_replicates(NULL_CONFIG, replicates, start_seed, "pipeline null" if progress else None)
-    truth = {"auc": 0.5, **dict(OPERATING_POINTS)}
-    tallies = {name: figure.coverage(truth[name.rsplit(" ", 1)[1]]) for name, figure in figures.items()}
+def attainable_fpr(scores: np.ndarray, fpr: float) -> float:
+    """The largest share of all scores at or above a threshold that does not exceed ``fpr``.
+
+    Under a null members and non-members score alike, so a threshold's TPR equals its FPR and the
+    true "TPR at FPR ≤ x" (read without interpolation, as the report reads it) is this share: x
+    for continuous scores, less where scores tie in large groups (a model at chance whose loss
+    depends only on the label: every tie group holds a tenth of the scores, and the truth at 1 %
+    is 0)."""
+    flat = np.sort(np.asarray(scores, dtype=np.float64).ravel())[::-1]
+    at_or_above = np.searchsorted(-flat, -flat, side="right") / flat.size  # share with score ≥ each value
+    allowed = at_or_above[at_or_above <= fpr + 1e-12]
+    return float(allowed.max()) if allowed.size else 0.0
+
+
+def pipeline_null(replicates: int, start_seed: int = 0, progress: bool = True, unit: str = "client") -> dict[str, Tally]:
+    """(a): the real pipeline under a null (:data:`NULL_CONFIG`), whole clients or records in and
+    out (``unit``; records give each member thousands of non-member scores, so TPR at 0.1 % FPR is
+    estimable): coverage of AUC 0.5 and of TPR = FPR at each operating point, the rate of ε_LB = 0
+    and of experiments without a VIOLATION."""
+    template = NULL_CONFIG.replace("unit: client", f"unit: {unit}")
+    figures, events = pipeline_replicates(template, replicates, start_seed, f"pipeline null ({unit})" if progress else None)
+    tallies = {name: figure.coverage(0.5 if name.endswith(" auc") else None) for name, figure in figures.items()}
     return {**tallies, **events}
 
 

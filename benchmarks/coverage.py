@@ -5,7 +5,9 @@ Three designs, each replicated many times with fresh seeds:
 
 (a) **pipeline null** — the real training, attack and report code (``dpfl-audit run``) on a
     configuration where membership cannot leak: client-level DP-FedAvg at ε = 0.05, so the
-    model is at chance and every run is as informative about a client as any other. True values:
+    model is at chance and every run is as informative about a unit as any other; whole clients
+    in and out (10 units: no TPR is estimable) and records in and out (400 units: TPR at 0.1 %
+    and 1 % FPR are). True values:
     AUC 0.5, TPR = FPR at each operating point, ε = 0.
 (b) **leaky designs with a known effect** — (b1) the same pipeline on non-private FedAvg whose
     clients overfit; the estimand of a fixed design (the expectation of the figure over training
@@ -58,8 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         rate, n = tight_claim(args.replicates, epsilon, delta)
         rows.append((f"(c) tight claim ε = {epsilon:g}, δ = {delta:g}", "experiments with a VIOLATION", round(rate * n), n, rate, ""))
     if args.pipeline_replicates:
-        for name, tally in pipeline_null(args.pipeline_replicates).items():
-            rows.append(("(a) pipeline null (DP-FedAvg ε = 0.05)", name, tally.hits, tally.total, tally.rate, ""))
+        for unit in ("client", "record"):
+            for name, tally in pipeline_null(args.pipeline_replicates, unit=unit).items():
+                rows.append((f"(a) pipeline null, {unit}s (DP-FedAvg ε = 0.05)", name, tally.hits, tally.total, tally.rate, ""))
         for name, (tally, truth, sd, implied) in pipeline_leaky(args.pipeline_replicates).items():
             rows.append(("(b1) pipeline leaky (FedAvg)", name, tally.hits, tally.total, tally.rate,
                          f"mean {truth:.3f}, SD {sd:.3f} vs implied SE {implied:.3f}"))

@@ -151,7 +151,8 @@ def render_report(results: Results, manifest_extra: dict[str, Any] | None = None
         png = plots.roc_plot(experiments, name)
         if png:
             figures.append({"title": f"ROC of {name}", "png": png,
-                            "caption": "All (target run, record) pairs pooled, leave-one-out; log–log axes show the low-FPR regime."})
+                            "caption": "Every (target run, unit) score, leave-one-out; a member is ranked among the non-members of other units "
+                                       "(for Shokri, of its fold); log–log axes show the low-FPR regime."})
     accuracy_curves = plots.round_curves(experiments, "test_accuracy", "Test accuracy per round", "test accuracy")
     if accuracy_curves:
         figures.append({"title": "Training curves", "png": accuracy_curves,
