@@ -8,6 +8,7 @@ from attacks import (  # noqa: F401  (each module registers its attacks)
     model_inversion,
     property_inference,
     record_canaries,
+    rmia,
     shokri,
     threshold,
     update_canaries,
