@@ -12,7 +12,7 @@ Three kinds of attack share one registry:
 * :class:`MembershipAttack` scores the units of a membership experiment (LiRA, Shokri,
   threshold attacks, canary queries);
 * :class:`attacks.canary_audit.CanaryAudit` trains its own runs with canaries inserted and
-  turns the canaries' statistics into empirical ε (one-run audit, Gaussian fit);
+  turns the canaries' statistics into empirical ε (one-run audits, Gaussian fit);
 * :class:`RunAttack` attacks one trained run as the server holds it (:class:`TargetRun`):
   reconstruction from uploads, model inversion, attribute and property inference.
 
@@ -22,6 +22,7 @@ score = more likely member — and the metrics computed from them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -32,8 +33,9 @@ from torch import nn
 
 from attacks.signals import view_inputs
 from audit.core.cluster_bootstrap import REPLICATES, comparison_roc, two_way_intervals
-from audit.core.empirical_epsilon import OneRunAudit, one_run_audit
+from audit.core.empirical_epsilon import one_run_audit
 from audit.core.errors import UserInputError
+from audit.core.fdp_one_run import FdpOneRunAudit, OneRunEvidence, fdp_audit_of_counts
 from audit.core.metrics import Estimate, best_accuracy_threshold, thin_curve
 from audit.core.registry import Registry
 from audit.core.seeding import numpy_rng
@@ -155,7 +157,7 @@ class AttackResult:
     #: removes a unit, or replaces one client of a pair by the other
     relation: str = "add-remove"
     #: ε figure → the one-run counts behind it (their p-value against any claim; reports.soundness)
-    evidence: dict[str, OneRunAudit] = field(default_factory=dict)
+    evidence: dict[str, OneRunEvidence] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -175,8 +177,13 @@ MEMBERSHIP_METRICS = {
     "accuracy": "accuracy at the threshold that is best on the other runs (the target's truth unseen; two-way bootstrap 95 %)",
     "epsilon_one_run": "ε lower bound of the one-run count (Steinke, Nasr, Jagielski 2023; 95 %) over independent coins: "
                        "canaries, or the (run, unit) pairs of target runs scored without each other's membership",
+    "epsilon_one_run_fdp": "ε lower bound of the same count through the f-DP analysis of the (ε, δ) trade-off curve "
+                           "(Mahloujifar, Melis, Chaudhuri 2024; 95 %)",
     "epsilon_gaussian_fit": "ε estimate from Gaussians fitted to inserted and held-out canaries (Andrew et al. 2024; bootstrap 95 %)",
 }
+
+#: the ε lower bounds of a one-run count (:func:`membership_metrics`)
+ONE_RUN_FIGURES = ("epsilon_one_run", "epsilon_one_run_fdp")
 
 #: the TPR operating points reported, as (metric name, FPR)
 OPERATING_POINTS = (("tpr_at_fpr_0.1%", 0.001), ("tpr_at_fpr_1%", 0.01))
@@ -194,9 +201,10 @@ def _reference_correct(scores: np.ndarray, truth: np.ndarray) -> np.ndarray:
 
 def membership_metrics(scores: np.ndarray, truth: np.ndarray, seed: int, confidence: float = 0.95,
                        delta: float = 0.0, coins: tuple[np.ndarray, np.ndarray] | None = None, bootstrap: int = REPLICATES,
-                       run_groups: np.ndarray | None = None) -> tuple[dict[str, Estimate], tuple[list[float], list[float]], OneRunAudit | None]:
+                       run_groups: np.ndarray | None = None
+                       ) -> tuple[dict[str, Estimate], tuple[list[float], list[float]], dict[str, OneRunEvidence]]:
     """Metrics over the (target, unit) scores, their intervals, a ROC curve for plots, and the
-    one-run ε bound.
+    one-run ε bounds with their counts (ε figure → evidence; empty without ``coins``).
 
     The ROC compares member and non-member scores of different units, and only within a group of
     ``run_groups`` (:func:`audit.core.cluster_bootstrap.comparison_roc`): leave-one-out scores of
@@ -204,9 +212,10 @@ def membership_metrics(scores: np.ndarray, truth: np.ndarray, seed: int, confide
     :func:`audit.core.cluster_bootstrap.two_way_intervals`: scores of one unit across runs and of
     one run across units are correlated, so no interval treats the pairs as independent. ``coins`` = (scores, inserted) of independent inclusion coins whose
     guesses may use any output but none of those coins' truth (target runs scored from other
-    runs' membership only, or canaries); the one-run count on them is a valid ε lower bound at
-    ``delta`` (the δ the claim allows for this unit, :func:`reports.soundness.measurement_delta`).
-    Without ``coins`` there is no ε figure.
+    runs' membership only, or canaries); the one-run count on them gives two valid ε lower bounds
+    at ``delta`` (the δ the claim allows for this unit, :func:`reports.soundness.measurement_delta`):
+    Steinke et al.'s (``epsilon_one_run``) and the f-DP analysis of the same counts
+    (``epsilon_one_run_fdp``). Without ``coins`` there is no ε figure.
     """
     truth = truth.astype(bool)
     rng = numpy_rng(seed, "metrics", "two-way-bootstrap")
@@ -222,11 +231,26 @@ def membership_metrics(scores: np.ndarray, truth: np.ndarray, seed: int, confide
     metrics["balanced_accuracy"] = intervals["balanced_accuracy"]
     if "accuracy" in intervals:
         metrics["accuracy"] = intervals["accuracy"]
-    evidence = None
+    evidence: dict[str, OneRunEvidence] = {}
     if coins is not None and len(coins[0]) >= 2:
-        evidence = one_run_audit(coins[0], coins[1], delta=delta, alpha=1.0 - confidence)
-        metrics["epsilon_one_run"] = evidence.as_estimate()
+        steinke = one_run_audit(coins[0], coins[1], delta=delta, alpha=1.0 - confidence)
+        # the same guesses, so the two figures differ only in how the counts are analysed
+        evidence = {"epsilon_one_run": steinke,
+                    "epsilon_one_run_fdp": fdp_audit_of_counts(steinke.canaries, steinke.tried, delta, 1.0 - confidence)}
+        metrics.update((name, audit.as_estimate()) for name, audit in evidence.items())
     return metrics, thin_curve(*comparison_roc(scores, truth, run_groups).curve()), evidence
+
+
+def gdp_note(evidence: dict[str, OneRunEvidence]) -> str:
+    """The f-DP analysis's μ-GDP figure, for the notes: the paper's "empirical privacy", which
+    holds only if the mechanism's trade-off curve is Gaussian, so it is no (ε, δ) bound."""
+    audit = evidence.get("epsilon_one_run_fdp")
+    if not isinstance(audit, FdpOneRunAudit) or audit.mu <= 0:
+        return ""
+    epsilon = audit.epsilon_gdp
+    at_delta = (f"ε = {epsilon:.3g} at δ = {audit.delta:.2g} if the trade-off curve is Gaussian" if math.isfinite(epsilon)
+                else "a Gaussian curve has no finite ε at δ = 0")
+    return f"; the counts reject μ-GDP for μ < {audit.mu:.3g} ({at_delta})"
 
 
 class Attack:
@@ -284,12 +308,12 @@ class MembershipAttack(Attack):
             coins = None  # pairs need both clients scored
         metrics, roc, evidence = membership_metrics(scores, truth, experiment.seed, delta=experiment.deltas.get(unit, 0.0),
                                                     coins=coins, run_groups=run_groups)
-        note = f"one-run ε over {len(rows)} target run(s) scored without each other's membership"
+        note = f"one-run ε over {len(rows)} target run(s) scored without each other's membership{gdp_note(evidence)}"
         if coins is None:
             note = f"no one-run ε: it needs independent coins of probability ½ (inclusion {experiment.inclusion:g})"
         return AttackResult(self.label, variant, unit, scores, truth, metrics, roc, f"{notes}; {note}",
-                            {"epsilon_one_run": "lower_bound"}, relation=experiment.relation,
-                            evidence={"epsilon_one_run": evidence} if evidence is not None else {})
+                            dict.fromkeys(ONE_RUN_FIGURES, "lower_bound"), relation=experiment.relation,
+                            evidence=evidence)
 
     @staticmethod
     def _unit_scores(experiment: MembershipExperiment, record_scores: np.ndarray, unit: str, records: np.ndarray | None,

@@ -5,12 +5,15 @@ A :class:`CanaryAudit` says what to insert (:meth:`CanaryAudit.injection`: canar
 added to clients' data, or canary clients whose update is a fixed direction) and how to read
 a canary's statistic off the trained run (:meth:`CanaryAudit.statistics`). Each canary is
 inserted independently with probability ½; the non-inserted ones are the held-out canaries.
-:func:`canary_result` turns (statistics, inserted) into three figures:
+:func:`canary_result` turns (statistics, inserted) into the ε figures:
 
 * the one-run audit's ε lower bound (Steinke, Nasr, Jagielski 2023), confidence 95 %: valid
   although the canaries of one run share its training randomness, because each canary's coin is
   independent and the count is dominated by a binomial whatever the dependence of the scores
   (a Clopper–Pearson bound on the same counts would assume independent trials, so there is none);
+* the ε lower bound of the same counts through the f-DP analysis of the (ε, δ) trade-off curve
+  (Mahloujifar, Melis, Chaudhuri 2024; :mod:`audit.core.fdp_one_run`), confidence 95 %, valid on
+  the same grounds (it too conditions on the other canaries' coins only);
 * the Gaussian-fit ε estimate with its bootstrap interval (Andrew et al. 2024).
 
 Canaries from several runs are pooled: each canary sits in one run, so the product of the
@@ -25,7 +28,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 import torch
 
-from attacks.base import Attack, AttackResult, membership_metrics
+from attacks.base import ONE_RUN_FIGURES, Attack, AttackResult, gdp_note, membership_metrics
 from audit.core.empirical_epsilon import gaussian_fit_epsilon
 from audit.core.metrics import Estimate
 from audit.core.seeding import numpy_rng
@@ -106,7 +109,7 @@ class CanaryAudit(Attack):
 
 def canary_result(attack: str, unit: str, statistics: np.ndarray, inserted: np.ndarray, delta: float, seed: int,
                   notes: str, confidence: float = 0.95) -> AttackResult:
-    """Metrics and the two ε figures of a canary audit; statistics/inserted are [runs, canaries]."""
+    """Metrics and the ε figures of a canary audit; statistics/inserted are [runs, canaries]."""
     statistics = np.asarray(statistics, dtype=np.float64)
     if not np.isfinite(statistics).all():
         statistics = np.nan_to_num(statistics, nan=0.0, posinf=1e300, neginf=-1e300)
@@ -116,14 +119,14 @@ def canary_result(attack: str, unit: str, statistics: np.ndarray, inserted: np.n
     roc: tuple[list[float], list[float]] = ([], [])
     evidence = {}
     if truth.any() and (~truth).any():
-        metrics, roc, audit = membership_metrics(statistics, truth, seed, confidence, delta, coins=(flat, truth.ravel()))
+        metrics, roc, evidence = membership_metrics(statistics, truth, seed, confidence, delta, coins=(flat, truth.ravel()))
         metrics.pop("accuracy", None)
-        if audit is not None:
-            evidence["epsilon_one_run"] = audit
-            notes += f"; one-run audit: {audit.correct} of {audit.guesses} guesses right"
+        if "epsilon_one_run" in evidence:
+            audit = evidence["epsilon_one_run"]
+            notes += f"; one-run audit: {audit.correct} of {audit.guesses} guesses right{gdp_note(evidence)}"
         if truth.sum() >= 2 and (~truth).sum() >= 2:
             metrics["epsilon_gaussian_fit"] = gaussian_fit_epsilon(flat[truth.ravel()], flat[~truth.ravel()], delta, confidence,
                                                                    seed=seed)
-    kinds = {"epsilon_one_run": "lower_bound", "epsilon_gaussian_fit": "estimate"}
+    kinds = {**dict.fromkeys(ONE_RUN_FIGURES, "lower_bound"), "epsilon_gaussian_fit": "estimate"}
     return AttackResult(attack, "", unit, statistics, truth, metrics, roc, notes,
                         {k: v for k, v in kinds.items() if k in metrics}, kind="canary", evidence=evidence)

@@ -16,8 +16,9 @@ size and ``tests/attacks/test_coverage.py`` small):
     AUC is Φ(μ/(s√2)) and TPR at FPR x is 1 − Φ(Φ⁻¹(1 − x) − μ/s).
 (c) :func:`tight_claim` — canary coins scored by the optimal attack on a mechanism exactly as
     private as the claim (the μ-GDP pair meeting (ε, δ), or ε-randomised response for δ = 0),
-    several correlated ε figures per experiment, decided by the report's verdict code (Holm over
-    the family): the rate of experiments with a VIOLATION must stay ≤ 5 %.
+    several correlated ε figures per experiment — each attack's Steinke and f-DP bounds — decided
+    by the report's verdict code (Holm over the family): the rate of experiments with a VIOLATION
+    must stay ≤ 5 %.
 (d) :func:`gate_false_alarms` — ``check --baseline`` between honest audits of the smoke preset
     at different seeds (the rate of failing checks must stay ≤ 5 %, the regressions' family-wise
     level), and against an audit whose DP-FedAvg lost its noise (it must fail).
@@ -40,6 +41,7 @@ from attacks.base import OPERATING_POINTS, membership_metrics
 from audit.config import load_config
 from audit.core.audit_power import tight_scores
 from audit.core.empirical_epsilon import one_run_audit
+from audit.core.fdp_one_run import fdp_audit_of_counts
 from audit.core.safe_names import slug
 from audit.pipeline import attack
 from audit.planning import plan_audit
@@ -242,7 +244,8 @@ def known_effect(replicates: int, mu: float = 1.0, runs: int = 16, units: int = 
 def tight_claim(replicates: int, epsilon: float, delta: float, runs: int = 16, units: int = 40, figures: int = 4,
                 seed: int = 2) -> tuple[float, int]:
     """(c): the rate of experiments with a VIOLATION when the mechanism is exactly as private as
-    claimed; ``figures`` correlated ε figures per experiment (the same coins, different noise)."""
+    claimed; ``figures`` correlated attacks per experiment (the same coins, different noise), each
+    with its two one-run bounds (Steinke et al.'s and the f-DP analysis of the same counts)."""
     rng = np.random.default_rng(seed)
     claim = PrivacyClaim(epsilon, delta, "client", "simulated", relation="add-remove")
     violations = 0
@@ -253,8 +256,9 @@ def tight_claim(replicates: int, epsilon: float, delta: float, runs: int = 16, u
         for f in range(figures):  # correlated figures: a shared optimal statistic plus attack-specific noise
             scores = base + (0.3 * f) * rng.standard_normal(base.shape)
             audit = one_run_audit(scores, inserted, delta=delta)
-            family += attack_verdicts(claim, "client", {"epsilon_one_run": Estimate(audit.epsilon, audit.epsilon, None)},
-                                      {"epsilon_one_run": "lower_bound"}, "add-remove", {"epsilon_one_run": audit})
+            audits = {"epsilon_one_run": audit, "epsilon_one_run_fdp": fdp_audit_of_counts(audit.canaries, audit.tried, delta)}
+            family += attack_verdicts(claim, "client", {k: Estimate(a.epsilon, a.epsilon, None) for k, a in audits.items()},
+                                      dict.fromkeys(audits, "lower_bound"), "add-remove", audits)
         violations += any(v.status == "violation" for v in family_verdicts(family))
     return violations / replicates, replicates
 

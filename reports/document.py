@@ -30,7 +30,7 @@ Status = Literal["violation", "estimate above claim", "consistent", "inconclusiv
                  "no measurement"]
 EpsilonKind = Literal["lower_bound", "estimate"]
 #: the ε figures an attack may carry, and what each is
-EPSILON_METRICS = ("epsilon_one_run", "epsilon_gaussian_fit")
+EPSILON_METRICS = ("epsilon_one_run", "epsilon_one_run_fdp", "epsilon_gaussian_fit")
 _OPTIONAL = {"omit_if_none": True}
 _SEED_MAX = 2**64 - 1
 

@@ -22,7 +22,7 @@ from reports.document import Experiment, Results
 TEMPLATES = Path(__file__).with_name("templates")
 MAIN_ATTACK_ORDER = ("lira-online", "lira-offline")
 #: short names of the ε figures in the attack tables
-EPSILON_NAMES = {"epsilon_one_run": "one-run", "epsilon_gaussian_fit": "Gaussian fit"}
+EPSILON_NAMES = {"epsilon_one_run": "one-run", "epsilon_one_run_fdp": "one-run f-DP", "epsilon_gaussian_fit": "Gaussian fit"}
 
 
 def _percent(value: Any) -> str:

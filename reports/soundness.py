@@ -27,14 +27,17 @@ claim's relation (:func:`claim_bound`):
 
 **A family per experiment.** Every ε lower bound of an experiment is a test of "the mechanism is
 as private as the claim implies"; with k of them at 95 % each, one false VIOLATION becomes likely
-(1 − 0.95^k). The bounds carry their one-run counts (:class:`audit.core.empirical_epsilon.OneRunAudit`),
-hence a p-value at the implied (ε, δ); :func:`family_verdicts` applies Holm's step-down
-correction (Holm 1979) at α = 5 % over the experiment's family, and only a rejection is a
-VIOLATION. A bound that is not rejected is **consistent** only if the audit had power — the
-probability of detecting a mechanism twice as leaky as the bound, simulated with the design's
-coins (:mod:`audit.core.audit_power`), reaches 80 % — otherwise **inconclusive**, with the coins
-that would be needed. A Gaussian-fit estimate is not a test: above the claim it warns, below it
-is inconclusive; it is not in the family.
+(1 − 0.95^k). The bounds carry their one-run counts and their test, hence a p-value at the
+implied (ε, δ): Steinke et al.'s binomial (:class:`audit.core.empirical_epsilon.OneRunAudit`) and
+the f-DP analysis of Mahloujifar et al. 2024 (:class:`audit.core.fdp_one_run.FdpOneRunAudit`) —
+two tests of the same claim on the same counts, both in the family, so that the correction pays
+for reading whichever is tighter. :func:`family_verdicts` applies Holm's step-down correction
+(Holm 1979) at α = 5 % over the experiment's family, and only a rejection is a VIOLATION. A bound
+that is not rejected is **consistent** only if the audit had power — the probability of
+detecting a mechanism twice as leaky as the bound, simulated with the design's coins and the
+figure's own test (:mod:`audit.core.audit_power`), reaches 80 % — otherwise **inconclusive**,
+with the coins that would be needed. A Gaussian-fit estimate is not a test: above the claim it
+warns, below it is inconclusive; it is not in the family.
 
 The ε figures of a measurement are computed at the δ of that bound (:func:`measurement_delta`),
 so that "TPR ≤ e^ε·FPR + δ" is tested with the δ the claim really allows.
@@ -46,7 +49,7 @@ import math
 from dataclasses import replace
 
 from audit.core.audit_power import POWER_TARGET, one_run_power
-from audit.core.empirical_epsilon import OneRunAudit
+from audit.core.fdp_one_run import OneRunEvidence
 from audit.core.multiplicity import holm
 from defenses.claims import PrivacyClaim
 from reports.document import EpsilonKind, Estimate, Power, Status, Verdict
@@ -132,7 +135,7 @@ def measurement_delta(claim: PrivacyClaim, unit: str, default: float, design: st
 
 
 def verdict(claim: PrivacyClaim, unit: str, metric: str, estimate: Estimate, kind: EpsilonKind,
-            design: str = "add-remove", evidence: OneRunAudit | None = None, decide: bool = True) -> Verdict:
+            design: str = "add-remove", evidence: OneRunEvidence | None = None, decide: bool = True) -> Verdict:
     """A verdict on one ε figure on its own: ``status`` plus a sentence with the numbers.
 
     A lower bound with ``evidence`` gets its p-value at the implied (ε, δ); its final status
@@ -188,12 +191,12 @@ def _against(v: Verdict, bound: tuple[float, float, str]) -> str:
     return f"2ε = {limit:.3g}, the claimed ε = {v.claimed:.3g} doubled ({basis})"
 
 
-def _power(evidence: OneRunAudit, limit: float, limit_delta: float, level: float) -> Power:
-    power = one_run_power(evidence.canaries, limit, limit_delta, level)
+def _power(evidence: OneRunEvidence, limit: float, limit_delta: float, level: float) -> Power:
+    power = one_run_power(evidence.canaries, limit, limit_delta, level, method=evidence.method)
     return Power(power.canaries, power.level, power.tight_bound, power.detection, power.needed)
 
 
-def family_verdicts(family: list[tuple[Verdict, OneRunAudit | None]]) -> list[Verdict]:
+def family_verdicts(family: list[tuple[Verdict, OneRunEvidence | None]]) -> list[Verdict]:
     """Holm's step-down correction over the lower bounds with p-values (each verdict with its
     counts), then power for each: VIOLATION where rejected, else consistent when the audit would
     detect twice the bound's ε with probability ≥ 80 %, else inconclusive. Verdicts without a
@@ -227,8 +230,8 @@ def family_verdicts(family: list[tuple[Verdict, OneRunAudit | None]]) -> list[Ve
 
 
 def attack_verdicts(claim: PrivacyClaim, unit: str, metrics: dict[str, Estimate], epsilon_kind: dict[str, EpsilonKind],
-                    design: str = "add-remove", evidence: dict[str, OneRunAudit] | None = None
-                    ) -> list[tuple[Verdict, OneRunAudit | None]]:
+                    design: str = "add-remove", evidence: dict[str, OneRunEvidence] | None = None
+                    ) -> list[tuple[Verdict, OneRunEvidence | None]]:
     """Verdicts for every ε figure an attack carries (``epsilon_kind``: figure → what it is), with
     the counts of each, undecided: an experiment's family is decided together by
     :func:`family_verdicts`."""

@@ -7,7 +7,8 @@ registries and the code-loading names they accept (:mod:`~audit.core.registry`,
 the shared data types — datasets (the registry :mod:`~audit.core.datasets`, the type
 :mod:`~audit.core.dataset_types` and one loader module per source) and models
 (:mod:`~audit.core.models`) — and the statistics both attacks and reports need
-(:mod:`~audit.core.metrics`, :mod:`~audit.core.empirical_epsilon`).
+(:mod:`~audit.core.metrics`, :mod:`~audit.core.empirical_epsilon`,
+:mod:`~audit.core.fdp_one_run`, :mod:`~audit.core.audit_power`).
 
 Layers, lowest first: ``audit.core`` → ``defenses`` → ``attacks`` → ``reports`` → the rest of
 ``audit`` (plan, train, attack, store, executors, CLI, reproduce). The import contract in

@@ -1,8 +1,10 @@
 """How much an audit can show: its power against a claim (auditing.md §4).
 
 An ε lower bound below the claim is evidence only if the audit could have found a violation.
-For a design with m independent coins (canaries, or (run, unit) pairs) and Steinke, Nasr &
-Jagielski's (2023) one-run count, we simulate the audit against the *most leaky mechanism the
+For a design with m independent coins (canaries, or (run, unit) pairs) and a one-run test of
+the counts — Steinke, Nasr & Jagielski's (2023) binomial p-value (``method="steinke"``) or the
+f-DP analysis of the f_{ε,δ} curve (Mahloujifar, Melis & Chaudhuri 2024, ``method="fdp"``,
+:mod:`audit.core.fdp_one_run`) — we simulate the audit against the *most leaky mechanism the
 claim allows* and the *optimal attack* on it:
 
 * a Gaussian claim (δ > 0) is exactly tight for the μ-GDP pair N(μ, 1) vs N(0, 1) whose privacy
@@ -26,7 +28,6 @@ from functools import lru_cache
 
 import numpy as np
 from scipy.optimize import brentq
-from scipy.special import ndtr
 
 from audit.core.empirical_epsilon import (
     GUESS_FRACTIONS,
@@ -34,19 +35,20 @@ from audit.core.empirical_epsilon import (
     one_run_epsilon_lower_bound,
     one_run_p_value,
 )
+from audit.core.fdp_one_run import (
+    ApproximateDPTradeOff,
+    fdp_epsilon_lower_bound,
+    fdp_rejects,
+    gdp_delta,
+)
 
 #: detection probability a verdict needs to call an audit powered
 POWER_TARGET = 0.8
 #: the largest number of coins :func:`one_run_power` searches for 80 % detection
 NEEDED_LIMIT = 10**5
 SIMULATIONS = 100  # the detection probability's standard error is ≤ 0.05
-
-
-def gdp_delta(mu: float, epsilon: float) -> float:
-    """δ(ε) of μ-GDP (Dong, Roth, Su 2022, Cor. 2.13)."""
-    if mu <= 0:
-        return 0.0
-    return float(ndtr(-epsilon / mu + mu / 2) - math.exp(epsilon) * ndtr(-epsilon / mu - mu / 2))
+#: the one-run tests whose power :func:`one_run_power` simulates
+METHODS = ("steinke", "fdp")
 
 
 @lru_cache(maxsize=1024)
@@ -86,12 +88,27 @@ class Power:
         return self.detection >= POWER_TARGET
 
 
-def _detects(canaries: int, counts: tuple[tuple[int, int], ...], epsilon: float, delta: float, level: float) -> bool:
-    smallest = min(one_run_p_value(canaries, g, c, epsilon, delta) for g, c in counts)
-    return len(counts) * smallest <= level
+def _rejects(method: str, canaries: int, guesses: int, correct: int, epsilon: float, delta: float, level: float) -> bool:
+    """Does one abstention level's count reject (ε, δ) at ``level`` under the test ``method``?"""
+    if method == "fdp":
+        return fdp_rejects(canaries, guesses, correct, ApproximateDPTradeOff(epsilon, delta), level)
+    return one_run_p_value(canaries, guesses, correct, epsilon, delta) <= level
 
 
-def _needed(canaries: int, epsilon: float, delta: float, level: float, rng: np.random.Generator) -> int | None:
+def _bound(method: str, canaries: int, guesses: int, correct: int, delta: float, alpha: float) -> float:
+    if method == "fdp":
+        return fdp_epsilon_lower_bound(canaries, guesses, correct, delta, alpha)
+    return one_run_epsilon_lower_bound(canaries, guesses, correct, delta, alpha)
+
+
+def _detects(method: str, canaries: int, counts: tuple[tuple[int, int], ...], epsilon: float, delta: float,
+             level: float) -> bool:
+    """Bonferroni over the abstention levels: some level rejects at level / (number of levels)."""
+    return any(_rejects(method, canaries, g, c, epsilon, delta, level / len(counts)) for g, c in counts)
+
+
+def _needed(method: str, canaries: int, epsilon: float, delta: float, level: float,
+            rng: np.random.Generator) -> int | None:
     """Smallest m (doubling) at which the 20th percentile of the counts detects 2ε."""
     sample = np.arange(20000) < 10000
     scores = tight_scores(rng, sample, 2.0 * epsilon, delta)
@@ -107,22 +124,22 @@ def _needed(canaries: int, epsilon: float, delta: float, level: float, rng: np.r
             g = 2 * half
             low = g * accuracy - 0.8416 * math.sqrt(g * accuracy * (1 - accuracy))
             counts.append((g, int(min(g, max(0, math.floor(low))))))
-        if _detects(m, tuple(counts), epsilon, delta, level):
+        if _detects(method, m, tuple(counts), epsilon, delta, level):
             return m
     return None
 
 
-def _critical_count(canaries: int, guesses: int, epsilon: float, delta: float, level: float) -> int:
+def _critical_count(method: str, canaries: int, guesses: int, epsilon: float, delta: float, level: float) -> int:
     """The fewest correct guesses (of ``guesses``) whose p-value is ≤ ``level``; guesses + 1 when
     none is (the p-value falls as the count rises, so a bisection finds it)."""
-    if one_run_p_value(canaries, guesses, guesses, epsilon, delta) > level:
+    if not _rejects(method, canaries, guesses, guesses, epsilon, delta, level):
         return guesses + 1
     low, high = 0, guesses  # p(low) > level ≥ p(high), once low is checked
-    if one_run_p_value(canaries, guesses, 0, epsilon, delta) <= level:
+    if _rejects(method, canaries, guesses, 0, epsilon, delta, level):
         return 0
     while high - low > 1:
         middle = (low + high) // 2
-        if one_run_p_value(canaries, guesses, middle, epsilon, delta) <= level:
+        if _rejects(method, canaries, guesses, middle, epsilon, delta, level):
             high = middle
         else:
             low = middle
@@ -131,12 +148,15 @@ def _critical_count(canaries: int, guesses: int, epsilon: float, delta: float, l
 
 @lru_cache(maxsize=256)
 def one_run_power(canaries: int, epsilon: float, delta: float, level: float, seed: int = 0,
-                  simulations: int = SIMULATIONS) -> Power:
+                  simulations: int = SIMULATIONS, method: str = "steinke") -> Power:
     """Power of the one-run audit with ``canaries`` independent coins against an (ε, δ) claim,
-    its violation test run at ``level``. Deterministic in ``seed``.
+    its violation test (``method``: "steinke" or "fdp") run at ``level``. Deterministic in ``seed``
+    (both methods see the same simulated counts).
 
     A simulated audit detects when some abstention level's count reaches the smallest count
     whose Bonferroni-adjusted p-value is ≤ ``level`` (computed once per level)."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if canaries < 2 or not math.isfinite(epsilon) or not 0 <= delta < 1:
         return Power(canaries, level, 0.0, 0.0, None)
     rng = np.random.default_rng([seed, canaries])
@@ -146,12 +166,12 @@ def one_run_power(canaries: int, epsilon: float, delta: float, level: float, see
         tight.append([c for _, c in guess_counts(tight_scores(rng, inserted, epsilon, delta), inserted)])
         leaky.append([c for _, c in guess_counts(tight_scores(rng, inserted, 2.0 * epsilon, delta), inserted)])
     guesses = [g for g, _ in guess_counts(np.zeros(canaries), np.arange(canaries) % 2 == 0)]
-    critical = np.array([_critical_count(canaries, g, epsilon, delta, level / len(guesses)) for g in guesses])
+    critical = np.array([_critical_count(method, canaries, g, epsilon, delta, level / len(guesses)) for g in guesses])
     detection = float(np.mean((np.array(leaky) >= critical[None, :]).any(axis=1)))
     # median bound at the claim: each abstention level's bound is monotone in its count, so its
     # median is the bound at the median count; the audit reports the best level
     alpha = 0.05 / len(GUESS_FRACTIONS)
     medians = np.median(np.array(tight), axis=0)
-    tight_bound = max(one_run_epsilon_lower_bound(canaries, g, int(c), delta, alpha) for g, c in zip(guesses, medians))
-    needed = None if detection >= POWER_TARGET else _needed(canaries, epsilon, delta, level, rng)
+    tight_bound = max(_bound(method, canaries, g, int(c), delta, alpha) for g, c in zip(guesses, medians))
+    needed = None if detection >= POWER_TARGET else _needed(method, canaries, epsilon, delta, level, rng)
     return Power(canaries, level, tight_bound, detection, needed)

@@ -8,7 +8,8 @@ Both turn canary statistics into a statement about ε that can be set beside a c
   rest) and gets v right. Under (ε, δ)-DP the number of correct guesses is stochastically
   dominated by Binomial(r, e^ε/(1+e^ε)) up to a δ-dependent slack, which gives a p-value;
   the bound is the largest ε rejected at level ``alpha``. A valid *lower bound* with
-  confidence 1 − alpha.
+  confidence 1 − alpha. (:mod:`audit.core.fdp_one_run` analyses the same counts through the
+  mechanism's trade-off curve: Mahloujifar, Melis & Chaudhuri 2024.)
 * :func:`gaussian_fit_epsilon` — Andrew, Kairouz, Oh, Oprea, McMahan, Suriyakumar 2024,
   "One-shot Empirical Privacy Estimation for Federated Learning" (§3): the statistics of
   inserted canaries and of held-out (never inserted) ones are modelled as two Gaussians and ε
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 from scipy import stats
@@ -90,6 +92,9 @@ class OneRunAudit:
     ``tried`` lists (guesses, correct) for every abstention level tried; each was tested at
     alpha / len(tried) (Bonferroni), so :meth:`p_value` is len(tried) × the smallest p-value.
     """
+
+    #: which simulation :func:`audit.core.audit_power.one_run_power` runs for this test's power
+    method: ClassVar[str] = "steinke"
 
     epsilon: float  # lower bound, confidence 1 − alpha (Bonferroni over the abstention levels tried)
     canaries: int
