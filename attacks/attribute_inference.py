@@ -1,10 +1,10 @@
 """Attribute inference: guess a record's sensitive attribute (sex, race) from a trained model,
 and measure how much the model helps compared with guessing it from the data alone.
 
-Setting. The attacker knows a target record's other features and, for the black-box attack,
-its true label; it holds auxiliary records (disjoint from the targets) with known attribute;
-it may query the target model (black-box) or read its parameters (white-box). Guesses per
-target record:
+Setting. The attacker knows a target record's other features x₋ₐ and its true label y (the
+black-box attack queries the model with it); it holds auxiliary records (disjoint from the
+targets) with known attribute, features and label; it may query the target model (black-box)
+or read its parameters (white-box). Guesses per target record:
 
 * **black-box** (Fredrikson et al. 2014, "Privacy in Pharmacogenetics"; Fredrikson, Jha,
   Ristenpart 2015, "Model Inversion Attacks that Exploit Confidence Information"; Yeom et al.
@@ -19,19 +19,30 @@ target record:
   go to the value with the largest π. The encoding of v is read from the auxiliary records:
   one-hot columns get v's one-hot, a standardised column gets the standardised value of v.
 * **black-box, Bayes** (the same queries): v̂ = argmax_v log f(x_v)_y + log p̂(v | x₋ₐ), the MAP
-  estimate with the baseline's posterior p̂(v | x₋ₐ) (below) in place of the marginal π. If the
-  model's f(x_v)_y estimates p(y | x₋ₐ, v), this is Bayes' rule for p(v | x₋ₐ, y). The plain
-  rules above ignore how the other features predict the attribute, so they usually fall *below*
-  the no-model baseline even against a leaky model; this one starts from the baseline and moves
-  only where the model's evidence outweighs it, so its advantage is what the model's outputs add
-  (≈ 0 for a model that carries no information on the attribute).
+  estimate with a classifier's posterior p̂(v | x₋ₐ) from the other features in place of the
+  marginal π. If the model's f(x_v)_y estimates p(y | x₋ₐ, v), this is Bayes' rule for
+  p(v | x₋ₐ, y) — which is why the prior leaves y out: y's evidence enters through the model.
+  The plain rules above ignore how the other features predict the attribute, so they usually
+  fall *below* the no-model baseline even against a leaky model; this one starts from the
+  population's evidence and moves where the model's outweighs it. Its advantage over the
+  baseline (which does use y, below) is what the model's outputs add beyond the population's
+  relation between y and the attribute (≈ 0 for a model that only reproduces that relation).
 * **white-box** (ML-Doctor, Liu et al. 2022, attribute inference; paper 001 §5.5 and Table 8): a scikit-learn
   MLP trained on the target model's penultimate-layer embeddings (the input of its last
   ``nn.Linear``) of the auxiliary records, labelled with their attribute, then applied to the
-  target records' embeddings.
-* **baseline** (no model; ART's ``AttributeInferenceBaseline``): a classifier trained on the
-  auxiliary records' *other* features x₋ₐ (the attribute's columns removed), applied to the
-  target records. It says how much of the attribute the population data already gives away.
+  target records' embeddings. It does not use the label, so it is held to a baseline that knows
+  more than it does (its advantage is a lower bound for a white-box attacker who knows y).
+* **baseline** (no model; ART's ``AttributeInferenceBaselineTrueLabel``, "the rest of the
+  features, and the true label"): a classifier p̂(v | x₋ₐ, y) trained on the auxiliary records'
+  *other* features x₋ₐ (the attribute's columns removed) and their label y (one-hot), applied
+  to the target records. It is the best guess from everything the attacker has except the
+  model — the black-box attacks use y, so a baseline without it would credit the model with
+  what the label alone gives away (an attribute that is a function of y: the model would seem
+  to leak it entirely). Were p̂ the population's posterior p(v | x₋ₐ, y), its guess would be the
+  Bayes decision, and no guess made from x₋ₐ, y and a model that does not depend on the
+  record's attribute could beat it in expectation, whatever the rule: a positive advantage then
+  means the model carries something of the record itself (up to how well the classifier
+  estimates that posterior).
 * **prior**: the auxiliary majority value for every record.
 
 Neutralised queries. In tabular datasets the model's input contains the attribute itself, and
@@ -129,7 +140,7 @@ def black_box_guesses(log_likelihoods: np.ndarray, prior: np.ndarray,
 
 
 def bayes_guesses(log_likelihoods: np.ndarray, posterior: np.ndarray, prior: np.ndarray) -> np.ndarray:
-    """argmax_v log f(x_v)_y + log p̂(v | x₋ₐ): the model's evidence on top of the baseline's posterior."""
+    """argmax_v log f(x_v)_y + log p̂(v | x₋ₐ): the model's evidence on top of the posterior from the other features."""
     return decide(log_likelihoods + np.log(np.maximum(posterior, 1e-300)), prior)
 
 
@@ -161,9 +172,19 @@ def white_box_posterior(aux_embeddings: np.ndarray, aux_codes: np.ndarray, targe
         return _posterior(classifier, aux_embeddings, aux_codes, target_embeddings, num_values)
 
 
+def baseline_inputs(other_features: np.ndarray, labels: np.ndarray, num_classes: int) -> np.ndarray:
+    """The baseline's inputs [records, others + classes]: the other features x₋ₐ beside the one-hot
+    label y. One-hot, not the class index: a class is a category, and the attribute may depend on
+    it in any order (a = y mod 2 is not monotone in y); classes absent from the records give
+    constant zero columns, which neither classifier uses."""
+    labels = np.asarray(labels, dtype=np.int64)
+    return np.concatenate([np.asarray(other_features, dtype=np.float64), np.eye(num_classes)[labels]], axis=1)
+
+
 def baseline_posterior(aux_inputs: np.ndarray, aux_codes: np.ndarray, target_inputs: np.ndarray, num_values: int,
                        seed: int, classifier: Literal["logistic", "gradient-boosting"] = "logistic") -> np.ndarray:
-    """The no-model attacker's p̂(v | x₋ₐ): a classifier from the other features to the attribute."""
+    """The no-model attacker's p̂(v | inputs): a classifier from what the attacker knows without the
+    model — the other features and the one-hot label, :func:`baseline_inputs` — to the attribute."""
     if classifier == "logistic":
         model = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000))
     elif classifier == "gradient-boosting":
@@ -205,8 +226,9 @@ def attribute_inference(
     targets' are the truth); ``attribute_columns`` the indices, in the flattened record, of the
     columns that encode the attribute (``Dataset.attribute_columns``); ``model`` the architecture
     template, run with ``params``. ``encodings`` [values, columns] overrides the encodings read
-    from the auxiliary records. Every advantage is over the baseline on the other features
-    (without the label, which only the black-box attacks use). Deterministic in ``seed``.
+    from the auxiliary records. ``labels`` are class indices; every advantage is over the baseline
+    on the other features and the label (what the attacker has without the model). Deterministic
+    in ``seed``.
     """
     target_index = np.asarray(target_index, dtype=np.int64)
     auxiliary_index = np.asarray(auxiliary_index, dtype=np.int64)
@@ -233,9 +255,18 @@ def attribute_inference(
     log_likelihoods = candidate_log_likelihoods(model, params, target_x.to(device), target_y, columns, encodings)
 
     others = np.setdiff1d(np.arange(flat.shape[1]), columns)
-    posterior = baseline_posterior(flat[aux_rows][:, others].double().cpu().numpy(), aux_codes,
-                                   flat[target_rows][:, others].double().cpu().numpy(), num_values,
-                                   derive_seed(seed, "attribute-inference", "baseline"), baseline_classifier)
+    # the label is known to the attacker (the black-box queries use it), so the no-model guess uses it too
+    label_codes = labels.cpu().numpy().astype(np.int64)
+    num_classes = int(label_codes.max()) + 1
+    aux_others, target_others = (flat[rows][:, others].double().cpu().numpy() for rows in (aux_rows, target_rows))
+    posterior = baseline_posterior(
+        baseline_inputs(aux_others, label_codes[auxiliary_index], num_classes), aux_codes,
+        baseline_inputs(target_others, label_codes[target_index], num_classes),
+        num_values, derive_seed(seed, "attribute-inference", "baseline"), baseline_classifier)
+    # Bayes' rule p(v | x₋ₐ, y) ∝ p(v | x₋ₐ) · p(y | x₋ₐ, v): the model's f(x_v)_y stands for the
+    # second factor, so the prior must not hold y already (else y's evidence counts twice)
+    prior_posterior = baseline_posterior(aux_others, aux_codes, target_others, num_values,
+                                         derive_seed(seed, "attribute-inference", "prior-posterior"), baseline_classifier)
 
     aux_embeddings = penultimate_embeddings(model, params, with_attribute_columns(aux_x, columns, neutral).to(device))
     target_embeddings = penultimate_embeddings(model, params, with_attribute_columns(target_x, columns, neutral).to(device))
@@ -244,7 +275,7 @@ def attribute_inference(
 
     guesses = {
         "black_box": black_box_guesses(log_likelihoods, prior, black_box_rule),
-        "black_box_bayes": bayes_guesses(log_likelihoods, posterior, prior),
+        "black_box_bayes": bayes_guesses(log_likelihoods, prior_posterior, prior),
         "white_box": decide(white_box, prior),
         "baseline": decide(posterior, prior),
         "prior": np.full(len(truth), int(np.argmax(prior)), dtype=np.int64),
@@ -255,9 +286,10 @@ def attribute_inference(
         return score_guesses(truth, predictions, baseline, num_values, seed, resamples, confidence)
 
     notes = (f"{len(target_index)} target and {len(auxiliary_index)} auxiliary records; black-box rule "
-             f"'{black_box_rule}' over {num_values} candidate values (Bayes: weighed by the baseline's posterior); "
+             f"'{black_box_rule}' over {num_values} candidate values (Bayes: weighed by a posterior from the other features); "
              f"white-box MLP {tuple(white_box_hidden)} on {aux_embeddings.shape[1]}-dim penultimate embeddings of "
-             f"neutralised queries; baseline {baseline_classifier} on {len(others)} other features; "
+             f"neutralised queries; baseline {baseline_classifier} on {len(others)} other features and the one-hot "
+             f"label ({num_classes} classes); "
              f"advantage = accuracy − baseline accuracy (paired bootstrap, {resamples} resamples)")
     return AttributeInferenceResult(attribute=attribute, values=list(attribute_values), truth=truth,
                                     notes=notes, **{name: scored(g) for name, g in guesses.items()})
@@ -337,7 +369,8 @@ class AttributeInference(RunAttack):
                 dataset.attribute_values[attribute], targets, auxiliary,
                 derive_seed(run.seed, "attribute-inference", self.label, attribute), attribute=attribute, device=run.device)
             notes = (f"attribute '{attribute}' of {len(targets)} training records of {where}; {len(auxiliary)} auxiliary "
-                     "records (not trained on); advantage = accuracy − the no-model baseline's (paired bootstrap 95 %). "
+                     "records (not trained on); advantage = accuracy − the no-model baseline's (other features and label; "
+                     "paired bootstrap 95 %). "
                      + outcome.notes)
             results.append(run_result(self.label, attribute, "record", outcome.metrics(), notes))
         return results

@@ -3,27 +3,41 @@ Inversion Attacks that Exploit Confidence Information and Basic Countermeasures"
 training-based form used by paper 001 App. E / Table 9 and by ML-Doctor's ``modinv``).
 
 The attacker queries the target model f on auxiliary records from the data distribution,
-collects pairs (f(x), x) and trains an inverse network g to map an output vector back to its
-input:
+collects triples (f(x), y, x) and trains an inverse network g to map an output vector and the
+record's class back to its input:
 
-    g* = argmin_g  (1/|A|) Σ_{x∈A} ‖g(f(x)) − x‖²                         (A: auxiliary records)
+    g* = argmin_g  (1/|A|) Σ_{(x,y)∈A} ‖g(f(x), y) − x‖²                  (1)  (A: auxiliary records)
 
-then reconstructs each target record from the model's output on it, x̂ = g*(f(x)). Reported,
+then reconstructs each target record from the model's output on it, x̂ = g*(f(x), y). Reported,
 as in Table 9, are the mean squared and mean absolute errors between x̂ and x over the target
 records (per record: the mean over the input's coordinates; images are flattened).
 
-What the model adds. A network that ignores its input already reaches the error of the
-auxiliary mean input x̄ (the best constant under squared error), so the report shows the
-**no-model baseline** x̂ = x̄ next to the attack, and the **gain** = baseline error − attack
-error on the same records, with a paired percentile bootstrap interval (gain > 0: the model's
-outputs tell the attacker something about the input). The inverse network is built to start
-at that baseline — its output is x̄ + h(f(x)) with h's last layer initialised to zero — and it
-keeps the epoch with the lowest error on a held-out tenth of the auxiliary records, so it
-only moves away from x̄ when that helps on records it was not fitted to.
+What the model adds. The attacker knows each target's class y — Fredrikson et al.'s attacker
+inverts a class it names — and its auxiliary records give it the class-level public statistics,
+so without the model its best reconstruction under squared error is the auxiliary mean of the
+target's class,
+
+    x̂_baseline = x̄_y = mean{x : (x, y') ∈ A, y' = y}                            (2)
+
+(a class without an auxiliary record: the mean of all of them). A model's output reveals at
+least the class of a record it classifies correctly, so the former baseline, the overall mean
+x̄, credited every accurate model with the class: on digits the class accounts for 40 % of the
+squared error around x̄, and it was all that an overfit MLP's output probabilities gave away.
+The report shows the baseline (2) next to the attack, and the **gain** = baseline error −
+attack error on the same records (same metric: squared or absolute error), with a paired
+percentile bootstrap interval (gain > 0: the model's outputs tell the attacker something about
+the input beyond its class). The inverse network knows the class as well and starts at the
+baseline — its output is x̄_y + h(f(x), y) with h's last layer initialised to zero — and it
+keeps the epoch with the lowest error on a held-out tenth of the auxiliary records, so it only
+moves away from x̄_y when that helps on records it was not fitted to. The gain is what the
+outputs reveal about an input, not what the model memorised: a model's outputs on records it
+never trained on can reveal as much (unsaturated log-probabilities, or an untrained network's
+random projection of the input).
 
 Network inputs: the output vector f(x) (``query="probabilities"``, the softmax confidences
 of Fredrikson et al., or ``"log-probabilities"``), standardised with the auxiliary records'
-statistics. Training: Adam, mini-batches, all randomness from :mod:`audit.core.seeding`.
+statistics, beside the one-hot class. Training: Adam, mini-batches, all randomness from
+:mod:`audit.core.seeding`.
 """
 
 from __future__ import annotations
@@ -51,7 +65,7 @@ _BOOTSTRAP_BLOCK = 4_000_000
 class ModelInversionResult:
     mse: Estimate  # mean over target records of the per-record mean squared error (bootstrap interval)
     mae: Estimate  # the same for the absolute error
-    baseline_mse: Estimate  # reconstructing every record as the auxiliary mean input
+    baseline_mse: Estimate  # reconstructing every record as the auxiliary mean input of its class, eq. (2)
     baseline_mae: Estimate
     mse_gain: Estimate  # baseline_mse − mse on the same records (paired bootstrap); > 0: the outputs help
     mae_gain: Estimate
@@ -64,14 +78,16 @@ class ModelInversionResult:
 
 
 class InverseNetwork(nn.Module):
-    """x̂ = x̄ + h(standardised query): an MLP whose last layer starts at zero, so that before
-    any training it outputs the auxiliary mean x̄ (the no-model baseline)."""
+    """x̂ = x̄_y + h(standardised query, one-hot y): an MLP whose last layer starts at zero, so that
+    before any training it outputs the auxiliary mean x̄_y of the record's class (the no-model
+    baseline); the label is an input of h as well, so that what the query says can be read
+    differently in each class."""
 
     def __init__(self, query_width: int, input_width: int, hidden: Sequence[int],
-                 query_mean: torch.Tensor, query_scale: torch.Tensor, input_mean: torch.Tensor):
+                 query_mean: torch.Tensor, query_scale: torch.Tensor, class_means: torch.Tensor):
         super().__init__()
         layers: list[nn.Module] = []
-        width = query_width
+        width = query_width + len(class_means)
         for size in hidden:
             layers += [nn.Linear(width, int(size)), nn.ReLU()]
             width = int(size)
@@ -81,10 +97,22 @@ class InverseNetwork(nn.Module):
         self.body = nn.Sequential(*layers, head)
         self.register_buffer("query_mean", query_mean)
         self.register_buffer("query_scale", query_scale)
-        self.register_buffer("input_mean", input_mean)
+        self.register_buffer("class_means", class_means)
 
-    def forward(self, query: torch.Tensor) -> torch.Tensor:
-        return self.input_mean + self.body((query - self.query_mean) / self.query_scale)
+    def forward(self, query: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        one_hot = nn.functional.one_hot(labels, len(self.class_means)).to(query.dtype)
+        return self.class_means[labels] + self.body(torch.cat([(query - self.query_mean) / self.query_scale, one_hot], 1))
+
+
+def class_means(inputs: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """The mean flattened input of each class [classes, width] over the given records — the
+    class-level public statistic the baseline reconstructs from; a class without a record gets
+    the mean of all of them (the best constant the attacker then has)."""
+    overall = inputs.mean(0)
+    means = overall.expand(num_classes, -1).clone()
+    for label in torch.unique(labels).tolist():
+        means[label] = inputs[labels == label].mean(0)
+    return means
 
 
 def model_queries(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor,
@@ -98,18 +126,20 @@ def model_queries(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Te
     raise ValueError(f"query must be 'probabilities' or 'log-probabilities', got {query!r}")
 
 
-def train_inverse_network(queries: torch.Tensor, inputs: torch.Tensor, seed: int, *, hidden: Sequence[int] = (256, 256),
-                          epochs: int = 300, batch_size: int = 64, lr: float = 1e-3, patience: int = 30,
-                          validation_fraction: float = 0.1) -> tuple[InverseNetwork, int]:
-    """Fit g: query → flattened input on auxiliary pairs with Adam and squared error; keep the
-    epoch with the lowest error on a held-out ``validation_fraction`` of the pairs (epoch 0 =
-    the untrained network = the auxiliary mean), stopping after ``patience`` epochs without a
-    better one. Returns the network and the epoch kept."""
+def train_inverse_network(queries: torch.Tensor, inputs: torch.Tensor, labels: torch.Tensor, seed: int, *,
+                          hidden: Sequence[int] = (256, 256), epochs: int = 300, batch_size: int = 64, lr: float = 1e-3,
+                          patience: int = 30, validation_fraction: float = 0.1) -> tuple[InverseNetwork, int]:
+    """Fit g: (query, label) → flattened input on auxiliary triples with Adam and squared error;
+    keep the epoch with the lowest error on a held-out ``validation_fraction`` of them (epoch 0 =
+    the untrained network = the auxiliary class means), stopping after ``patience`` epochs
+    without a better one. Labels are class indices below the query's width (the model's
+    classes). Returns the network and the epoch kept."""
     records = len(queries)
     order = numpy_rng(seed, "model-inversion", "validation").permutation(records)
     held_out = max(1, int(round(validation_fraction * records))) if records > 1 else 0
     validation, fitting = torch.as_tensor(order[:held_out]), torch.as_tensor(order[held_out:])
-    fit_q, fit_x = queries[fitting], inputs[fitting]
+    labels = labels.to(queries.device)
+    fit_q, fit_x, fit_y = queries[fitting], inputs[fitting], labels[fitting]
     if len(fit_q) == 0:
         raise ValueError("model inversion needs at least two auxiliary records")
     # standardisation from the fitting records only; a constant output coordinate gets scale 1
@@ -118,7 +148,8 @@ def train_inverse_network(queries: torch.Tensor, inputs: torch.Tensor, seed: int
     query_scale = torch.where(query_scale > 1e-12, query_scale, torch.ones_like(query_scale))
     with torch.random.fork_rng(devices=[]):
         seed_torch(seed, "model-inversion", "init")
-        network = InverseNetwork(queries.shape[1], inputs.shape[1], hidden, query_mean, query_scale, fit_x.mean(0))
+        network = InverseNetwork(queries.shape[1], inputs.shape[1], hidden, query_mean, query_scale,
+                                 class_means(fit_x, fit_y, queries.shape[1]))
     network = network.to(queries.device)
     optimiser = torch.optim.Adam(network.parameters(), lr=lr)
     generator = torch_generator(seed, "model-inversion", "batches")
@@ -127,7 +158,7 @@ def train_inverse_network(queries: torch.Tensor, inputs: torch.Tensor, seed: int
         if held_out == 0:
             return math.nan
         with torch.no_grad():
-            return float(((network(queries[validation]) - inputs[validation]) ** 2).mean())
+            return float(((network(queries[validation], labels[validation]) - inputs[validation]) ** 2).mean())
 
     best_error, best_epoch = validation_error(), 0
     best_state = {k: v.detach().clone() for k, v in network.state_dict().items()}
@@ -136,7 +167,7 @@ def train_inverse_network(queries: torch.Tensor, inputs: torch.Tensor, seed: int
         for start in range(0, len(fit_q), batch_size):
             batch = permutation[start:start + batch_size]
             optimiser.zero_grad()
-            ((network(fit_q[batch]) - fit_x[batch]) ** 2).mean().backward()
+            ((network(fit_q[batch], fit_y[batch]) - fit_x[batch]) ** 2).mean().backward()
             optimiser.step()
         error = validation_error()
         if held_out == 0 or error < best_error:
@@ -177,6 +208,7 @@ def model_inversion(
     model: nn.Module,
     params: dict[str, torch.Tensor],
     features: torch.Tensor,
+    labels: torch.Tensor,
     target_index: np.ndarray,
     auxiliary_index: np.ndarray,
     seed: int,
@@ -196,8 +228,10 @@ def model_inversion(
 
     ``features`` holds at least the rows picked by ``target_index`` (the records to
     reconstruct, e.g. the model's training records) and ``auxiliary_index`` (the attacker's
-    data; must not overlap the targets); images are flattened. ``model`` is the architecture
-    template, run with ``params``. Deterministic in ``seed``.
+    data; must not overlap the targets); images are flattened. ``labels`` are the rows' class
+    indices: the attacker knows each target's class, as in Fredrikson et al.'s setting, and so
+    do both the baseline (the auxiliary mean of that class) and the inverse network. ``model``
+    is the architecture template, run with ``params``. Deterministic in ``seed``.
     """
     target_index = np.asarray(target_index, dtype=np.int64)
     auxiliary_index = np.asarray(auxiliary_index, dtype=np.int64)
@@ -211,13 +245,19 @@ def model_inversion(
     target_x = features[torch.as_tensor(target_index)].to(device)
     aux_flat = aux_x.reshape(len(aux_x), -1).float()
     target_flat = target_x.reshape(len(target_x), -1).float()
+    aux_y = labels[torch.as_tensor(auxiliary_index)].to(device)
+    target_y = labels[torch.as_tensor(target_index)].to(device)
 
-    network, epoch = train_inverse_network(
-        model_queries(model, params, aux_x, query), aux_flat, seed,
-        hidden=hidden, epochs=epochs, batch_size=batch_size, lr=lr, patience=patience)
+    aux_queries = model_queries(model, params, aux_x, query)
+    num_classes = aux_queries.shape[1]
+    if int(labels.min()) < 0 or int(labels.max()) >= num_classes:
+        raise ValueError(f"labels must be class indices 0..{num_classes - 1} (the model's outputs)")
+    network, epoch = train_inverse_network(aux_queries, aux_flat, aux_y, seed,
+                                           hidden=hidden, epochs=epochs, batch_size=batch_size, lr=lr, patience=patience)
     with torch.no_grad():
-        reconstructed = network(model_queries(model, params, target_x, query))
-    baseline = aux_flat.mean(0, keepdim=True)  # the no-model reconstruction of every record
+        reconstructed = network(model_queries(model, params, target_x, query), target_y)
+    # the no-model reconstruction, eq. (2): the auxiliary mean of the target's class
+    baseline = class_means(aux_flat, aux_y, num_classes)[target_y]
 
     attack_error = (reconstructed - target_flat).double().cpu().numpy()
     baseline_error = (baseline - target_flat).double().cpu().numpy()
@@ -230,7 +270,7 @@ def model_inversion(
     estimates = _paired_bootstrap(per_record, seed, resamples, confidence)
     notes = (f"inverse MLP {tuple(int(h) for h in hidden)} from the model's {query} ({reconstructed.shape[1]}-dim "
              f"input) trained on {len(auxiliary_index)} auxiliary records, epoch {epoch} kept; "
-             f"{len(target_index)} target records; baseline = auxiliary mean input; "
+             f"{len(target_index)} target records; baseline = auxiliary mean input of the target's class; "
              f"gain = baseline error − attack error (paired bootstrap, {resamples} resamples)")
     return ModelInversionResult(**estimates, reconstructions=reconstructed.reshape(target_x.shape).cpu(),
                                 epochs_trained=epoch, notes=notes)
@@ -248,7 +288,7 @@ class ModelInversionParams:
 @ATTACKS.register("model-inversion")
 class ModelInversion(RunAttack):
     name = "model-inversion"
-    summary = "an inversion network maps the model's outputs back to its training inputs (MSE/MAE vs a mean baseline)"
+    summary = "an inversion network maps the model's outputs back to its training inputs (MSE/MAE vs a class-mean baseline)"
     reference = "Fredrikson, Jha, Ristenpart 2015 (as paper 001, App. E, uses it)"
     Params = ModelInversionParams
 
@@ -256,7 +296,7 @@ class ModelInversion(RunAttack):
         rng = numpy_rng(run.seed, "model-inversion", self.label)
         targets = np.sort(rng.permutation(run.members)[:self.params.max_targets])
         auxiliary = auxiliary_records(run.members, len(run.pool_y))
-        outcome = model_inversion(run.model, run.params, run.pool_x, targets, auxiliary,
+        outcome = model_inversion(run.model, run.params, run.pool_x, run.pool_y, targets, auxiliary,
                                   derive_seed(run.seed, "model-inversion", self.label), epochs=self.params.epochs,
                                   device=run.device)
         figures = []
@@ -266,7 +306,9 @@ class ModelInversion(RunAttack):
             grid = image_grid_png(truth, outcome.reconstructions[:16].reshape(truth.shape).cpu(),
                                   (min(0.0, float(run.pool_x.min())), max(1.0, float(run.pool_x.max()))))
             figures.append({"title": f"{self.label}: {run.key}", "png": png_base64(grid),
-                            "caption": "Training records (top) and their inversions from the model's output probabilities (bottom)."})
+                            "caption": "Training records (top) and their inversions from the model's output probabilities "
+                                       "and their class (bottom)."})
         notes = (f"{len(targets)} training records of run 0, inversion network trained on {len(auxiliary)} records the run "
-                 "did not train on; gain = baseline error − attack error (paired bootstrap 95 %). " + outcome.notes)
+                 "did not train on; baseline = their mean input of the target's class; gain = baseline error − attack error "
+                 "(paired bootstrap 95 %). " + outcome.notes)
         return [run_result(self.label, "", "record", outcome.metrics(), notes, figures)]

@@ -64,7 +64,9 @@ def test_attribute_model_and_property_inference_rows(tmp_path):
     assert attribute["metrics"]["baseline.advantage"]["value"] == 0.0
     assert "retrained on diabetes" in attribute["notes"]
     inversion = next(a for a in fedavg["attacks"] if a["attack"] == "model-inversion")
-    assert inversion["figures"] and inversion["metrics"]["mse_gain"]["value"] > 0  # the outputs of a trained model help
+    # over the class-mean baseline: the soft outputs of this barely trained model (3 rounds, 43 % test
+    # accuracy) carry the input beyond its class (gain 0.014 [0.012, 0.016], 29 % of the baseline MSE)
+    assert inversion["figures"] and inversion["metrics"]["mse_gain"]["value"] > 0
     leak = next(a for a in fedavg["attacks"] if a["attack"] == "property-inference")
     assert leak["metrics"]["auc"]["ci_low"] > 0.5  # non-private gradients reveal a class in the batch
     assert [s["attack"] for s in ldp["skipped_attacks"]] == ["property-inference"]
