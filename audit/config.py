@@ -123,7 +123,7 @@ def _default_defenses() -> list[DefenseEntry]:
 
 
 def _default_attacks() -> list[AttackEntry]:
-    return [AttackEntry("lira"), AttackEntry("shokri"), AttackEntry("loss-threshold"), AttackEntry("record-canaries"),
+    return [AttackEntry("lira"), AttackEntry("rmia"), AttackEntry("shokri"), AttackEntry("loss-threshold"), AttackEntry("record-canaries"),
             AttackEntry("client-canaries"), AttackEntry("gradient-inversion"), AttackEntry("attribute-inference")]
 
 

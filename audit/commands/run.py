@@ -18,7 +18,7 @@ from audit.core.errors import UserInputError
 
 if TYPE_CHECKING:  # types only: this module loads no torch (see audit.commands)
     from defenses.claims import PrivacyClaim
-    from reports.document import Results
+    from reports.document import AttackRecord, Results
 
 
 def _load(args: argparse.Namespace):
@@ -47,12 +47,19 @@ def _percent(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.1f}%"
 
 
+def _leakage(attack: AttackRecord) -> str:
+    """AUC and TPR at 1 % FPR of one attack, and at 0.1 % where estimable (a member compared with
+    at least 1,000 non-member scores: record units, or many runs)."""
+    low = attack.metrics["tpr_at_fpr_0.1%"].value
+    return (f"{attack.attack} AUC {_auc(attack.metrics['auc'].value)}"
+            + ("" if low is None else f" TPR@0.1% {_percent(low)}") + f" TPR@1% {_percent(attack.metrics['tpr_at_fpr_1%'].value)}")
+
+
 def _print_summary(results: Results) -> None:
     print(f"{'configuration':<28} {'accuracy':>9} {'claimed ε':>10} {'server ε':>9} {'unit':>7}  leakage")
     for experiment in results.experiments:
         accuracy, claim = experiment.utility.test_accuracy.value, experiment.claim
-        leak = ", ".join(f"{a.attack} AUC {_auc(a.metrics['auc'].value)} TPR@1% {_percent(a.metrics['tpr_at_fpr_1%'].value)}"
-                         for a in experiment.attacks if a.kind != "run")
+        leak = ", ".join(_leakage(a) for a in experiment.attacks if a.kind != "run")
         shown = "diverged" if experiment.diverged is not None else "n/a" if accuracy is None else f"{100 * accuracy:.1f}%"
         print(f"{experiment.label[:28]:<28} {shown:>9} {(f'{claim.epsilon:.3g}' if claim.is_private else '∞'):>10} "
               f"{_server_epsilon(claim):>9} {claim.unit:>7}  {leak}; soundness: {experiment.soundness}")

@@ -38,7 +38,8 @@ def test_outputs_exist_and_rows_are_tidy(smoke_runs):
     assert len(list((out / "runs").iterdir())) == 16 + 2 * 2 + 2
     for experiment in document["experiments"]:  # the default report: LiRA, Shokri, a threshold and two canary audits
         names = {a["attack"] for a in experiment["attacks"]}
-        assert {"lira-online", "lira-offline", "shokri", "loss-threshold", "record-canaries", "client-canaries"} <= names
+        assert {"lira-online", "lira-offline", "rmia-online", "rmia-offline", "shokri", "loss-threshold", "record-canaries",
+                "client-canaries"} <= names
         assert all(a["verdicts"] for a in experiment["attacks"] if a["kind"] != "run")
         # issue 7's rows: a reconstruction grid and attribute inference (digits has no attribute: the defense is
         # retrained on diabetes, whose sensitive attribute is sex)
