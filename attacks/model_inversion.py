@@ -84,7 +84,8 @@ class InverseNetwork(nn.Module):
     differently in each class."""
 
     def __init__(self, query_width: int, input_width: int, hidden: Sequence[int],
-                 query_mean: torch.Tensor, query_scale: torch.Tensor, class_means: torch.Tensor):
+                 query_mean: torch.Tensor, query_scale: torch.Tensor, class_means: torch.Tensor,
+                 query_low: torch.Tensor | None = None, query_high: torch.Tensor | None = None):
         super().__init__()
         layers: list[nn.Module] = []
         width = query_width + len(class_means)
@@ -98,10 +99,22 @@ class InverseNetwork(nn.Module):
         self.register_buffer("query_mean", query_mean)
         self.register_buffer("query_scale", query_scale)
         self.register_buffer("class_means", class_means)
+        # the standardised range the network was fitted on (None: unbounded)
+        infinite = torch.full_like(query_mean, math.inf)
+        self.register_buffer("query_low", -infinite if query_low is None else query_low)
+        self.register_buffer("query_high", infinite if query_high is None else query_high)
+
+    def standardised(self, query: torch.Tensor) -> torch.Tensor:
+        """The query standardised and clamped to the range of the fitting records: an output
+        coordinate that barely varies on them (a near-constant probability of a noisy model) has a
+        tiny scale, and a target that moves it slightly would otherwise enter the network at
+        thousands of standard deviations — far outside anything it was fitted on — and come out
+        as an arbitrary reconstruction (measured: MSE ≈ 5·10⁶ on DP-FedAvg ε = 8)."""
+        return torch.minimum(torch.maximum((query - self.query_mean) / self.query_scale, self.query_low), self.query_high)
 
     def forward(self, query: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         one_hot = nn.functional.one_hot(labels, len(self.class_means)).to(query.dtype)
-        return self.class_means[labels] + self.body(torch.cat([(query - self.query_mean) / self.query_scale, one_hot], 1))
+        return self.class_means[labels] + self.body(torch.cat([self.standardised(query), one_hot], 1))
 
 
 def class_means(inputs: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
@@ -148,8 +161,9 @@ def train_inverse_network(queries: torch.Tensor, inputs: torch.Tensor, labels: t
     query_scale = torch.where(query_scale > 1e-12, query_scale, torch.ones_like(query_scale))
     with torch.random.fork_rng(devices=[]):
         seed_torch(seed, "model-inversion", "init")
+        fitted = (fit_q - query_mean) / query_scale
         network = InverseNetwork(queries.shape[1], inputs.shape[1], hidden, query_mean, query_scale,
-                                 class_means(fit_x, fit_y, queries.shape[1]))
+                                 class_means(fit_x, fit_y, queries.shape[1]), fitted.min(0).values, fitted.max(0).values)
     network = network.to(queries.device)
     optimiser = torch.optim.Adam(network.parameters(), lr=lr)
     generator = torch_generator(seed, "model-inversion", "batches")

@@ -462,3 +462,27 @@ def test_local_sgd_delta_is_a_gradient_step(digits_global_model):
     x, y = data.train.features[aux[:20]], data.train.labels[aux[:20]]
     delta = local_sgd_delta(model, params, steps=1, lr=0.1)(x, y)
     assert torch.allclose(delta, -0.1 * flat_gradient(model, params)(x, y), atol=1e-7)
+
+
+def test_inversion_never_extrapolates_a_near_constant_output():
+    """A query coordinate that barely varies on the auxiliary records (a noisy model's almost
+    constant probability) has a tiny scale; a target that moves it a little lies a million
+    standard deviations out. The network is read only on the range it was fitted on, so such a
+    query gives the reconstruction of the fitted extreme, within the data's range, instead of an
+    arbitrary extrapolation."""
+    from attacks.model_inversion import train_inverse_network
+
+    generator = torch.Generator().manual_seed(0)
+    inputs = torch.rand(200, 6, generator=generator)  # the data lie in [0, 1]
+    labels = torch.randint(0, 3, (200,), generator=generator)
+    queries = torch.rand(200, 3, generator=generator)
+    queries[:, 0] = 0.5 + 1e-9 * torch.randn(200, generator=generator)  # near-constant coordinate
+    network, _ = train_inverse_network(queries, inputs, labels, seed=1, hidden=(16,), epochs=20, patience=5)
+    with torch.no_grad():
+        far = queries[:1].clone()
+        far[0, 0] = 0.5 + 1e-3  # ≈ 10⁶ standard deviations above every record
+        farther = far + torch.tensor([[1.0, 0.0, 0.0]])
+        label = labels[:1]
+        reached = network(far, label)
+        assert float(reached.min()) > -1.0 and float(reached.max()) < 2.0
+        assert torch.equal(reached, network(farther, label))  # beyond the fitted range the input no longer moves
