@@ -33,9 +33,9 @@ from torch import nn
 
 from attacks.signals import view_inputs
 from audit.core.cluster_bootstrap import REPLICATES, comparison_roc, two_way_intervals
-from audit.core.empirical_epsilon import one_run_audit
+from audit.core.empirical_epsilon import OneRunAudit, one_run_audit
 from audit.core.errors import UserInputError
-from audit.core.fdp_one_run import FdpOneRunAudit, OneRunEvidence, fdp_audit_of_counts
+from audit.core.fdp_one_run import FdpOneRunAudit, fdp_audit_of_counts
 from audit.core.metrics import Estimate, best_accuracy_threshold, thin_curve
 from audit.core.registry import Registry
 from audit.core.seeding import numpy_rng
@@ -157,7 +157,7 @@ class AttackResult:
     #: removes a unit, or replaces one client of a pair by the other
     relation: str = "add-remove"
     #: ε figure → the one-run counts behind it (their p-value against any claim; reports.soundness)
-    evidence: dict[str, OneRunEvidence] = field(default_factory=dict)
+    evidence: dict[str, OneRunAudit] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -202,7 +202,7 @@ def _reference_correct(scores: np.ndarray, truth: np.ndarray) -> np.ndarray:
 def membership_metrics(scores: np.ndarray, truth: np.ndarray, seed: int, confidence: float = 0.95,
                        delta: float = 0.0, coins: tuple[np.ndarray, np.ndarray] | None = None, bootstrap: int = REPLICATES,
                        run_groups: np.ndarray | None = None
-                       ) -> tuple[dict[str, Estimate], tuple[list[float], list[float]], dict[str, OneRunEvidence]]:
+                       ) -> tuple[dict[str, Estimate], tuple[list[float], list[float]], dict[str, OneRunAudit]]:
     """Metrics over the (target, unit) scores, their intervals, a ROC curve for plots, and the
     one-run ε bounds with their counts (ε figure → evidence; empty without ``coins``).
 
@@ -231,17 +231,22 @@ def membership_metrics(scores: np.ndarray, truth: np.ndarray, seed: int, confide
     metrics["balanced_accuracy"] = intervals["balanced_accuracy"]
     if "accuracy" in intervals:
         metrics["accuracy"] = intervals["accuracy"]
-    evidence: dict[str, OneRunEvidence] = {}
+    evidence: dict[str, OneRunAudit] = {}
     if coins is not None and len(coins[0]) >= 2:
-        steinke = one_run_audit(coins[0], coins[1], delta=delta, alpha=1.0 - confidence)
-        # the same guesses, so the two figures differ only in how the counts are analysed
-        evidence = {"epsilon_one_run": steinke,
-                    "epsilon_one_run_fdp": fdp_audit_of_counts(steinke.canaries, steinke.tried, delta, 1.0 - confidence)}
+        evidence = one_run_bounds(coins[0], coins[1], delta, 1.0 - confidence)
         metrics.update((name, audit.as_estimate()) for name, audit in evidence.items())
     return metrics, thin_curve(*comparison_roc(scores, truth, run_groups).curve()), evidence
 
 
-def gdp_note(evidence: dict[str, OneRunEvidence]) -> str:
+def one_run_bounds(scores: np.ndarray, inserted: np.ndarray, delta: float = 0.0, alpha: float = 0.05) -> dict[str, OneRunAudit]:
+    """The one-run ε lower bounds of independent coins' scores, by figure name (:data:`ONE_RUN_FIGURES`):
+    Steinke et al.'s count and the f-DP analysis of the same guesses, so the two figures differ
+    only in how the counts are analysed."""
+    steinke = one_run_audit(scores, inserted, delta=delta, alpha=alpha)
+    return {"epsilon_one_run": steinke, "epsilon_one_run_fdp": fdp_audit_of_counts(steinke.canaries, steinke.tried, delta, alpha)}
+
+
+def gdp_note(evidence: dict[str, OneRunAudit]) -> str:
     """The f-DP analysis's μ-GDP figure, for the notes: the paper's "empirical privacy", which
     holds only if the mechanism's trade-off curve is Gaussian, so it is no (ε, δ) bound."""
     audit = evidence.get("epsilon_one_run_fdp")

@@ -37,12 +37,9 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import norm
 
-from attacks.base import OPERATING_POINTS, membership_metrics
+from attacks.base import OPERATING_POINTS, membership_metrics, one_run_bounds
 from audit.config import load_config
 from audit.core.audit_power import tight_scores
-from audit.core.empirical_epsilon import one_run_audit
-from audit.core.fdp_one_run import fdp_audit_of_counts
-from audit.core.safe_names import slug
 from audit.pipeline import attack
 from audit.planning import plan_audit
 from audit.store import RunStore
@@ -152,12 +149,14 @@ def pipeline_replicates(template: str, replicates: int, start_seed: int = 0, pro
             config_file.write_text(template.format(seed=seed), encoding="utf-8")
             plan = plan_audit(load_config(config_file))
             out = Path(folder) / f"out-{seed}"
-            results = build_results(plan, RunStore(out), attack(plan, out, quiet=True))
+            attacked = attack(plan, out, quiet=True)
+            results = build_results(plan, RunStore(out), attacked)
             experiment = results.experiments[0]
+            scores_of = {result.name: result.scores for result in attacked[experiment.key]}
             for record in experiment.attacks:
                 if record.kind != "membership":
                     continue
-                scores = np.load(out / "attacks" / experiment.key / f"{slug(record.attack)}.npz")["scores"]
+                scores = scores_of[record.attack]
                 figures.setdefault(f"{record.attack} auc", Replicates()).add(record.metrics["auc"])
                 for name, fpr in OPERATING_POINTS:
                     figures.setdefault(f"{record.attack} {name}", Replicates()).add(record.metrics[name],
@@ -255,8 +254,7 @@ def tight_claim(replicates: int, epsilon: float, delta: float, runs: int = 16, u
         family = []
         for f in range(figures):  # correlated figures: a shared optimal statistic plus attack-specific noise
             scores = base + (0.3 * f) * rng.standard_normal(base.shape)
-            audit = one_run_audit(scores, inserted, delta=delta)
-            audits = {"epsilon_one_run": audit, "epsilon_one_run_fdp": fdp_audit_of_counts(audit.canaries, audit.tried, delta)}
+            audits = one_run_bounds(scores, inserted, delta)
             family += attack_verdicts(claim, "client", {k: Estimate(a.epsilon, a.epsilon, None) for k, a in audits.items()},
                                       dict.fromkeys(audits, "lower_bound"), "add-remove", audits)
         violations += any(v.status == "violation" for v in family_verdicts(family))

@@ -49,7 +49,7 @@ import math
 from dataclasses import replace
 
 from audit.core.audit_power import POWER_TARGET, one_run_power
-from audit.core.fdp_one_run import OneRunEvidence
+from audit.core.empirical_epsilon import OneRunAudit
 from audit.core.multiplicity import holm
 from defenses.claims import PrivacyClaim
 from reports.document import EpsilonKind, Estimate, Power, Status, Verdict
@@ -135,7 +135,7 @@ def measurement_delta(claim: PrivacyClaim, unit: str, default: float, design: st
 
 
 def verdict(claim: PrivacyClaim, unit: str, metric: str, estimate: Estimate, kind: EpsilonKind,
-            design: str = "add-remove", evidence: OneRunEvidence | None = None, decide: bool = True) -> Verdict:
+            design: str = "add-remove", evidence: OneRunAudit | None = None, decide: bool = True) -> Verdict:
     """A verdict on one ε figure on its own: ``status`` plus a sentence with the numbers.
 
     A lower bound with ``evidence`` gets its p-value at the implied (ε, δ); its final status
@@ -191,12 +191,12 @@ def _against(v: Verdict, bound: tuple[float, float, str]) -> str:
     return f"2ε = {limit:.3g}, the claimed ε = {v.claimed:.3g} doubled ({basis})"
 
 
-def _power(evidence: OneRunEvidence, limit: float, limit_delta: float, level: float) -> Power:
+def _power(evidence: OneRunAudit, limit: float, limit_delta: float, level: float) -> Power:
     power = one_run_power(evidence.canaries, limit, limit_delta, level, method=evidence.method)
     return Power(power.canaries, power.level, power.tight_bound, power.detection, power.needed)
 
 
-def family_verdicts(family: list[tuple[Verdict, OneRunEvidence | None]]) -> list[Verdict]:
+def family_verdicts(family: list[tuple[Verdict, OneRunAudit | None]]) -> list[Verdict]:
     """Holm's step-down correction over the lower bounds with p-values (each verdict with its
     counts), then power for each: VIOLATION where rejected, else consistent when the audit would
     detect twice the bound's ε with probability ≥ 80 %, else inconclusive. Verdicts without a
@@ -230,8 +230,8 @@ def family_verdicts(family: list[tuple[Verdict, OneRunEvidence | None]]) -> list
 
 
 def attack_verdicts(claim: PrivacyClaim, unit: str, metrics: dict[str, Estimate], epsilon_kind: dict[str, EpsilonKind],
-                    design: str = "add-remove", evidence: dict[str, OneRunEvidence] | None = None
-                    ) -> list[tuple[Verdict, OneRunEvidence | None]]:
+                    design: str = "add-remove", evidence: dict[str, OneRunAudit] | None = None
+                    ) -> list[tuple[Verdict, OneRunAudit | None]]:
     """Verdicts for every ε figure an attack carries (``epsilon_kind``: figure → what it is), with
     the counts of each, undecided: an experiment's family is decided together by
     :func:`family_verdicts`."""

@@ -24,6 +24,7 @@ v = 900, δ = 10⁻⁵: 2.015.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -107,13 +108,17 @@ class OneRunAudit:
     def as_estimate(self) -> Estimate:
         return Estimate(self.epsilon, self.epsilon, math.inf)
 
+    def count_p_value(self, guesses: int, correct: int, epsilon: float, delta: float) -> float:
+        """The p-value of one abstention level's counts under (ε, δ)-DP (this analysis: Steinke et al.'s)."""
+        return one_run_p_value(self.canaries, guesses, correct, epsilon, delta)
+
     def p_value(self, epsilon: float, delta: float | None = None) -> float:
         """The p-value of "the mechanism is (ε, δ)-DP" given these counts (δ defaults to the audit's)."""
         delta = self.delta if delta is None else delta
         tried = self.tried or ((self.guesses, self.correct),)
         if not any(g for g, _ in tried):
             return 1.0
-        smallest = min(one_run_p_value(self.canaries, g, c, epsilon, delta) for g, c in tried if g)
+        smallest = min(self.count_p_value(g, c, epsilon, delta) for g, c in tried if g)
         return min(1.0, len(tried) * smallest)
 
 
@@ -132,6 +137,27 @@ def guess_counts(scores: np.ndarray, inserted: np.ndarray,
     return tuple(counts)
 
 
+def canary_arrays(scores: np.ndarray, inserted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Canary scores (float64) and inserted flags (bool), flat and of one length."""
+    scores = np.asarray(scores, dtype=np.float64).ravel()
+    inserted = np.asarray(inserted).astype(bool).ravel()
+    if scores.shape != inserted.shape:
+        raise ValueError("scores and inserted differ in length")
+    return scores, inserted
+
+
+def strongest_level(tried: tuple[tuple[int, int], ...], alpha: float,
+                    bound: Callable[[int, int, float], float]) -> tuple[float, int, int]:
+    """(bound, guesses, correct) of the abstention level with the largest ``bound(guesses,
+    correct, level)``, each level tested at alpha / len(tried) (Bonferroni); (0, 0, 0) without levels."""
+    best = (0.0, 0, 0)
+    for guesses, correct in tried:
+        value = bound(guesses, correct, alpha / len(tried))
+        if value > best[0] or best[1] == 0:
+            best = (value, guesses, correct)
+    return best
+
+
 def one_run_audit(scores: np.ndarray, inserted: np.ndarray, delta: float = 0.0, alpha: float = 0.05,
                   guess_fractions: tuple[float, ...] = GUESS_FRACTIONS) -> OneRunAudit:
     """Steinke et al.'s audit on canary scores (higher = more likely inserted).
@@ -141,19 +167,12 @@ def one_run_audit(scores: np.ndarray, inserted: np.ndarray, delta: float = 0.0, 
     the bound upward, so each k is tested at level alpha / (number of k tried) (Bonferroni):
     the reported bound holds with confidence 1 − alpha whichever k wins.
     """
-    scores = np.asarray(scores, dtype=np.float64).ravel()
-    inserted = np.asarray(inserted).astype(bool).ravel()
-    if scores.shape != inserted.shape:
-        raise ValueError("scores and inserted differ in length")
+    scores, inserted = canary_arrays(scores, inserted)
     m = len(scores)
     tried = guess_counts(scores, inserted, guess_fractions)
-    level = alpha / len(guess_fractions)
-    best = OneRunAudit(0.0, m, 0, 0, alpha, delta, tried)
-    for guesses, correct in tried:
-        bound = one_run_epsilon_lower_bound(m, guesses, correct, delta, level)
-        if bound > best.epsilon or best.guesses == 0:
-            best = OneRunAudit(bound, m, guesses, correct, alpha, delta, tried)
-    return best
+    epsilon, guesses, correct = strongest_level(
+        tried, alpha, lambda g, c, level: one_run_epsilon_lower_bound(m, g, c, delta, level))
+    return OneRunAudit(epsilon, m, guesses, correct, alpha, delta, tried)
 
 
 # --------------------------------------------------------------------------- Gaussian pairs (Andrew et al. 2024)

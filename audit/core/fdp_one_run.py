@@ -78,8 +78,13 @@ import numpy as np
 from scipy.optimize import brentq
 from scipy.special import log_ndtr, ndtr, ndtri
 
-from audit.core.empirical_epsilon import GUESS_FRACTIONS, OneRunAudit, guess_counts
-from audit.core.metrics import Estimate
+from audit.core.empirical_epsilon import (
+    GUESS_FRACTIONS,
+    OneRunAudit,
+    canary_arrays,
+    guess_counts,
+    strongest_level,
+)
 
 # --------------------------------------------------------------------------- trade-off functions
 
@@ -244,63 +249,33 @@ def gdp_mu_lower_bound(canaries: int, guesses: int, correct: int, alpha: float =
 
 
 @dataclass(frozen=True)
-class FdpOneRunAudit:
-    """The f-DP analysis of the counts of guessing on canary scores (:func:`fdp_one_run_audit`).
-
-    Like :class:`audit.core.empirical_epsilon.OneRunAudit`: every abstention level of ``tried``
-    was tested at alpha / len(tried) (Bonferroni), so :meth:`p_value` is len(tried) × the smallest
-    p-value. ``guesses``/``correct`` are the level behind ``epsilon``.
-    """
+class FdpOneRunAudit(OneRunAudit):
+    """The f-DP analysis of the counts of guessing on canary scores (:func:`fdp_one_run_audit`):
+    :class:`audit.core.empirical_epsilon.OneRunAudit`'s counts and Bonferroni rule, each level's
+    p-value from the f_{ε,δ} trade-off curve (:func:`fdp_p_value`) instead of the binomial."""
 
     #: which simulation :func:`audit.core.audit_power.one_run_power` runs for this test's power
     method: ClassVar[str] = "fdp"
 
-    epsilon: float  # largest ε with f_{ε,δ} rejected: a lower bound, confidence 1 − alpha
-    mu: float  # largest μ with μ-GDP rejected, confidence 1 − alpha
-    canaries: int
-    guesses: int
-    correct: int
-    alpha: float
-    delta: float
-    tried: tuple[tuple[int, int], ...] = ()
+    # ``epsilon``: the largest ε with f_{ε,δ} rejected, a lower bound with confidence 1 − alpha
+    mu: float = 0.0  # largest μ with μ-GDP rejected, confidence 1 − alpha
 
     @property
     def epsilon_gdp(self) -> float:
         """The paper's empirical privacy: ε at δ of μ-GDP at the rejected μ (not an (ε, δ) bound)."""
         return gdp_epsilon(self.mu, self.delta)
 
-    def as_estimate(self) -> Estimate:
-        return Estimate(self.epsilon, self.epsilon, math.inf)
-
-    def p_value(self, epsilon: float, delta: float | None = None) -> float:
-        """The p-value of "the mechanism is (ε, δ)-DP" (the f_{ε,δ} curve; δ defaults to the audit's)."""
-        delta = self.delta if delta is None else delta
-        tried = self.tried or ((self.guesses, self.correct),)
-        if not any(g for g, _ in tried):
-            return 1.0
-        curve = ApproximateDPTradeOff(epsilon, delta)
-        smallest = min(fdp_p_value(self.canaries, g, c, curve) for g, c in tried if g)
-        return min(1.0, len(tried) * smallest)
-
-
-#: the evidence behind an ε lower bound: the counts and the test that turns them into p-values
-OneRunEvidence = OneRunAudit | FdpOneRunAudit
+    def count_p_value(self, guesses: int, correct: int, epsilon: float, delta: float) -> float:
+        return fdp_p_value(self.canaries, guesses, correct, ApproximateDPTradeOff(epsilon, delta))
 
 
 def fdp_audit_of_counts(canaries: int, tried: tuple[tuple[int, int], ...], delta: float = 0.0,
                         alpha: float = 0.05) -> FdpOneRunAudit:
     """The f-DP bounds of (guesses, correct) counts, each abstention level at alpha / len(tried)."""
-    best = FdpOneRunAudit(0.0, 0.0, canaries, 0, 0, alpha, delta, tried)
-    if not tried:
-        return best
-    level = alpha / len(tried)
-    mu = max(gdp_mu_lower_bound(canaries, g, c, level) for g, c in tried)
-    best = FdpOneRunAudit(0.0, mu, canaries, 0, 0, alpha, delta, tried)
-    for guesses, correct in tried:
-        bound = fdp_epsilon_lower_bound(canaries, guesses, correct, delta, level)
-        if bound > best.epsilon or best.guesses == 0:
-            best = FdpOneRunAudit(bound, mu, canaries, guesses, correct, alpha, delta, tried)
-    return best
+    mu = strongest_level(tried, alpha, lambda g, c, level: gdp_mu_lower_bound(canaries, g, c, level))[0]
+    epsilon, guesses, correct = strongest_level(
+        tried, alpha, lambda g, c, level: fdp_epsilon_lower_bound(canaries, g, c, delta, level))
+    return FdpOneRunAudit(epsilon, canaries, guesses, correct, alpha, delta, tried, mu=mu)
 
 
 def fdp_one_run_audit(scores: np.ndarray, inserted: np.ndarray, delta: float = 0.0, alpha: float = 0.05,
@@ -308,8 +283,5 @@ def fdp_one_run_audit(scores: np.ndarray, inserted: np.ndarray, delta: float = 0
     """The f-DP audit of canary scores (higher = more likely inserted), with the guesses of
     :func:`audit.core.empirical_epsilon.one_run_audit`: "in" for the k/2 highest scores, "out"
     for the k/2 lowest, at each k of ``guess_fractions`` (Bonferroni over them)."""
-    scores = np.asarray(scores, dtype=np.float64).ravel()
-    inserted = np.asarray(inserted).astype(bool).ravel()
-    if scores.shape != inserted.shape:
-        raise ValueError("scores and inserted differ in length")
+    scores, inserted = canary_arrays(scores, inserted)
     return fdp_audit_of_counts(len(scores), guess_counts(scores, inserted, guess_fractions), delta, alpha)

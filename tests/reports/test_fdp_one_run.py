@@ -285,7 +285,7 @@ def test_the_audit_bound_and_its_p_value_agree():
     level = 0.05 / len(audit.tried)
     assert fdp_rejects(1000, audit.guesses, audit.correct, ApproximateDPTradeOff(audit.epsilon * 0.999, 1e-5), level)
     assert audit.as_estimate().value == audit.epsilon
-    assert FdpOneRunAudit(0.0, 0.0, 10, 0, 0, 0.05, 0.0).p_value(1.0) == 1.0
+    assert FdpOneRunAudit(0.0, 10, 0, 0, 0.05, 0.0, mu=0.0).p_value(1.0) == 1.0
 
 
 def test_a_verdict_reads_the_fdp_evidence_with_its_own_power():
