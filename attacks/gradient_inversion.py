@@ -9,8 +9,9 @@ with DLG, iDLG or Inverting Gradients (:mod:`attacks.inversion`):
   uploads its gradient (``threat: gradient``) or its FedAvg update after ``local_steps`` local
   SGD steps at the run's client learning rate (``threat: update``; the attacker simulates the
   same steps on its dummy data);
-* the upload is privatised as the defense does it (:mod:`attacks.server_view`): clipped and
-  noised for DP-FedAvg — a single upload, or under secure aggregation the sum of the round's
+* the upload is privatised as the defense does it (:mod:`attacks.server_view`): clipped (flat,
+  or every parameter tensor separately with ``clip_mode: per_tensor``) and noised for
+  DP-FedAvg — a single upload, or under secure aggregation the sum of the round's
   uploads, which the attack must untangle into m·``batch_size`` records; defenses whose
   privatisation is not replayed are listed as not run, with the reason.
 
@@ -71,7 +72,7 @@ class GradientInversion(RunAttack):
         view = upload_view(run.defense, run.training, len(run.clients))
         return ThreatModel(self.params.threat, batch_size=self.params.batch_size, clients=view.clients,
                            local_steps=self.params.local_steps, local_batch=min(self.params.batch_size, run.training.batch_size),
-                           lr=run.training.lr, clip=view.clip, noise=view.noise)
+                           lr=run.training.lr, clip=view.clip, noise=view.noise, clip_mode=view.clip_mode)
 
     def evaluate(self, run: TargetRun) -> list[AttackResult]:
         threat = self.threat(run)

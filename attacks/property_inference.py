@@ -23,6 +23,18 @@ The attack of Melis et al.:
    class: AUC ≈ 0.6–0.7 against ≈ 0.95 for the forest).
 3. The classifier scores each target client's upload.
 
+The attacker scores what the server it plays really observes (:mod:`attacks.server_view`). Under
+secure aggregation (Bonawitz et al. 2017), or where a trusted aggregator adds the noise to the
+sum, that is not the target's upload but the aggregate of the round's m uploads: the target's
+plus m − 1 other clients', each clipped, with m noise shares of std S·σ/√m — std S·σ on the sum.
+Each attacked observation is then that sum (the others: batches of other training records), and
+each shadow observation sums the shadow batch's upload with m − 1 uploads of auxiliary batches
+drawn at random, so the classifier learns from what it will be shown; the truth stays "the
+target's batch has the property". Other clients' records dilute the target's signal, and a
+property that is common in their batches is present in almost every aggregate (Melis et al.
+measure the same decline as the participants grow; a malicious server can undo the aggregation,
+Pasquini, Francati, Ateniese 2022, which this honest-but-curious replay does not try).
+
 Updates of large models are compressed before the classifier with a count sketch (feature
 hashing; Weinberger et al. 2009): coordinate i is added, with a random sign s(i) ∈ {±1}, to
 bucket h(i) ∈ {0, …, k−1}. It keeps inner products in expectation, needs O(d) time and memory
@@ -50,10 +62,9 @@ from torch import nn
 from torch.func import functional_call, grad
 
 from attacks.base import ATTACKS, AttackResult, RunAttack, TargetRun, auxiliary_records, run_result
-from attacks.server_view import not_replayed_reason, upload_view
+from attacks.server_view import UploadView, not_replayed_reason, upload_view
 from audit.core.metrics import Estimate, auc, clopper_pearson
 from audit.core.seeding import derive_seed, numpy_rng, sklearn_random_state, torch_generator
-from defenses.clipping import clip_rows
 
 UpdateFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -68,6 +79,7 @@ class PropertyInferenceResult:
     shadow_updates: int = 0
     update_dimension: int = 0
     feature_dimension: int = 0  # after the count sketch
+    summed: int = 1  # uploads in each observation (1: each upload alone; m: the aggregate of m)
     notes: str = ""
 
     def metrics(self) -> dict[str, Estimate]:
@@ -123,6 +135,24 @@ def client_has_property(record_property: np.ndarray, clients: Sequence[np.ndarra
     return np.array([bool(record_property[np.asarray(c, dtype=np.int64)].any()) for c in clients])
 
 
+def privatised_upload(update_of: UpdateFunction, view: UploadView, sizes: Sequence[int],
+                      generator: torch.Generator) -> UpdateFunction:
+    """``update_of`` followed by the defense's privatisation of one upload (:mod:`attacks.server_view`):
+    the clip (flat or per parameter tensor; ``sizes``: the tensors of the flat upload, in its order)
+    and this upload's noise share, std ``view.noise``·S per coordinate from ``generator``. Summing m
+    such uploads gives the aggregate's noise, std S·σ."""
+
+    def privatised(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        upload = update_of(x, y)
+        if view.clip is None:
+            return upload
+        clipped = view.clip_rows(upload[None, :], sizes)[0]
+        noise = torch.randn(clipped.shape, generator=generator, dtype=torch.float32).to(clipped)
+        return clipped + view.noise * view.clip * noise
+
+    return privatised
+
+
 # --------------------------------------------------------------------------- features
 
 
@@ -142,6 +172,18 @@ class CountSketch:
 
 
 # --------------------------------------------------------------------------- shadow batches
+
+
+def other_batches(pool: np.ndarray, exclude: np.ndarray, count: int, batch_size: int,
+                  rng: np.random.Generator) -> list[np.ndarray]:
+    """``count`` batches of ``batch_size`` records of ``pool`` outside ``exclude``: the other
+    clients of a round, whose uploads the server sees summed with the target's. Records are
+    distinct across the batches when there are enough (clients hold disjoint data)."""
+    candidates = np.setdiff1d(np.asarray(pool), np.asarray(exclude))
+    if len(candidates) == 0:
+        candidates = np.asarray(pool)
+    drawn = rng.choice(candidates, count * batch_size, replace=count * batch_size > len(candidates))
+    return [drawn[k * batch_size:(k + 1) * batch_size] for k in range(count)]
 
 
 def shadow_batches(auxiliary_property: np.ndarray, count: int, batch_size: int,
@@ -192,6 +234,7 @@ def property_inference(
     classifier: Literal["random-forest", "logistic"] = "random-forest",
     sketch_width: int = 2048,
     confidence: float = 0.95,
+    target_others: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor]]] | None = None,
 ) -> PropertyInferenceResult:
     """Melis et al.'s batch property inference on the target clients' uploads.
 
@@ -202,6 +245,13 @@ def property_inference(
     ``batch_size`` records (default: the median client size) and ``shadow_updates`` of them are
     made, half with the property. Updates longer than ``sketch_width`` are count-sketched to
     that width. Deterministic in ``seed`` (given a deterministic ``update_of``).
+
+    ``target_others``: where the server sees only aggregates, per target client the batches of
+    the m − 1 other clients whose uploads are summed with its own (the same number for every
+    target); each observation is then the sum of the m uploads ``update_of`` returns (each with
+    its own noise share), and each shadow observation sums the shadow batch's upload with m − 1
+    uploads of ``batch_size`` auxiliary records drawn at random (with or without the property,
+    as they come). None: each upload is observed alone.
     """
     target_truth = np.asarray(target_truth, dtype=bool)
     if len(target_truth) != len(target_clients):
@@ -210,12 +260,36 @@ def property_inference(
         raise ValueError("the target clients need some with and some without the property")
     if shadow_updates < 4:
         raise ValueError("property inference needs at least 4 shadow updates")
+    others = 0
+    if target_others is not None:
+        if len(target_others) != len(target_clients):
+            raise ValueError("target_others needs one list of batches per target client")
+        counts = {len(batches) for batches in target_others}
+        if len(counts) != 1:
+            raise ValueError(f"every target needs the same number of other uploads, got {sorted(counts)}")
+        others = counts.pop()
     if batch_size is None:
         batch_size = int(np.median([len(y) for _, y in target_clients]))
     batches, shadow_truth = shadow_batches(auxiliary_property, shadow_updates, batch_size, property_fraction, seed)
+    auxiliary = np.arange(len(auxiliary_property))
+    others_rng = numpy_rng(seed, "property-inference", "shadow-others")
+    shadow_others = [other_batches(auxiliary, batch, others, batch_size, others_rng) if others else [] for batch in batches]
 
-    # the first upload fixes the dimension; the sketch is identity when it is already small
-    first = update_of(auxiliary_x[torch.as_tensor(batches[0])], auxiliary_y[torch.as_tensor(batches[0])]).reshape(-1)
+    def observed(batch: tuple[torch.Tensor, torch.Tensor], rest: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        total = update_of(*batch).reshape(-1)
+        for other in rest:  # the aggregate: every upload privatised on its own, then summed
+            total = total + update_of(*other).reshape(-1)
+        return total
+
+    def auxiliary_batch(index: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        index = torch.as_tensor(index)
+        return auxiliary_x[index], auxiliary_y[index]
+
+    def shadow_observation(k: int) -> torch.Tensor:
+        return observed(auxiliary_batch(batches[k]), [auxiliary_batch(o) for o in shadow_others[k]])
+
+    # the first observation fixes the dimension; the sketch is identity when it is already small
+    first = shadow_observation(0)
     dimension = int(first.numel())
     sketch = CountSketch(dimension, sketch_width, seed) if dimension > sketch_width else None
 
@@ -225,11 +299,9 @@ def property_inference(
             raise ValueError(f"update_of returned {update.numel()} numbers, earlier {dimension}")
         return sketch(update) if sketch is not None else update.detach().to("cpu", torch.float64).numpy()
 
-    shadow = [features_of(first)]
-    for batch in batches[1:]:
-        index = torch.as_tensor(batch)
-        shadow.append(features_of(update_of(auxiliary_x[index], auxiliary_y[index])))
-    targets = np.stack([features_of(update_of(x, y)) for x, y in target_clients])
+    shadow = [features_of(first)] + [features_of(shadow_observation(k)) for k in range(1, len(batches))]
+    rests = list(target_others) if target_others is not None else [[] for _ in target_clients]
+    targets = np.stack([features_of(observed(client, rest)) for client, rest in zip(target_clients, rests)])
 
     classifier_state = sklearn_random_state(seed, "property-inference", "classifier")
     if classifier == "logistic":
@@ -245,14 +317,16 @@ def property_inference(
     clients = len(target_truth)
     accuracy = Estimate(correct / clients, *clopper_pearson(correct, clients, confidence))
     majority = float(max(target_truth.mean(), 1.0 - target_truth.mean()))
+    summed = (f", each summed with {others} upload{'s' if others > 1 else ''} of random auxiliary batches as the "
+              "server sees the target's" if others else "")
     notes = (f"{shadow_updates} shadow updates (half with the property, fraction {property_fraction[0]:g}–"
-             f"{property_fraction[1]:g} of {batch_size} records) → {classifier} on "
+             f"{property_fraction[1]:g} of {batch_size} records{summed}) → {classifier} on "
              + (f"a {sketch_width}-bucket count sketch of the {dimension}-dim updates" if sketch else f"the {dimension}-dim updates")
              + f"; {clients} target clients ({int(target_truth.sum())} with the property)")
     return PropertyInferenceResult(
         auc=auc(scores, target_truth, confidence), accuracy=accuracy, scores=scores, truth=target_truth,
         majority_accuracy=majority, shadow_updates=shadow_updates, update_dimension=dimension,
-        feature_dimension=sketch_width if sketch is not None else dimension, notes=notes)
+        feature_dimension=sketch_width if sketch is not None else dimension, summed=others + 1, notes=notes)
 
 
 # --------------------------------------------------------------------------- the registered attack
@@ -280,20 +354,21 @@ class PropertyInference(RunAttack):
 
     def evaluate(self, run: TargetRun) -> list[AttackResult]:
         view = upload_view(run.defense, run.training, len(run.clients))
-        gradient = flat_gradient(run.model, run.params)
-        noise_stream = torch_generator(run.seed, "property-inference", self.label, "noise")
-
-        def privatised(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            upload = gradient(x, y)
-            if view.clip is None:
-                return upload
-            clipped = clip_rows(upload[None, :], view.clip)[0]
-            noise = torch.randn(clipped.shape, generator=noise_stream, dtype=torch.float32).to(clipped)
-            return clipped + view.noise * view.clip * noise
-
+        privatised = privatised_upload(flat_gradient(run.model, run.params), view,
+                                       [value.numel() for value in run.params.values()],
+                                       torch_generator(run.seed, "property-inference", self.label, "noise"))
         rng = numpy_rng(run.seed, "property-inference", self.label)
         batches = [rng.choice(run.members, self.params.batch_size, replace=False) for _ in range(self.params.targets)]
-        target_clients = [(run.pool_x[torch.as_tensor(b)], run.pool_y[torch.as_tensor(b)]) for b in batches]
+
+        def records(index: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+            return run.pool_x[torch.as_tensor(index)], run.pool_y[torch.as_tensor(index)]
+
+        target_clients = [records(b) for b in batches]
+        others = None
+        if view.clients > 1:  # the server sees the sum of the target's upload and m − 1 others'
+            others_rng = numpy_rng(run.seed, "property-inference", self.label, "others")
+            others = [[records(o) for o in other_batches(run.members, b, view.clients - 1, self.params.batch_size, others_rng)]
+                      for b in batches]
         has_class = (run.pool_y.numpy() == self.params.property_class)
         truth = np.array([bool(has_class[b].any()) for b in batches])
         auxiliary = auxiliary_records(run.members, len(run.pool_y))
@@ -302,11 +377,17 @@ class PropertyInference(RunAttack):
         outcome = property_inference(privatised, target_clients, truth, run.pool_x[torch.as_tensor(auxiliary)],
                                      run.pool_y[torch.as_tensor(auxiliary)], has_class[auxiliary],
                                      derive_seed(run.seed, "property-inference", self.label),
-                                     shadow_updates=self.params.shadow_updates, batch_size=self.params.batch_size)
+                                     shadow_updates=self.params.shadow_updates, batch_size=self.params.batch_size,
+                                     target_others=others)
         privacy = ("uploads as they are" if view.clip is None else
-                   f"clipped to {view.clip:g}, noise std {view.noise:.3g}·{view.clip:g} per upload")
+                   f"{view.describe_clip()}, noise std {view.noise:.3g}·{view.clip:g} per upload")
+        observed = view.observation()
+        if view.clients > 1:
+            observed += (f": the target's upload plus {view.clients - 1} uploads of other batches of run 0's training "
+                         f"records, noise std S·σ = {view.observed_noise:.3g} on the sum")
         notes = (f"property: the batch holds class {self.params.property_class}; {len(batches)} uploads of "
                  f"{self.params.batch_size} training records of run 0 (gradients at its final model, {privacy}); "
+                 f"the server observes {observed}; "
                  f"{outcome.shadow_updates} shadow uploads; majority guess {100 * outcome.majority_accuracy:.1f} %. "
                  + outcome.notes)
         return [run_result(self.label, "", "upload", outcome.metrics(), notes)]

@@ -3,9 +3,10 @@
 Pure functions from a client's batch to its upload: :func:`single_gradient` (one batch gradient:
 FedSGD, the threat model of DLG, Zhu et al. 2019, and Inverting Gradients, Geiping et al. 2020),
 :func:`fedavg_upload` (the model delta after local SGD steps; Geiping et al. 2020, §6),
-:func:`noisy_upload` (flat ℓ2 clipping to C plus N(0, (σC)²) per coordinate: the DP threat model
-of DP-FedAvg, McMahan et al. 2018) and :func:`secure_sum` (the server sees only the sum of K
-uploads). :class:`ThreatModel` composes them and also gives the attacker's *differentiable
+:func:`noisy_upload` (ℓ2 clipping to C plus N(0, (σC)²) per coordinate: the DP threat model
+of DP-FedAvg, McMahan et al. 2018; the clip is flat over the whole upload, or per parameter tensor
+as DP-FedSAM's public code and ``dp-fedavg``'s ``clip_mode: per_tensor`` do) and :func:`secure_sum`
+(the server sees only the sum of K uploads). :class:`ThreatModel` composes them and also gives the attacker's *differentiable
 simulation* of the same upload on dummy data (:meth:`ThreatModel.simulate`), so every attack
 matches like with like: gradient vs dummy gradient, update vs simulated update.
 
@@ -26,12 +27,13 @@ from torch.func import functional_call
 
 from audit.core.errors import UserInputError
 from audit.core.seeding import torch_generator
-from defenses.clipping import clip_rows
+from defenses.clipping import clip_rows, clip_rows_per_tensor, tensor_slices
 from defenses.noise import gaussian_rows
 
 Params = dict[str, torch.Tensor]
 
 UPLOADS = ("gradient", "update")
+CLIP_MODES = ("flat", "per_tensor")
 
 
 # --------------------------------------------------------------------------- the loss a client differentiates
@@ -125,22 +127,33 @@ def upload_norm(upload: Params) -> float:
     return float(torch.linalg.vector_norm(_flat(upload).to(torch.float64)))
 
 
-def clip_upload(upload: Params, clip: float) -> Params:
-    """Flat ℓ2 clipping over all parameters: u · min(1, C/‖u‖₂) (McMahan et al. 2018).
+def clip_upload(upload: Params, clip: float, clip_mode: str = "flat") -> Params:
+    """ℓ2 clipping: flat over all parameters, u · min(1, C/‖u‖₂) (McMahan et al. 2018), or with
+    ``clip_mode="per_tensor"`` every parameter tensor u_l · min(1, C/‖u_l‖₂) separately — the
+    defense's own :func:`defenses.clipping.clip_rows_per_tensor`, each entry of ``upload`` one tensor.
 
     Differentiable in ``upload`` (the attacker simulates it; it is deterministic).
     """
-    clipped, _, _ = clip_rows(_flat(upload)[None, :], clip)
+    row = _flat(upload)[None, :]
+    if clip_mode == "flat":
+        clipped, _, _ = clip_rows(row, clip)
+    elif clip_mode == "per_tensor":
+        clipped, _, _ = clip_rows_per_tensor(row, clip, tensor_slices([value.numel() for value in upload.values()]))
+    else:
+        raise ValueError(f"clip_mode must be one of {', '.join(CLIP_MODES)}, got {clip_mode!r}")
     return _unflat(clipped[0], upload)
 
 
-def noisy_upload(upload: Params, clip: float, noise: float, generator: torch.Generator) -> Params:
-    """The DP threat model: the upload clipped to ℓ2 norm C, plus N(0, (σC)²) on every coordinate.
+def noisy_upload(upload: Params, clip: float, noise: float, generator: torch.Generator,
+                 clip_mode: str = "flat") -> Params:
+    """The DP threat model: the upload clipped to ℓ2 norm C (:func:`clip_upload`, flat or per
+    tensor), plus N(0, (σC)²) on every coordinate.
 
     ``noise`` is the noise multiplier σ (the Gaussian mechanism of DP-SGD / DP-FedAvg applied
     to this one upload); the noise comes from ``generator`` (:func:`audit.core.seeding.torch_generator`).
+    Per-tensor clipping leaves the noise std σC per coordinate, as DP-FedAvg draws it.
     """
-    clipped = clip_upload({name: value.detach() for name, value in upload.items()}, clip)
+    clipped = clip_upload({name: value.detach() for name, value in upload.items()}, clip, clip_mode)
     flat = _flat(clipped)
     if noise > 0:
         flat = flat + gaussian_rows(1, flat.numel(), noise * clip, [generator], flat.device)[0]
@@ -161,7 +174,8 @@ class ThreatModel:
     Each of ``clients`` clients holds ``batch_size`` examples (consecutive slices of the batch)
     and uploads its gradient (``upload="gradient"``) or its FedAvg model delta (``"update"``:
     ``local_steps`` steps of ``local_batch`` examples, learning rate ``lr``); with ``clip`` the
-    upload is clipped and noised (:func:`noisy_upload`, ``noise`` = σ); with ``clients`` > 1 the
+    upload is clipped (``clip_mode``: flat or per parameter tensor) and noised
+    (:func:`noisy_upload`, ``noise`` = σ); with ``clients`` > 1 the
     server sees only the sum (:func:`secure_sum`) and the attack reconstructs all
     ``clients × batch_size`` images.
     """
@@ -174,6 +188,7 @@ class ThreatModel:
     lr: float = 0.1
     clip: float | None = None
     noise: float = 0.0
+    clip_mode: Literal["flat", "per_tensor"] = "flat"
 
     def __post_init__(self) -> None:
         if self.upload not in UPLOADS:
@@ -191,6 +206,8 @@ class ThreatModel:
             raise UserInputError(f"threat.noise: must be >= 0, got {self.noise}")
         if self.noise > 0 and self.clip is None:
             raise UserInputError("threat.noise: needs a clip norm (the noise std is σ·C)")
+        if self.clip_mode not in CLIP_MODES:
+            raise UserInputError(f"threat.clip_mode: unknown mode '{self.clip_mode}'; allowed: {', '.join(CLIP_MODES)}")
 
     @property
     def examples(self) -> int:
@@ -202,7 +219,8 @@ class ThreatModel:
             f"FedAvg update ({self.local_steps} local steps, lr {self.lr:g}, batch {self.local_batch or self.batch_size})"
         text = f"{what} of {self.batch_size} image{'s' if self.batch_size > 1 else ''}"
         if self.clip is not None:
-            text += f", clipped to {self.clip:g}" + (f", Gaussian noise σ = {self.noise:g}" if self.noise > 0 else "")
+            per_tensor = " per parameter tensor" if self.clip_mode == "per_tensor" else ""
+            text += f", clipped{per_tensor} to {self.clip:g}" + (f", Gaussian noise σ = {self.noise:g}" if self.noise > 0 else "")
         if self.clients > 1:
             text += f", secure sum of {self.clients} clients"
         return text
@@ -227,7 +245,8 @@ class ThreatModel:
             part = slice(k * self.batch_size, (k + 1) * self.batch_size)
             upload = self._client_upload(model, params, images[part], labels[part], create_graph=False)
             if self.clip is not None:
-                upload = noisy_upload(upload, self.clip, self.noise, torch_generator(seed, "threat", "client", k))
+                upload = noisy_upload(upload, self.clip, self.noise, torch_generator(seed, "threat", "client", k),
+                                      self.clip_mode)
             uploads.append(upload)
         return secure_sum(uploads)
 
@@ -242,7 +261,7 @@ class ThreatModel:
         for k in range(self.clients):
             part = slice(k * self.batch_size, (k + 1) * self.batch_size)
             upload = self._client_upload(model, params, images[part], labels[part], create_graph=True)
-            uploads.append(clip_upload(upload, self.clip) if self.clip is not None else upload)
+            uploads.append(clip_upload(upload, self.clip, self.clip_mode) if self.clip is not None else upload)
         return secure_sum(uploads) if len(uploads) > 1 else uploads[0]
 
     def example_sum_factor(self) -> float:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 
@@ -32,3 +34,12 @@ def clip_rows_per_tensor(updates: torch.Tensor, clip: float, slices: list[slice]
         out[:, part], _, clipped = clip_rows(updates[:, part], clip)
         any_clipped |= clipped
     return out, torch.linalg.vector_norm(updates, dim=1, dtype=torch.float64), any_clipped
+
+
+def tensor_slices(sizes: Sequence[int]) -> list[slice]:
+    """The slices of a flat vector that holds tensors of ``sizes`` numbers back to back (in that order)."""
+    out, start = [], 0
+    for size in sizes:
+        out.append(slice(start, start + int(size)))
+        start += int(size)
+    return out
