@@ -158,6 +158,8 @@ class AttackResult:
     relation: str = "add-remove"
     #: ε figure → the one-run counts behind it (their p-value against any claim; reports.soundness)
     evidence: dict[str, OneRunAudit] = field(default_factory=dict)
+    #: what the scores were read from where an audit offers a choice ("final model", "all iterates")
+    observation: str | None = None
 
     @property
     def name(self) -> str:

@@ -76,6 +76,7 @@ class CanaryRun:
     final: torch.Tensor  # final global model, flat
     initial: torch.Tensor  # initial global model, flat
     params: dict[str, torch.Tensor]
+    iterates: torch.Tensor | None = None  # global model after each round [rounds, d] (when the audit needs them)
 
 
 class CanaryAudit(Attack):
@@ -85,6 +86,17 @@ class CanaryAudit(Attack):
     def not_applicable(self, defense: Defense) -> str | None:
         """Why this audit cannot run on ``defense`` (None when it can)."""
         return None
+
+    def check(self, field_path: str, rounds: int) -> None:
+        """Reject params that do not fit training of ``rounds`` rounds (one line naming the field)."""
+
+    def canary_rounds(self, rounds: int) -> tuple[int, int] | None:
+        """The 1-based rounds (first, last) canary clients join (None: every round)."""
+        return None
+
+    def needs_iterates(self) -> bool:
+        """Whether the audit reads every round's global model of its runs."""
+        return False
 
     def injection(self, context: CanaryContext, run: int) -> CanaryInjection:
         raise NotImplementedError
@@ -96,10 +108,11 @@ class CanaryAudit(Attack):
     def inclusion(self, context: CanaryContext, run: int, count: int) -> np.ndarray:
         return numpy_rng(context.seed, "canaries", self.label, run, "inserted").random(count) < 0.5
 
-    def evaluate(self, context: CanaryContext, runs: list[CanaryRun], model: torch.nn.Module) -> AttackResult:
+    def evaluate(self, context: CanaryContext, runs: list[CanaryRun], model: torch.nn.Module) -> list[AttackResult]:
+        """The audit's results: one per observation set it reads (e.g. final model, all iterates)."""
         statistics = np.stack([self.statistics(context, run, model) for run in runs])
         inserted = np.stack([run.injection.inserted for run in runs])
-        return canary_result(self.label, self.unit, statistics, inserted, context.delta, context.seed, self.describe(runs))
+        return [canary_result(self.label, self.unit, statistics, inserted, context.delta, context.seed, self.describe(runs))]
 
     def describe(self, runs: list[CanaryRun]) -> str:
         m = sum(len(r.injection.inserted) for r in runs)

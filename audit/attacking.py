@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 from tqdm import tqdm
 
 from attacks.base import (
@@ -26,10 +27,11 @@ from defenses.training_job import TrainingDiverged
 from reports.soundness import measurement_delta
 
 
-def evaluate_canaries(plan: Plan, store: RunStore, experiment: Experiment, audit: CanaryAudit) -> AttackResult | None:
+def evaluate_canaries(plan: Plan, store: RunStore, experiment: Experiment, audit: CanaryAudit) -> list[AttackResult]:
+    """The audit's results on its canary runs (none where it did not run)."""
     ids = plan.canary_ids.get((experiment.key, audit.label))
     if not ids:
-        return None
+        return []
     device = plan.config.device
     relation = canary_relation(experiment, audit)
     delta = measurement_delta(trained_claim(plan, store, experiment), audit.unit, experiment.delta, relation)
@@ -39,10 +41,15 @@ def evaluate_canaries(plan: Plan, store: RunStore, experiment: Experiment, audit
     for i, rid in enumerate(ids):
         params = store.load_params(rid, device=device)
         _, layout, initial = initial_vector(plan.task.model_factory, derive_seed(plan.config.seed, "canary-run", audit.label, i))
-        runs.append(CanaryRun(audit.injection(context, i), layout.flatten(params).cpu(), initial, params))
-    result = audit.evaluate(context, runs, model)
-    result.relation = relation
-    return result
+        iterates = None
+        if audit.needs_iterates():  # every round's global model, in round order
+            models = store.load_tensors(rid, "global_models")
+            iterates = torch.stack([models[f"round_{t:04d}"].cpu() for t in range(1, experiment.training.rounds + 1)])
+        runs.append(CanaryRun(audit.injection(context, i), layout.flatten(params).cpu(), initial, params, iterates))
+    results = audit.evaluate(context, runs, model)
+    for result in results:
+        result.relation = relation
+    return results
 
 
 def _save_scores(out: Path, experiment: Experiment, result: AttackResult) -> None:
@@ -71,8 +78,7 @@ def attack_runs(plan: Plan, store: RunStore, out: Path, quiet: bool = False) -> 
         for attack in plan.attacks:
             started = time.perf_counter()
             if isinstance(attack, CanaryAudit):
-                result = evaluate_canaries(plan, store, experiment, attack)
-                produced = [] if result is None else [result]
+                produced = evaluate_canaries(plan, store, experiment, attack)
             elif isinstance(attack, RunAttack):
                 reason = attack.not_applicable(experiment.defense, plan.task.dataset)
                 if reason is not None:

@@ -152,6 +152,8 @@ def estimate(plan: Plan) -> Estimate:
             clients if plan.record.upload_clients == "all" else len(plan.record.upload_clients))
         per_run = (kept + uploads) * params * _BYTES
         stored += (runs + others) * per_run
+        # canary runs that keep every round's global model (all-iterates audits)
+        stored += sum(int(getattr(a.params, "runs", 1)) for a in plan.canary_audits if a.needs_iterates()) * total * params * _BYTES
         held = max(held, runs * per_run)  # the runs of an experiment may train together
     data = float(task.pool.features.numel() + task.test.features.numel()) * _BYTES
     return Estimate(len(plan.experiments) * (runs + others), examples, examples * per_example,

@@ -232,6 +232,9 @@ def _check_attack_targets(attacks: list[Attack], unit: str, experiments: list[Ex
         if getattr(attack.params, "unit", None) == "client" and unit != "client":
             raise UserInputError(f"attacks[{i}].params.unit: 'client' needs runs that include whole clients; "
                                  "set membership.unit: client")
+        if isinstance(attack, CanaryAudit):
+            for experiment in experiments:
+                attack.check(f"attacks[{i}]", experiment.training.rounds)
         rounds = getattr(attack.params, "rounds", "final")
         if isinstance(rounds, list):
             for experiment in experiments:
@@ -275,9 +278,15 @@ def clients_digest(clients: list[np.ndarray]) -> str:
 def canary_run_id(plan: Plan, experiment: Experiment, audit: CanaryAudit, index: int) -> str:
     base = run_id(plan, experiment, plan.canary_base_run(index))
     fingerprint = {"base": base, "audit": audit.name, "label": audit.label, "params": to_mapping(asdict(audit.params)),
-                   "index": index}
+                   "index": index, "record": asdict(canary_record(plan, audit))}
     digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True, default=str).encode()).hexdigest()[:12]
     return f"{experiment.key}-{slug(audit.label)}-c{index:03d}-{digest}"
+
+
+def canary_record(plan: Plan, audit: CanaryAudit) -> RecordSpec:
+    """What a canary audit's runs store: the plan's record, and every round's global model where
+    the audit reads all iterates."""
+    return replace(plan.record, global_rounds="all") if audit.needs_iterates() else plan.record
 
 
 def canary_context(plan: Plan, experiment: Experiment, delta: float | None = None) -> CanaryContext:

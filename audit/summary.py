@@ -100,7 +100,8 @@ def _attack_records(results: list[AttackResult], claim: PrivacyClaim) -> list[At
         epsilon_kind=epsilon_kind,  # type: ignore[arg-type]  # "lower_bound" or "estimate" (attacks.base)
         roc=Roc(list(result.roc[0]), list(result.roc[1])), kind=result.kind,  # type: ignore[arg-type]
         figures=[Figure(**f) for f in result.figures],
-        verdicts=[next(decided) for _ in pairs]) for result, metrics, epsilon_kind, pairs in raw]
+        verdicts=[next(decided) for _ in pairs],
+        observation=result.observation) for result, metrics, epsilon_kind, pairs in raw]  # type: ignore[arg-type]
 
 
 def _mean_curves(entries: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, list[float]]:

@@ -17,7 +17,15 @@ from attacks.canary_audit import CanaryAudit
 from audit import provenance
 from audit.core.schema import to_mapping
 from audit.core.seeding import derive_seed
-from audit.planning import Experiment, Plan, canary_context, canary_relation, canary_run_id, run_id
+from audit.planning import (
+    Experiment,
+    Plan,
+    canary_context,
+    canary_record,
+    canary_relation,
+    canary_run_id,
+    run_id,
+)
 from audit.store import RunStore
 from defenses.claims import PrivacyClaim
 from defenses.engine import chunk_size
@@ -113,14 +121,16 @@ def warn(text: str) -> None:
 
 
 def _job(plan: Plan, experiment: Experiment, clients: list[np.ndarray], seed: int, pool_x=None, pool_y=None,
-         update_canaries: torch.Tensor | None = None, record: RecordSpec | None = None) -> TrainingJob:
+         update_canaries: torch.Tensor | None = None, record: RecordSpec | None = None,
+         canary_rounds: tuple[int, int] | None = None) -> TrainingJob:
     task, device = plan.task, plan.config.device
     pool_x = task.pool.features if pool_x is None else pool_x
     pool_y = task.pool.labels if pool_y is None else pool_y
     return TrainingJob(task.model_factory, pool_x.to(device), pool_y.to(device), clients, task.test.features.to(device),
                        task.test.labels.to(device), experiment.training, seed=seed, delta=experiment.delta,
                        accounting=plan.accounting, record=record or plan.record, device=device,
-                       update_canaries=None if update_canaries is None else update_canaries.to(device))
+                       update_canaries=None if update_canaries is None else update_canaries.to(device),
+                       canary_rounds=canary_rounds)
 
 
 def membership_pending(plan: Plan, store: RunStore, experiment: Experiment, r: int) -> PendingRun | None:
@@ -206,7 +216,7 @@ def train_canary_runs(plan: Plan, store: RunStore, experiment: Experiment, audit
         elif injection.directions is not None:
             directions = injection.directions[torch.as_tensor(chosen)]
         job = _job(plan, experiment, clients, derive_seed(plan.config.seed, "canary-run", audit.label, i), pool_x, pool_y,
-                   directions)
+                   directions, record=canary_record(plan, audit), canary_rounds=audit.canary_rounds(experiment.training.rounds))
         members = np.concatenate([np.asarray(c) for c in base]) if base else np.array([], dtype=np.int64)
         group.append(PendingRun(rid, i, job, np.sort(members),
                                 {"canaries": {"audit": audit.label, "kind": audit.name, "index": i,

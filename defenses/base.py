@@ -130,6 +130,29 @@ class Defense:
     #: whether ``params.clip`` bounds each client's update (DP-FedAvg family, DDGauss, FL-TOP-DP)
     clips_updates: ClassVar[bool] = False
 
+    def clip_slices(self) -> list[slice] | None:
+        """The parameter tensors clipped separately (``params.clip_mode: per_tensor``: each to
+        norm S), None where an update is clipped as one vector."""
+        if getattr(self.params, "clip_mode", "flat") != "per_tensor" or self.layout is None:
+            return None
+        return list(self.layout.slices().values())
+
+    def canary_rows(self, directions: torch.Tensor, honest_norms: torch.Tensor) -> torch.Tensor:
+        """Canary clients' uploads before privatisation: each direction scaled to
+        :meth:`canary_norm`. Under per-tensor clipping a client may put norm S into *every*
+        tensor (sensitivity S√L), so each tensor's part of a canary is scaled to S: a canary
+        scaled as one vector would carry only S, a 1/√L share of what the claim must cover."""
+        norm = self.canary_norm(honest_norms)
+        slices = self.clip_slices() if self.clips_updates else None
+        if slices is None:
+            return directions * norm
+        rows = directions.clone()
+        for part in slices:
+            lengths = torch.linalg.vector_norm(rows[:, part], dim=1, dtype=torch.float64, keepdim=True)
+            scale = torch.where(lengths > 0, norm / lengths.clamp_min(torch.finfo(torch.float64).tiny), torch.zeros_like(lengths))
+            rows[:, part] = rows[:, part] * scale.to(rows.dtype)
+        return rows
+
     def release_statistic(self, uploads: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
         """The noisy statistic the released step is computed from by post-processing alone (what the
         conformance audit observes for the released models); default: the step itself."""

@@ -182,13 +182,17 @@ class FederatedEngine:
     def add_canaries(self, updates: torch.Tensor, ctx: RoundContext, row: dict[str, Any]) -> tuple[torch.Tensor, RoundContext]:
         """Append the canary clients of this round (ids N, N+1, ...) after the real participants.
 
-        A canary uploads its direction scaled to the defense's :meth:`~Defense.canary_norm` and
+        A canary uploads its direction scaled by the defense's :meth:`~Defense.canary_rows` (to
+        the clip S, per tensor under per-tensor clipping), only in the job's ``canary_rounds``, and
         then goes through the same privatisation and aggregation as every client. Canaries join
         only rounds with at least one real participant (the hooks need a round to exist).
         """
         job = self.job
         directions = job.update_canaries
         chosen = sample_canaries(len(directions), job.training.sampling_rate(len(job.clients)), job.seed, ctx.round)
+        first, last = job.canary_rounds or (1, job.training.rounds)
+        if not first <= ctx.round + 1 <= last:  # the audit targets other rounds
+            chosen = chosen[:0]
         row["canary_participants"] = int(len(chosen))
         if not len(chosen):
             return updates, ctx
@@ -196,8 +200,8 @@ class FederatedEngine:
         # clients without data (a zero-out design's held-out ones) upload nothing: a canary is
         # scaled like the clients that trained, not like the empty ones
         trained = torch.as_tensor(np.asarray(ctx.sizes) > 0, device=honest.device)
-        scale = self.defense.canary_norm(honest[trained] if bool(trained.any()) else honest)
-        rows = directions[torch.as_tensor(chosen, device=directions.device)].to(updates) * scale
+        rows = self.defense.canary_rows(directions[torch.as_tensor(chosen, device=directions.device)].to(updates),
+                                        honest[trained] if bool(trained.any()) else honest)
         empty = np.array([], dtype=np.int64)
         ctx = replace(ctx, participants=np.concatenate([ctx.participants, len(job.clients) + chosen]),
                       sizes=np.concatenate([ctx.sizes, np.full(len(chosen), max(1, int(np.median(ctx.sizes))))]),

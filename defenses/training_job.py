@@ -115,6 +115,8 @@ class TrainingJob:
     #: per canary client; each round a canary joins like a client (Poisson at the sampling rate)
     #: and uploads its direction scaled to :meth:`Defense.canary_norm` instead of training
     update_canaries: torch.Tensor | None = None
+    #: the 1-based rounds (first, last) canary clients join (None: every round)
+    canary_rounds: tuple[int, int] | None = None
 
 
 @dataclass

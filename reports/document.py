@@ -165,6 +165,8 @@ class AttackRecord:
     kind: Literal["membership", "canary", "run"]
     figures: list[Figure]
     verdicts: list[Verdict]
+    observation: Literal["final model", "all iterates"] | None = field(default=None, metadata={
+        **_OPTIONAL, "help": "what the audit's statistic reads: the final model, or every round's global model (the server)"})
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,8 @@ from defenses.engine import initial_vector
 from defenses.fedavg import DPFedAvg, DPFedAvgParams, FedAvg
 
 CANARY_AUDITS = ("record-canaries", "client-canaries", "gradient-canaries")
+#: the results they give: update canaries read the final model and every round's
+CANARY_RESULTS = {*CANARY_AUDITS, "client-canaries-all-iterates", "gradient-canaries-all-iterates"}
 
 
 # ------------------------------------------------------------------ injection in the engine
@@ -79,8 +81,9 @@ def _config(tmp_path, defense: str, epsilons: str = "", seed: int = 0, attacks=C
 
 def test_canary_audits_are_null_on_runs_that_never_saw_the_canaries(tmp_path):
     """The canaries are scored on runs trained without them (the membership runs): every ε figure
-    must be 0 within its interval, whatever the inserted flags say."""
-    config = load_config(_config(tmp_path, "fedavg"))
+    must be 0 within its interval, whatever the inserted flags say — from the final model and from
+    every round's (the runs keep all their global models, as canary runs do)."""
+    config = load_config(_config(tmp_path, "fedavg", extra="record: {global_rounds: all}\n"))
     plan = plan_audit(config)
     store = RunStore(tmp_path / "out")
     train_runs(plan, store, quiet=True)
@@ -92,12 +95,16 @@ def test_canary_audits_are_null_on_runs_that_never_saw_the_canaries(tmp_path):
         for i, rid in enumerate(plan.run_ids[experiment.key]):
             params = store.load_params(rid)
             _, layout, initial = initial_vector(plan.task.model_factory, derive_seed(config.seed, "run", i))
-            runs.append(CanaryRun(audit.injection(context, i), layout.flatten(params), initial, params))
-        result = audit.evaluate(context, runs, model)
-        m = result.metrics
-        assert 0.4 <= m["auc"].value <= 0.6, (audit.label, m["auc"])
-        assert m["epsilon_one_run"].value == 0.0 or m["epsilon_one_run"].value < 0.2, (audit.label, m["epsilon_one_run"])
-        assert m["epsilon_gaussian_fit"].low == 0.0, (audit.label, m["epsilon_gaussian_fit"])
+            models = store.load_tensors(rid, "global_models")
+            iterates = torch.stack([models[f"round_{t:04d}"] for t in range(1, experiment.training.rounds + 1)])
+            runs.append(CanaryRun(audit.injection(context, i), layout.flatten(params), initial, params, iterates))
+        results = audit.evaluate(context, runs, model)
+        assert [r.observation for r in results] == ([None] if audit.name == "record-canaries" else ["final model", "all iterates"])
+        for result in results:
+            m = result.metrics
+            assert 0.4 <= m["auc"].value <= 0.6, (result.name, m["auc"])
+            assert m["epsilon_one_run"].value == 0.0 or m["epsilon_one_run"].value < 0.2, (result.name, m["epsilon_one_run"])
+            assert m["epsilon_gaussian_fit"].low == 0.0, (result.name, m["epsilon_gaussian_fit"])
 
 
 def test_canary_result_null_and_leaky_statistics():
@@ -123,7 +130,10 @@ def test_nonprivate_fedavg_leaks_to_every_canary_audit(tmp_path):
     assert main(["run", str(path), "--out", str(out), "--quiet"]) == 0
     document = json.loads((out / "results.json").read_text())
     attacks = {a["attack"]: a for a in document["experiments"][0]["attacks"]}
-    assert set(attacks) == set(CANARY_AUDITS)
+    assert set(attacks) == CANARY_RESULTS
+    assert {a: attacks[a].get("observation") for a in attacks if "canaries" in a and a != "record-canaries"} == {
+        "client-canaries": "final model", "client-canaries-all-iterates": "all iterates",
+        "gradient-canaries": "final model", "gradient-canaries-all-iterates": "all iterates"}
     for name, attack in attacks.items():
         assert attack["metrics"]["auc"]["value"] > 0.7, name
         # record canaries must be memorised through SGD, update canaries are the update itself
@@ -142,7 +152,7 @@ def test_dp_fedavg_claims_hold_under_every_canary_audit(tmp_path, epsilon):
         assert main(["run", str(_config(tmp_path, "dp-fedavg", str(epsilon), seed)), "--out", str(out), "--quiet"]) == 0
         experiment = json.loads((out / "results.json").read_text())["experiments"][0]
         assert experiment["claim"]["epsilon"] <= epsilon and experiment["claim"]["unit"] == "client"
-        assert {a["attack"] for a in experiment["attacks"]} == set(CANARY_AUDITS)
+        assert {a["attack"] for a in experiment["attacks"]} == CANARY_RESULTS
         assert experiment["soundness"] in ("consistent", "inconclusive"), experiment["soundness"]
         for attack in experiment["attacks"]:
             for verdict in attack["verdicts"]:
