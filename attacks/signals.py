@@ -67,8 +67,12 @@ def logit_scaled_confidence(logits: np.ndarray, labels: np.ndarray) -> np.ndarra
 
 
 def loss(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """Cross-entropy of each record, float64."""
-    return -_true_label(_log_softmax(logits), labels)
+    """Cross-entropy of each record, float64: −log p_y = log(1 + (1 − p_y)/p_y) = log(1 + e^{−φ}).
+
+    Through φ, not log-softmax: where the true class leads the others by more than ≈ 37 nats the
+    log-softmax sum is 1 in float64 and every such loss would be exactly 0 — a tie at the most
+    confident records, just where a low-FPR threshold sits."""
+    return np.logaddexp(0.0, -logit_scaled_confidence(logits, labels))
 
 
 def confidence(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
