@@ -17,7 +17,9 @@ from attacks.attribute_inference import (
     GUESSES,
     attribute_inference,
     attribute_inference_on_dataset,
+    baseline_inputs,
     baseline_posterior,
+    best_baseline,
     decide,
 )
 from attacks.attribute_queries import attribute_encodings, penultimate_embeddings
@@ -614,3 +616,34 @@ def test_inversion_never_extrapolates_a_near_constant_output():
         reached = network(far, label)
         assert float(reached.min()) > -1.0 and float(reached.max()) < 2.0
         assert torch.equal(reached, network(farther, label))  # beyond the fitted range the input no longer moves
+
+
+def test_the_baseline_is_the_best_no_model_predictor_on_the_auxiliary_records():
+    """The baseline is the best guess from what the attacker has without the model, chosen on the
+    auxiliary records alone. Construction: attribute a = [x₁ > 0] of four N(0, I) features, a label
+    y uniform on 20 classes and independent of everything, 60 auxiliary records. The other
+    features determine a (a logistic regression separates it up to the records near x₁ = 0); the
+    20 one-hot label columns carry nothing and, fitted on 60 records, only add variance; the label
+    alone is a coin. So the choice must be the other features alone, and its target accuracy must
+    be at least that of the features-and-label predictor the baseline would otherwise be."""
+    rng = np.random.default_rng(0)
+    records = 460
+    others = rng.normal(size=(records, 4))
+    attribute = (others[:, 0] > 0).astype(np.int64)
+    y = rng.integers(0, 20, records)
+    aux, targets = np.arange(60), np.arange(60, records)
+    choice = best_baseline(others[aux], y[aux], attribute[aux], others[targets], y[targets], 20, 2, seed=0)
+    assert choice.chosen == "other features"
+    assert choice.accuracy["other features"] == max(choice.accuracy.values())
+    assert abs(choice.accuracy["label"] - 0.5) < 0.2 and abs(choice.accuracy["majority"] - 0.5) < 0.2
+    chosen_hits = (choice.posterior.argmax(1) == attribute[targets]).mean()
+    both = baseline_posterior(baseline_inputs(others[aux], y[aux], 20), attribute[aux],
+                              baseline_inputs(others[targets], y[targets], 20), 2, seed=0)
+    assert chosen_hits >= 0.9 and chosen_hits >= (both.argmax(1) == attribute[targets]).mean()
+    # where the label decides the attribute (a = y mod 2, 4 classes, each seen ≈ 15 times), a
+    # predictor that reads the label is chosen, and it is right on every target
+    y = rng.integers(0, 4, records)
+    attribute = y % 2
+    choice = best_baseline(others[aux], y[aux], attribute[aux], others[targets], y[targets], 4, 2, seed=0)
+    assert choice.chosen in ("other features and label", "label")
+    assert (choice.posterior.argmax(1) == attribute[targets]).mean() == 1.0
