@@ -11,6 +11,7 @@ stays light and the foundation in :mod:`audit.core` imports nothing above it)::
     summary = audit.audit(config, "out")             # all of it: results.csv/json, report.html
     audit.write_report(summary["summary"], "out/report.html")
     outcomes = audit.check("out", "examples/policy.yaml")   # the CI gate's outcomes
+    scored = audit.score_checkpoints(factory, ["m0.safetensors", ...], keep, x, y)  # models trained elsewhere
 
 Packages, lowest layer first: :mod:`audit.core` (foundation) → :mod:`defenses` → :mod:`attacks`
 → :mod:`reports` → the rest of :mod:`audit` (plan, training, targets, attacking, pipeline, CLI).
@@ -32,6 +33,7 @@ _API = {
     "audit": ("audit.pipeline", "run_audit"),
     "write_report": ("reports.html", "write_report"),
     "check": ("reports.gate", "check"),
+    "score_checkpoints": ("audit.checkpoints", "score_checkpoints"),
 }
 
 __all__ = ["__version__", *_API]
