@@ -239,9 +239,8 @@ def best_baseline(aux_others: np.ndarray, aux_labels: np.ndarray, aux_codes: np.
     majority = int(np.argmax(counts))
     k = min(folds, int(counts[counts > 0].min()) if counts.any() else 0)
     if (counts > 0).sum() < 2 or k < 2:  # nothing to choose between: the first candidate
-        name = BASELINE_CANDIDATES[0]
-        return BaselineChoice(name, {}, 0, baseline_posterior(*inputs[name][:1], aux_codes, inputs[name][1], num_values,
-                                                              seed, classifier))
+        aux, target = inputs[BASELINE_CANDIDATES[0]]
+        return BaselineChoice(BASELINE_CANDIDATES[0], {}, 0, baseline_posterior(aux, aux_codes, target, num_values, seed, classifier))
     # one set of folds for every candidate (a RandomState splitter would draw new folds on each use)
     splits = list(StratifiedKFold(k, shuffle=True, random_state=sklearn_random_state(seed, "baseline-folds"))
                   .split(aux_codes, aux_codes))

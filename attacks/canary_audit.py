@@ -90,7 +90,7 @@ class CanaryAudit(Attack):
     def check(self, field_path: str, rounds: int) -> None:
         """Reject params that do not fit training of ``rounds`` rounds (one line naming the field)."""
 
-    def canary_rounds(self, rounds: int) -> tuple[int, int] | None:
+    def canary_rounds(self) -> tuple[int, int] | None:
         """The 1-based rounds (first, last) canary clients join (None: every round)."""
         return None
 

@@ -63,10 +63,9 @@ class UpdateCanaryParams:
 
 
 def _directions_per_tensor(context: CanaryContext) -> list[slice] | None:
-    """The tensors a per-tensor clipping defense clips separately (None: flat clipping)."""
-    if getattr(context.defense.params, "clip_mode", "flat") != "per_tensor":
-        return None
-    return list(context.layout.slices().values())
+    """The tensors the defense clips separately (None: flat clipping): :meth:`Defense.clip_slices`
+    of the defense bound to the audited model's layout."""
+    return context.defense.bind(context.layout).clip_slices()
 
 
 class UpdateCanaryAudit(CanaryAudit):
@@ -89,7 +88,7 @@ class UpdateCanaryAudit(CanaryAudit):
             raise UserInputError(f"{field_path}.params.round_range: {chosen} is not [first, last] with "
                                  f"1 ≤ first ≤ last ≤ {rounds} (the training rounds); allowed: two rounds, or [] for every round")
 
-    def canary_rounds(self, rounds: int) -> tuple[int, int] | None:
+    def canary_rounds(self) -> tuple[int, int] | None:
         return tuple(self.params.round_range) if self.params.round_range else None  # type: ignore[return-value]
 
     def needs_iterates(self) -> bool:
@@ -111,7 +110,7 @@ class UpdateCanaryAudit(CanaryAudit):
         if run.iterates is None:
             raise ValueError("all-iterates statistics need the run's global model of every round")
         models = torch.cat([run.initial[None, :], run.iterates])
-        first, last = self.canary_rounds(len(run.iterates)) or (1, len(run.iterates))
+        first, last = self.canary_rounds() or (1, len(run.iterates))
         deltas = models[first:last + 1] - models[first - 1:last]
         return _cosines(run.injection.directions, deltas).max(axis=1)
 

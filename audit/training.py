@@ -216,7 +216,7 @@ def train_canary_runs(plan: Plan, store: RunStore, experiment: Experiment, audit
         elif injection.directions is not None:
             directions = injection.directions[torch.as_tensor(chosen)]
         job = _job(plan, experiment, clients, derive_seed(plan.config.seed, "canary-run", audit.label, i), pool_x, pool_y,
-                   directions, record=canary_record(plan, audit), canary_rounds=audit.canary_rounds(experiment.training.rounds))
+                   directions, record=canary_record(plan, audit), canary_rounds=audit.canary_rounds())
         members = np.concatenate([np.asarray(c) for c in base]) if base else np.array([], dtype=np.int64)
         group.append(PendingRun(rid, i, job, np.sort(members),
                                 {"canaries": {"audit": audit.label, "kind": audit.name, "index": i,
