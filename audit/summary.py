@@ -84,7 +84,7 @@ def _finite(value: float) -> float | None:
     return float(value) if value is not None and math.isfinite(value) else None
 
 
-def _attack_records(results: list[AttackResult], claim: PrivacyClaim) -> list[AttackRecord]:
+def attack_records(results: list[AttackResult], claim: PrivacyClaim) -> list[AttackRecord]:
     """The experiment's attacks as results.json records them, with their verdicts: every ε
     lower bound of the experiment is one family, decided together (reports.soundness)."""
     raw = []
@@ -158,7 +158,7 @@ def build_results(plan: Plan, store: RunStore, attack_results: dict[str, list[At
         manifests = [] if diverged else [store.load_manifest(rid) for rid in ids]
         metrics = [] if diverged else [store.load_metrics(rid) for rid in ids]
         claim = trained_claim(plan, store, experiment)
-        attacks = _attack_records(attack_results.get(experiment.key, []), claim)
+        attacks = attack_records(attack_results.get(experiment.key, []), claim)
         verdicts = [v for a in attacks for v in a.verdicts]
         soundness = experiment_verdict(verdicts)
         soundness_text = experiment_sentence(verdicts, [a.attack for a in attacks for _ in a.verdicts])

@@ -249,6 +249,8 @@ class AuditInfo:
     membership_unit: Literal["record", "client"]
     accounting: dict[str, Any]
     metric_definitions: dict[str, str]
+    system: str | None = field(default=None, metadata={
+        **_OPTIONAL, "help": "what was audited when dpfl-audit did not train it (audit.external): models, uploads or scores"})
 
 
 @dataclass(frozen=True)
