@@ -1,5 +1,6 @@
 """The commands that describe rather than run: ``list`` (what is registered: datasets, models,
-defenses with their claims at their defaults, attacks, presets, studies), ``epsilon`` (what a
+defenses with their claims at their defaults, attacks, presets, studies, and the integrations
+the installed extras allow), ``epsilon`` (what a
 (subsampled) Gaussian mechanism costs, or the noise for a target ε) and ``config`` (what a config
 resolves to, or every field's reference).
 
@@ -47,6 +48,10 @@ def command_list(args: argparse.Namespace) -> int:
     from audit.reproduce import study_names
 
     listing["studies"] = study_names()
+    from audit.integrations import integration_status
+
+    details["integrations"] = integration_status()
+    listing["integrations"] = sorted(name for name, entry in details["integrations"].items() if entry["available"])
     if args.json:
         print(json.dumps({**listing, "details": details}, indent=2, ensure_ascii=False))
         return EXIT_OK
@@ -58,6 +63,10 @@ def command_list(args: argparse.Namespace) -> int:
                 print(f"      {field_name} = {spec['default']!r}  ({spec['type']}) {spec['help']}")
     print("presets: " + ", ".join(listing["presets"]))
     print("reproduction studies: " + ", ".join(listing["studies"]))
+    print("integrations (audit your own system):")
+    for name, entry in details["integrations"].items():
+        state = "available" if entry["available"] else f"not installed: {entry['install']}"
+        print(f"  {name:<16} {entry['summary']} ({state})")
     return EXIT_OK
 
 
