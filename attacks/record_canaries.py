@@ -30,6 +30,16 @@ from audit.core.seeding import numpy_rng, torch_generator
 from defenses.evaluation import logits_of
 
 
+def mislabelled_records(x: torch.Tensor, y: torch.Tensor, num_classes: int, m: int,
+                        rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """m canary records: copies of records drawn from (x, y) (with replacement only when m > len(y)),
+    each with a label drawn uniformly from the other ``num_classes − 1`` classes — records a model
+    fits only by memorising them (the mislabelled canaries of Privacy Meter's DP audit)."""
+    source = torch.as_tensor(rng.choice(len(y), size=m, replace=m > len(y)))
+    shift = torch.as_tensor(rng.integers(1, num_classes, size=m))
+    return x[source].clone(), (y[source] + shift) % num_classes
+
+
 @dataclass(frozen=True)
 class RecordCanaryParams:
     canaries: int = field(default=200, metadata={"min": 4, "help": "canary records per run (each inserted with probability ½)"})
@@ -49,10 +59,7 @@ class RecordCanaries(CanaryAudit):
         m = self.params.canaries
         rng = numpy_rng(context.seed, "canaries", self.label, run, "records")
         if self.params.kind == "mislabelled":
-            source = rng.choice(len(context.test_y), size=m, replace=m > len(context.test_y))
-            x = context.test_x[torch.as_tensor(source)].clone()
-            shift = torch.as_tensor(rng.integers(1, context.num_classes, size=m))
-            y = (context.test_y[torch.as_tensor(source)] + shift) % context.num_classes
+            x, y = mislabelled_records(context.test_x, context.test_y, context.num_classes, m, rng)
         else:
             low, high = float(context.pool_x.min()), float(context.pool_x.max())
             generator = torch_generator(context.seed, "canaries", self.label, run, "ood")

@@ -57,6 +57,54 @@ def load_state_dict(path: str | os.PathLike, template: nn.Module) -> dict[str, t
     return {name: tensors[name].to(torch.float32) for name in expected}
 
 
+def check_design(keep: np.ndarray, models: int, features: torch.Tensor, labels: torch.Tensor) -> np.ndarray:
+    """``keep`` as bool [models, records], checked against the models and the candidate records."""
+    keep = np.asarray(keep)
+    if keep.ndim != 2 or keep.shape != (models, len(labels)):
+        raise UserInputError(f"keep: shape {keep.shape} must be (checkpoints, records) = ({models}, {len(labels)})")
+    if not np.isin(keep, (0, 1)).all():
+        raise UserInputError("keep: must hold booleans (or 0/1): which records each checkpoint trained on")
+    if len(features) != len(labels):
+        raise UserInputError(f"features: {len(features)} records but labels: {len(labels)}")
+    return keep.astype(bool)
+
+
+def membership_attacks(attacks: Sequence[str | dict[str, Any]], models: int, field: str = "models") -> list[MembershipAttack]:
+    """The membership attacks named by ``attacks`` (registry names or ``{"name", "params", "label"}``
+    entries as in a config's ``attacks:``), each checked against the number of models it compares
+    (``field`` names that number in the error)."""
+    chosen: list[MembershipAttack] = []
+    for i, entry in enumerate(attacks):
+        spec = {"name": entry} if isinstance(entry, str) else dict(entry)
+        cls = ATTACKS.get(str(spec.get("name")), f"attacks[{i}].name")
+        if not issubclass(cls, MembershipAttack):
+            raise UserInputError(f"attacks[{i}].name: '{spec['name']}' is not a membership attack on models")
+        attack = cls(from_mapping(cls.Params, spec.get("params", {}), f"attacks[{i}].params"), spec.get("label"))
+        if models < attack.min_runs:
+            raise UserInputError(f"{field}: {attack.label} needs at least {attack.min_runs} models, got {models}")
+        chosen.append(attack)
+    return chosen
+
+
+def score_models(template: nn.Module, states: Sequence[dict[str, torch.Tensor]], keep: np.ndarray,
+                 features: torch.Tensor, labels: torch.Tensor, attacks: Sequence[str | dict[str, Any]] = ("lira", "rmia"),
+                 seed: int = 0, device: str = "cpu", deltas: dict[str, float] | None = None,
+                 key: str = "checkpoints") -> list[AttackResult]:
+    """Membership attacks on models held in memory: ``states[r]`` is model r's tensors by name
+    (parameters, and buffers where a model has them), evaluated through ``template``'s architecture;
+    ``keep[r, i]``: did model r train on record i. Each model is the target once with the others as
+    its references (leave-one-out, as in LiRA's own evaluation: Carlini et al. 2022, §VI-A).
+    ``deltas``: unit → δ of the ε lower bounds (:func:`reports.soundness.measurement_delta`; 0 when
+    unset). The shared path of :func:`score_checkpoints` and :func:`audit.own_training.audit_training`."""
+    keep = check_design(keep, len(states), features, labels)
+    chosen = membership_attacks(attacks, len(states))
+    kind = "image" if features.dim() >= 3 else "tabular"
+    experiment = MembershipExperiment(key, keep, features, labels, kind, template.to(device),
+                                      lambda r: {n: v.to(device) for n, v in states[r].items()}, seed, device,
+                                      deltas=dict(deltas or {}))
+    return [result for attack in chosen for result in attack.run(experiment)]
+
+
 def score_checkpoints(model_factory: Callable[[], nn.Module], checkpoints: Sequence[str | os.PathLike], keep: np.ndarray,
                       features: torch.Tensor, labels: torch.Tensor, attacks: Sequence[str | dict[str, Any]] = ("lira", "rmia"),
                       seed: int = 0, device: str = "cpu") -> list[AttackResult]:
@@ -66,25 +114,7 @@ def score_checkpoints(model_factory: Callable[[], nn.Module], checkpoints: Seque
     ``attacks``: registry names, or ``{"name": ..., "params": {...}, "label": ...}`` entries as in
     a config's ``attacks:``. Each checkpoint is the target once with the others as references."""
     template = model_factory()
-    keep = np.asarray(keep)
-    if keep.ndim != 2 or keep.shape != (len(checkpoints), len(labels)):
-        raise UserInputError(f"keep: shape {keep.shape} must be (checkpoints, records) = ({len(checkpoints)}, {len(labels)})")
-    if not np.isin(keep, (0, 1)).all():
-        raise UserInputError("keep: must hold booleans (or 0/1): which records each checkpoint trained on")
-    if len(features) != len(labels):
-        raise UserInputError(f"features: {len(features)} records but labels: {len(labels)}")
-    params = [load_state_dict(path, template) for path in checkpoints]  # every file checked before any attack runs
-    chosen: list[MembershipAttack] = []
-    for i, entry in enumerate(attacks):
-        spec = {"name": entry} if isinstance(entry, str) else dict(entry)
-        cls = ATTACKS.get(str(spec.get("name")), f"attacks[{i}].name")
-        if not issubclass(cls, MembershipAttack):
-            raise UserInputError(f"attacks[{i}].name: '{spec['name']}' is not a membership attack on models")
-        attack = cls(from_mapping(cls.Params, spec.get("params", {}), f"attacks[{i}].params"), spec.get("label"))
-        if len(checkpoints) < attack.min_runs:
-            raise UserInputError(f"checkpoints: {attack.label} needs at least {attack.min_runs} models, got {len(checkpoints)}")
-        chosen.append(attack)
-    kind = "image" if features.dim() >= 3 else "tabular"
-    experiment = MembershipExperiment("checkpoints", keep.astype(bool), features, labels, kind, template.to(device),
-                                      lambda r: {n: v.to(device) for n, v in params[r].items()}, seed, device)
-    return [result for attack in chosen for result in attack.run(experiment)]
+    check_design(keep, len(checkpoints), features, labels)  # a bad design fails before any file is read
+    membership_attacks(attacks, len(checkpoints), "checkpoints")
+    states = [load_state_dict(path, template) for path in checkpoints]  # every file checked before any attack runs
+    return score_models(template, states, keep, features, labels, attacks, seed, device)

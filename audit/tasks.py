@@ -36,7 +36,7 @@ from functools import partial
 import numpy as np
 from torch import nn
 
-from audit.config import AuditConfig, MembershipConfig, PartitionConfig
+from audit.config import AuditConfig, DatasetConfig, MembershipConfig, PartitionConfig
 from audit.core.dataset_types import Dataset, Split
 from audit.core.datasets import load_dataset
 from audit.core.errors import UserInputError
@@ -66,24 +66,30 @@ def stratified_choice(labels: np.ndarray, fraction: float, rng: np.random.Genera
     return np.sort(np.concatenate(chosen)) if chosen else np.array([], dtype=np.int64)
 
 
-def build_task(config: AuditConfig) -> Task:
-    """Load the dataset, cut pool and test split, and check the model builds."""
-    spec = config.dataset
+def split_dataset(spec: DatasetConfig, seed: int) -> tuple[Dataset, Split, Split]:
+    """Load the dataset and cut it into (dataset, candidate pool, test split): the official test
+    split where there is one, else a stratified held-out share; pool and test capped as configured."""
     dataset = load_dataset(spec.name, spec.root, spec.options)
     labels = dataset.train.labels.numpy()
     if dataset.test is not None:
         pool, test = dataset.train, dataset.test
     else:
-        held_out = stratified_choice(labels, spec.test_fraction, numpy_rng(config.seed, "task", "test-split"))
+        held_out = stratified_choice(labels, spec.test_fraction, numpy_rng(seed, "task", "test-split"))
         rest = np.setdiff1d(np.arange(len(labels)), held_out)
         pool, test = dataset.train.subset(rest), dataset.train.subset(held_out)
     if spec.max_pool is not None and spec.max_pool < len(pool):
         pool_labels = pool.labels.numpy()
-        pool = pool.subset(stratified_choice(pool_labels, spec.max_pool / len(pool), numpy_rng(config.seed, "task", "pool-cap")))
+        pool = pool.subset(stratified_choice(pool_labels, spec.max_pool / len(pool), numpy_rng(seed, "task", "pool-cap")))
     if spec.max_test is not None and spec.max_test < len(test):
-        test = test.subset(stratified_choice(test.labels.numpy(), spec.max_test / len(test), numpy_rng(config.seed, "task", "test-cap")))
+        test = test.subset(stratified_choice(test.labels.numpy(), spec.max_test / len(test), numpy_rng(seed, "task", "test-cap")))
     if len(test) == 0:
         raise UserInputError("dataset.test_fraction: the test split is empty; raise test_fraction")
+    return dataset, pool, test
+
+
+def build_task(config: AuditConfig) -> Task:
+    """Load the dataset, cut pool and test split, and check the model builds."""
+    dataset, pool, test = split_dataset(config.dataset, config.seed)
     factory = partial(build_model, config.model.name, dataset.input_shape, dataset.num_classes, config.model.options)
     factory()  # fail now, before anything is written, if the model does not fit the data
     return Task(dataset, pool, test, factory)
