@@ -11,7 +11,14 @@ stays light and the foundation in :mod:`audit.core` imports nothing above it)::
     summary = audit.audit(config, "out")             # all of it: results.csv/json, report.html
     audit.write_report(summary["summary"], "out/report.html")
     outcomes = audit.check("out", "examples/policy.yaml")   # the CI gate's outcomes
-    scored = audit.score_checkpoints(factory, ["m0.safetensors", ...], keep, x, y)  # models trained elsewhere
+
+    # systems trained elsewhere, judged against the claim their owner states (README: "Audit your own system")
+    claim = audit.stated_claim(epsilon, delta, "record")            # or "client"; relation, adversary
+    scored = audit.score_checkpoints(factory, ["m0.safetensors", ...], keep, x, y)  # your checkpoints
+    results = audit.audit_training(train, x, y, claim, out="out")  # your train(features, labels, seed)
+    results = audit.audit_scores("scores.csv", epsilon, delta, out="out")  # scores another tool wrote
+    results = audit.audit_flower(recorder, canaries, out="out")     # a Flower simulation (extra: flower)
+    audit.audit_external(system, claim, attack_results, out="out")  # any AttackResults of your own
 
 Packages, lowest layer first: :mod:`audit.core` (foundation) → :mod:`defenses` → :mod:`attacks`
 → :mod:`reports` → the rest of :mod:`audit` (plan, training, targets, attacking, pipeline, CLI).
@@ -34,6 +41,11 @@ _API = {
     "write_report": ("reports.html", "write_report"),
     "check": ("reports.gate", "check"),
     "score_checkpoints": ("audit.checkpoints", "score_checkpoints"),
+    "audit_training": ("audit.own_training", "audit_training"),
+    "audit_scores": ("audit.score_files", "audit_scores"),
+    "audit_flower": ("audit.flower_audit", "audit_flower"),
+    "stated_claim": ("audit.external", "stated_claim"),
+    "audit_external": ("audit.external", "audit_external"),
 }
 
 __all__ = ["__version__", *_API]

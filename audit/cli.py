@@ -12,6 +12,9 @@ one line and an exit code. The commands themselves live in ``audit.commands``.
     dpfl-audit invert --attack A ...               gradient inversion of one client's (noisy) gradient: SSIM, PSNR, MSE
     dpfl-audit report RESULTS_DIR [--out FILE]     regenerate report.html from stored results
     dpfl-audit check RESULTS --policy P.yaml       CI gate: exit 1 when a policy rule fails
+    dpfl-audit audit-training SCRIPT.py:FUNCTION --dataset D --claim-epsilon ε --delta δ
+                                                   your own train(features, labels, seed) audited against its claim
+    dpfl-audit scores FILE [--claim-epsilon ε]     statistics and verdicts for membership/canary scores any tool wrote
 
 Bad input — an unknown field, a bad value, a missing dataset — prints one line
 ``dpfl-audit: error: ...`` on stderr and exits with code 2, before anything is written.
@@ -30,9 +33,11 @@ from audit import __version__
 from audit.budget import DEFAULT_MAX_HOURS
 from audit.commands import EXIT_FAILURE, EXIT_USAGE
 from audit.commands.catalog import command_config, command_epsilon, command_list
+from audit.commands.own_training import command_audit_training
 from audit.commands.probes import command_audit_mechanism, command_conformance, command_invert
 from audit.commands.results import command_check, command_report
 from audit.commands.run import command_reproduce, command_run
+from audit.commands.scores import DEFAULT_DELTA, command_scores
 from audit.core.errors import UserInputError
 from audit.core.extensions import NO_PLUGINS_ENV
 
@@ -209,6 +214,47 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--junit", metavar="FILE", help="also write the outcomes as JUnit XML to this file")
     check.add_argument("--json", action="store_true", help="machine-readable output")
 
+    scores = commands.add_parser(
+        "scores", help="AUC, TPR at low FPR, one-run ε lower bounds and verdicts for membership or canary scores "
+                       "that any tool wrote (CSV, Parquet, NPZ; see docs/score-files.md)")
+    scores.add_argument("file", metavar="FILE", help="membership scores (run, unit, score, member) or canary scores "
+                                                     "(canary, score, inserted[, run]): .csv, .parquet or .npz")
+    scores.add_argument("--claim-epsilon", type=_bounded(float, 0, 1e4), metavar="ε",
+                        help="the ε the system claims (default: no claim; the verdicts say 'no claim')")
+    scores.add_argument("--delta", type=_bounded(float, 0, 1), default=DEFAULT_DELTA, metavar="δ",
+                        help="the claim's δ, and the δ of the ε lower bounds (default: %(default)g)")
+    scores.add_argument("--unit", choices=["record", "client"],
+                        help="what a unit (or canary) stands for (default: the file's unit_kind column, else record)")
+    scores.add_argument("--relation", choices=["add-remove", "replace-one", "zero-out"], default="add-remove",
+                        help="the claim's neighbouring relation (default: %(default)s)")
+    scores.add_argument("--out", metavar="DIR", help="write results.json, results.csv, report.html and manifest.json "
+                                                     "here (default: write nothing, only print)")
+    scores.add_argument("--json", action="store_true", help="print the results document (results.json) instead")
+    scores.add_argument("--name", help="the audited system's name in the report (default: the file's name)")
+    scores.add_argument("--seed", type=_seed, default=0, help="seed of the bootstrap intervals (default: 0)")
+
+    own = commands.add_parser(
+        "audit-training", help="your own train(features, labels, seed) -> torch.nn.Module driven through membership and "
+                               "one-run canary runs, audited against the record-level claim it makes")
+    own.add_argument("train", metavar="SCRIPT.py:FUNCTION", help="the training function (or module:function)")
+    own.add_argument("--dataset", required=True, help="registered dataset (see `dpfl-audit list`), e.g. digits")
+    own.add_argument("--data-root", help="directory of the dataset's files (for mnist, cifar10, ...)")
+    own.add_argument("--pool", type=_bounded(int, 2, 10**9), metavar="N",
+                     help="cap the candidate pool at N records, stratified (default: the whole training split)")
+    own.add_argument("--models", type=_bounded(int, 2, 4096), default=8, metavar="N",
+                     help="membership runs, each on a random half of the pool (default: %(default)s)")
+    own.add_argument("--canaries", type=_bounded(int, 0, 10**6), default=200, metavar="M",
+                     help="mislabelled canaries of the one-run audit, each inserted with probability ½ "
+                          "(default: %(default)s; 0: no canary run)")
+    own.add_argument("--claim-epsilon", type=_bounded(float, 0, 1e4), required=True, metavar="ε",
+                     help="the ε the training claims per record (add/remove, the released model)")
+    own.add_argument("--delta", type=_bounded(float, 0, 1), required=True, metavar="δ", help="the claim's δ")
+    own.add_argument("--accountant", metavar="TEXT", help="how the claim was computed, shown in the report")
+    own.add_argument("--out", default="audit-training-out", metavar="DIR", help="output directory (default: %(default)s)")
+    own.add_argument("--seed", type=_seed, default=0, help="seed of the coins, canaries and training seeds (default: 0)")
+    own.add_argument("--device", default="cpu", help="torch device the attacks evaluate on (default: %(default)s)")
+    own.add_argument("--quiet", action="store_true", help="no progress bar")
+
     config = commands.add_parser("config", help="print the resolved configuration as YAML")
     config.add_argument("config", nargs="?", help="YAML configuration file")
     config.add_argument("--preset", help="built-in preset")
@@ -264,6 +310,8 @@ COMMANDS = {
     "conformance": command_conformance,
     "check": command_check,
     "report": command_report,
+    "audit-training": command_audit_training,
+    "scores": command_scores,
 }
 
 

@@ -33,9 +33,9 @@ INTEGRATIONS = (
                 "audit.audit_training", "dpfl-audit audit-training examples/opacus_audit.py:train", "opacus",
                 (("opacus", "opacus"),)),
     Integration("score-files", "membership or one-run canary scores from any tool (CSV, NPZ; Parquet with pyarrow)",
-                "audit.score_file", "dpfl-audit scores FILE", None, ()),
+                "audit.audit_scores", "dpfl-audit scores FILE", None, ()),
     Integration("flower", "a Flower simulation with Flower's DP-FedAvg wrappers: canary clients (a Mod), the server's view "
-                "recorded, the claim from our accountant", "audit.flower_audit.audit_flower", "python examples/flower/app.py",
+                "recorded, the claim from our accountant", "audit.audit_flower", "python examples/flower/app.py",
                 "flower", (("flwr", "flwr"),)),
 )
 

@@ -6,6 +6,8 @@ and calls them.
     probes.py    audit-mechanism,            one mechanism, one defense's released noise or one gradient,
                  conformance, invert         each attacked on its own
     results.py   report, check               stored results turned into a report, or held to a policy
+    own_training.py  audit-training          a user's own training function, audited against its claim
+    scores.py    scores                      membership or canary scores another tool wrote, judged as an audit
 
 A command takes the parsed ``argparse.Namespace`` and returns the process's exit code; bad input
 raises ``UserInputError``, which the command line turns into one line and exit code 2.
