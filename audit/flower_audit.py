@@ -314,8 +314,11 @@ class FlowerRecorder(_Delegate):
             # Flower's ClientManager.sample draws with the global `random`; Python seeds it with all bits of an int
             random.seed(derive_seed(self.seed, "flower", "sampling", server_round))
         self.before[server_round] = _flat(parameters_to_ndarrays(parameters))
-        self.available[server_round] = client_manager.num_available()
         instructions = self.strategy.configure_fit(server_round, parameters, client_manager)
+        # counted after the sample: Flower's ClientManager.sample first waits for min_available_clients
+        # nodes, so before it the count can be short of the pool the sample was drawn from (nodes were
+        # still registering: 197 of 204 seen in round 1), which would misstate N in the claim
+        self.available[server_round] = client_manager.num_available()
         self.sampled[server_round] = len(instructions)
         return instructions
 

@@ -24,6 +24,7 @@ pytest.importorskip("flwr")
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 from audit.core.errors import UserInputError  # noqa: E402
+from tests.helpers import readme_commands, with_out  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CLAIM_SIGMA, CLIP, SAMPLE, CLIENTS, CANARIES, ROUNDS, DELTA = 10.0, 1.0, 100, 4, 200, 2, 1e-5
@@ -39,11 +40,8 @@ def _example(patch: pytest.MonkeyPatch):
     return app
 
 
-def _run(app, out: Path, noise: float) -> dict:
-    argv = ["--out", str(out), "--seed", "7", "--clients", str(CLIENTS), "--canaries", str(CANARIES),
-            "--sample-size", str(SAMPLE), "--rounds", str(ROUNDS), "--noise-multiplier", str(noise),
-            "--claimed-noise-multiplier", str(CLAIM_SIGMA), "--clip", str(CLIP), "--delta", str(DELTA)]
-    assert app.main(argv) == 0
+def _run(app, out: Path, arguments: list[str]) -> dict:
+    assert app.main(with_out(arguments, out)) == 0
     results = json.loads((out / "results.json").read_text())
     with np.load(out / "flower_view.npz", allow_pickle=False) as view:
         arrays = {k: view[k] for k in view.files}
@@ -57,7 +55,17 @@ def runs(tmp_path_factory):
         patch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
         app = _example(patch)
         base = tmp_path_factory.mktemp("flower")
-        return {"honest": _run(app, base / "honest", CLAIM_SIGMA), "lowered": _run(app, base / "lowered", 0.01)}
+        # the README's two commands ("Audit your own system"), as printed there; the example's defaults
+        # are the constants above
+        honest, lowered = readme_commands(".venv/bin/python examples/flower/app.py")
+        defaults = vars(app.parser().parse_args([]))
+        assert (defaults["clients"], defaults["canaries"], defaults["sample_size"], defaults["clip"], defaults["delta"]) == \
+            (CLIENTS, CANARIES, SAMPLE, CLIP, DELTA)
+        for arguments, noise in ((honest, CLAIM_SIGMA), (lowered, 0.01)):
+            parsed = app.parser().parse_args(arguments)
+            assert (parsed.rounds, parsed.noise_multiplier, parsed.claimed_noise_multiplier or parsed.noise_multiplier) == \
+                (ROUNDS, noise, CLAIM_SIGMA)
+        return {"honest": _run(app, base / "honest", honest), "lowered": _run(app, base / "lowered", lowered)}
 
 
 def _experiment(run: dict) -> dict:

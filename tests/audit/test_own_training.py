@@ -23,6 +23,7 @@ from audit.external import stated_claim
 from audit.own_training import audit_training, dataset_pool
 from defenses.accounting import GaussianSchedule, compute_epsilon
 from reports.results import load_results
+from tests.helpers import readme_commands, with_out
 
 ROOT = Path(__file__).resolve().parents[2]
 POOL = 400  # records of the candidate pool (digits, stratified)
@@ -72,7 +73,7 @@ def split():
 
 @pytest.fixture(scope="module")
 def opacus_run(tmp_path_factory):
-    """examples/opacus_audit.py, small: 4 membership models and a canary run of 5 DP-SGD epochs
+    """examples/opacus_audit.py run by the README's command, small: 4 membership models and a canary run of 5 DP-SGD epochs
     (σ = 1, q = 1/16, T = 80), 100 canaries."""
     pytest.importorskip("opacus")
     spec = importlib.util.spec_from_file_location("opacus_audit_example", ROOT / "examples" / "opacus_audit.py")
@@ -81,8 +82,10 @@ def opacus_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("opacus") / "out"
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        assert example.main(["--out", str(out), "--models", "4", "--canaries", "100", "--epochs", "5",
-                             "--pool", str(POOL), "--quiet"]) == 0
+        # the README's command ("Audit your own system"), as printed there
+        (arguments,) = readme_commands(".venv/bin/python examples/opacus_audit.py")
+        assert arguments[arguments.index("--pool") + 1] == str(POOL)
+        assert example.main(with_out(arguments, out)) == 0
     return example, out, printed.getvalue()
 
 

@@ -287,3 +287,26 @@ def test_the_schema_describes_what_the_reader_accepts(tmp_path, good):
     for bad in ({**row, "member": 2}, {**row, "member": "yes"}, {**row, "score": "high"}, {**row, "score": "1_0"},
                 {**row, "unit": " "}, {**row, "unit_kind": "weight"}, {**row, "canary": 1, "inserted": 0}):
         assert not validator.is_valid(bad), bad
+
+
+def test_the_readme_command_reproduces_the_pipelines_figures_for_its_exported_canaries(tmp_path, capsys):
+    """README, "Audit your own system": the client canaries of DP-FedAvg at ε = 8, exported from
+    the default audit's attacks/dp-fedavg-eps8/client-canaries.npz, give through `scores` the
+    figures that audit reported for them (results.json at d188bdf: AUC 0.879 [0.811, 0.947],
+    ε_LB 1.438 (Steinke) and 1.435 (f-DP), Gaussian fit 8.47 [6.33, 11.34]) — the same scores,
+    the same statistics."""
+    from tests.helpers import readme_commands, with_out
+
+    (arguments,) = readme_commands(".venv/bin/dpfl-audit scores")
+    out = tmp_path / "scores-out"
+    assert main(["scores", *with_out(arguments, out)]) == 0
+    capsys.readouterr()
+    results, _, _ = load_results(out)
+    (attack,) = results.experiments[0].attacks
+    expected = {"auc": (0.879, 0.811, 0.947), "epsilon_one_run": (1.438,), "epsilon_one_run_fdp": (1.435,),
+                "epsilon_gaussian_fit": (8.47, 6.33, 11.34)}
+    for metric, figures in expected.items():
+        estimate = attack.metrics[metric]
+        measured = (estimate.value, estimate.ci_low, estimate.ci_high)[:len(figures)]
+        assert measured == pytest.approx(figures, abs=0.006), metric
+    assert results.experiments[0].claim.epsilon == 8.0 and results.experiments[0].claim.unit == "client"
