@@ -5,7 +5,7 @@ one line and an exit code. The commands themselves live in ``audit.commands``.
     dpfl-audit train CONFIG [--out DIR] ...        train and store the runs only
     dpfl-audit list [--json]                       datasets, models, defenses, attacks, presets
     dpfl-audit epsilon --noise σ | --target-epsilon ε  --rate q --steps T --delta δ [--json]
-    dpfl-audit config [CONFIG] [--preset NAME]     print the resolved configuration
+    dpfl-audit config [CONFIG] [--preset NAME] [--set PATH=VALUE ...]   print the resolved configuration
     dpfl-audit reproduce STUDY [--quick]           a paper's comparison on a CPU proxy, claims checked
     dpfl-audit audit-mechanism --mechanism M ...   the optimal test on one noised step: ε lower bound vs claim
     dpfl-audit conformance [DEFENSE ...|--all]     does each defense release the noise its claim accounts for?
@@ -76,6 +76,12 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"dpfl-audit: error: {message} (see {self.prog} --help)\n")
 
 
+def _add_set_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", dest="sets",
+                        help="set one config value, e.g. training.rounds=2, model.name=cnn-tiny, defenses.1.epsilons=[1,4] "
+                             "(a YAML value; repeatable; applied after the file and the preset)")
+
+
 def _add_run_options(parser: argparse.ArgumentParser, config_required: bool) -> None:
     if config_required:
         parser.add_argument("config", help="YAML configuration file")
@@ -84,6 +90,7 @@ def _add_run_options(parser: argparse.ArgumentParser, config_required: bool) -> 
     parser.add_argument("--out", default="dpfl-audit-out", help="output directory (default: %(default)s)")
     parser.add_argument("--preset", help="start from a built-in preset (see `dpfl-audit list`)")
     parser.add_argument("--seed", type=_seed, help="override the config's seed")
+    _add_set_option(parser)
     parser.add_argument("--device", help="torch device, e.g. cpu or cuda (default: the config's, cpu)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument("--executor", default="local",
@@ -258,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     config = commands.add_parser("config", help="print the resolved configuration as YAML")
     config.add_argument("config", nargs="?", help="YAML configuration file")
     config.add_argument("--preset", help="built-in preset")
+    _add_set_option(config)
     config.add_argument("--reference", action="store_true",
                         help="instead: every field of a config with its type, default and allowed range")
     return parser

@@ -4,7 +4,9 @@ The dataclass defaults *are* the default audit (``dpfl-audit run`` with no confi
 20 iid clients, ``fedavg`` and ``dp-fedavg`` at ε ∈ {1, 8}, LiRA over 16 runs. A preset is a
 YAML file of overrides in ``audit/presets``; a user's config file is merged over its preset
 (``preset: NAME`` in the file or ``--preset`` on the command line; mappings merge key by key,
-lists are replaced). ``dpfl-audit config`` prints the resolved configuration.
+lists are replaced, and a section naming another component — ``model: {name: cnn-tiny}`` — starts
+that component from its own defaults), then ``--set PATH=VALUE`` assignments. ``dpfl-audit
+config`` prints the resolved configuration.
 """
 
 from __future__ import annotations
@@ -181,9 +183,104 @@ def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: component sections and the fields that belong to the component a section names (its files, its
+#: options): naming another component starts it from its own defaults, so these are dropped — the
+#: previous model's ``hidden: [128]`` is no option of ``cnn-tiny``
+COMPONENT_FIELDS: dict[str, tuple[str, ...]] = {"dataset": ("root", "options"), "model": ("options",),
+                                                "partition": ("alpha", "classes_per_client")}
+#: fields of a defense or attack entry that belong to the one it names
+ENTRY_FIELDS = ("params", "label")
+_COMPONENT_SECTIONS = {"dataset": DatasetConfig, "model": ModelConfig, "partition": PartitionConfig}
+
+
+def _component_default(section: str, name: str) -> Any:
+    """A component field's value when a component other than the default one is named: options
+    empty (the component's own defaults), anything else its declared default."""
+    return {} if name == "options" else getattr(_COMPONENT_SECTIONS[section](), name)
+
+
+def merge_config(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """:func:`merge`, except that an override naming another component (``model: {name: cnn-tiny}``)
+    drops the fields of the one it replaces (:data:`COMPONENT_FIELDS`), including the defaults that
+    belong to the default component, and keeps the rest of the section (e.g. ``partition.clients``)."""
+    out = dict(base)
+    for section, owned in COMPONENT_FIELDS.items():
+        new = override.get(section)
+        if not isinstance(new, dict) or "name" not in new:
+            continue
+        current = out.get(section) if isinstance(out.get(section), dict) else {}
+        if new["name"] != current.get("name", _COMPONENT_SECTIONS[section]().name):
+            kept = {key: value for key, value in current.items() if key not in owned}
+            out[section] = {**kept, **{key: _component_default(section, key) for key in owned}}
+    return merge(out, override)
+
+
+def _assignment(text: str) -> tuple[list[str], Any]:
+    """``PATH=VALUE`` → (path segments, the value parsed as YAML: 2 → int, [1, 4] → list, x → str)."""
+    path, equals, value = text.partition("=")
+    segments = path.strip().split(".")
+    if not equals or not all(segments):
+        raise UserInputError(f"--set: '{text}' is not PATH=VALUE (a dotted path into the config, e.g. training.rounds=2)")
+    return segments, parse_yaml(value, f"--set {path}") if value.strip() else ""
+
+
+def apply_sets(data: dict[str, Any], assignments: list[str]) -> dict[str, Any]:
+    """The config ``data`` with each ``PATH=VALUE`` of ``--set`` applied in order, as an override of
+    just that value (components renamed as :func:`merge_config` does). A number in the path indexes
+    a list of the resolved config (``defenses.1.epsilons=[1, 4]``); unknown fields are left for the
+    schema, whose error names the field and the allowed ones."""
+    for text in assignments:
+        segments, value = _assignment(text)
+        resolved = to_mapping(from_mapping(AuditConfig, data))
+        override: dict[str, Any] = {}
+        target: Any = override
+        current: Any = resolved
+        for depth, segment in enumerate(segments):
+            last = depth == len(segments) - 1
+            where = ".".join(segments[:depth + 1])
+            if isinstance(current, list):
+                if not segment.isdigit() or int(segment) >= len(current):
+                    raise UserInputError(f"--set {where}: '{'.'.join(segments[:depth])}' is a list of {len(current)} "
+                                         f"entries; allowed indices: 0–{len(current) - 1}")
+                # a list is replaced whole (merge): the resolved list with this entry changed
+                entries = [dict(e) if isinstance(e, dict) else e for e in current]
+                index, rest = int(segment), segments[depth + 1:]
+                entry = entries[index]
+                if not rest or not isinstance(entry, dict):
+                    entries[index] = _nested(rest, value)
+                else:
+                    if rest == ["name"] and value != entry.get("name"):
+                        # another defense or attack: its own parameters and label, not the previous one's
+                        entry = {key: v for key, v in entry.items() if key not in ENTRY_FIELDS}
+                    entries[index] = merge(entry, _nested(rest, value))
+                target[segments[depth - 1]] = entries
+                break
+            if depth and not isinstance(current, dict):
+                raise UserInputError(f"--set {where}: '{'.'.join(segments[:depth])}' is a value, not a section")
+            if last:
+                target[segment] = value
+                break
+            if isinstance(current.get(segment), list):
+                current = current[segment]
+                continue
+            target = target.setdefault(segment, {})
+            current = current.get(segment, {})
+        data = merge_config(data, override)
+    return data
+
+
+def _nested(segments: list[str], value: Any) -> dict[str, Any]:
+    """{'a': {'b': value}} from ['a', 'b']."""
+    out: Any = value
+    for segment in reversed(segments):
+        out = {segment: out}
+    return out
+
+
 def load_config(path: str | Path | None = None, preset_name: str | None = None,
-                overrides: dict[str, Any] | None = None) -> AuditConfig:
-    """Resolve preset + config file + command-line overrides into a validated :class:`AuditConfig`."""
+                overrides: dict[str, Any] | None = None, sets: list[str] | None = None) -> AuditConfig:
+    """Resolve preset + config file + command-line overrides + ``--set PATH=VALUE`` assignments into
+    a validated :class:`AuditConfig`."""
     user: dict[str, Any] = {}
     if path is not None:
         if not Path(path).is_file():
@@ -193,8 +290,8 @@ def load_config(path: str | Path | None = None, preset_name: str | None = None,
     if named is not None and not isinstance(named, str):
         raise UserInputError(f"preset: must be a string, got {named!r}")
     chosen = preset_name or named or "default"
-    data = merge(merge(preset(chosen), user), overrides or {})
-    return from_mapping(AuditConfig, data)
+    data = merge_config(merge_config(preset(chosen), user), overrides or {})
+    return from_mapping(AuditConfig, apply_sets(data, list(sets or [])))
 
 
 def config_to_yaml(config: AuditConfig) -> str:

@@ -131,5 +131,5 @@ def command_config(args: argparse.Namespace) -> int:
         print(f"Numbers must be finite; an integer without its own bound is at most {MAX_INT}; lists hold at most "
               "10000 values. A defense's or attack's params: `dpfl-audit list` (same rules).")
         return EXIT_OK
-    print(config_to_yaml(load_config(args.config, args.preset)), end="")
+    print(config_to_yaml(load_config(args.config, args.preset, sets=args.sets)), end="")
     return EXIT_OK

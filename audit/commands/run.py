@@ -29,7 +29,7 @@ def _load(args: argparse.Namespace):
         overrides["seed"] = args.seed
     if args.device is not None:
         overrides["device"] = args.device
-    return load_config(args.config, args.preset, overrides)
+    return load_config(args.config, args.preset, overrides, args.sets)
 
 
 def _server_epsilon(claim: PrivacyClaim) -> str:

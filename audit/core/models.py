@@ -195,7 +195,12 @@ def build_model(name: str, input_shape: Sequence[int], num_classes: int, options
     except UserInputError:
         raise
     except (TypeError, ValueError, RuntimeError) as exc:
-        raise UserInputError(f"model.options: model '{name}' rejected its options: {exc}") from exc
+        what = " ".join(str(exc).split())
+        if not options:  # nothing the user chose but the model and the data: the inputs do not fit it
+            raise UserInputError(f"model.name: model '{name}' cannot take inputs of shape {tuple(input_shape)} "
+                                 f"(the dataset's): {what}") from exc
+        raise UserInputError(f"model.options: model '{name}' rejected its options on inputs of shape "
+                             f"{tuple(input_shape)}: {what}") from exc
     if not isinstance(model, nn.Module):
         raise UserInputError(f"model.name: '{name}' returned {type(model).__name__}, not a torch.nn.Module")
     if any(True for _ in model.buffers()):
