@@ -208,7 +208,8 @@ def merge_config(base: dict[str, Any], override: dict[str, Any]) -> dict[str, An
         new = override.get(section)
         if not isinstance(new, dict) or "name" not in new:
             continue
-        current = out.get(section) if isinstance(out.get(section), dict) else {}
+        section_data = out.get(section)
+        current: dict[str, Any] = section_data if isinstance(section_data, dict) else {}
         if new["name"] != current.get("name", _COMPONENT_SECTIONS[section]().name):
             kept = {key: value for key, value in current.items() if key not in owned}
             out[section] = {**kept, **{key: _component_default(section, key) for key in owned}}
