@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from defenses.engine import initial_vector
 from defenses.training_job import TrainingDiverged
 from reports.soundness import measurement_delta
 
+LOG = logging.getLogger(__name__)
 
 def evaluate_canaries(plan: Plan, store: RunStore, experiment: Experiment, audit: CanaryAudit) -> list[AttackResult]:
     """The audit's results on its canary runs (none where it did not run)."""
@@ -108,4 +110,11 @@ def attack_runs(plan: Plan, store: RunStore, out: Path, quiet: bool = False) -> 
                 _save_scores(out, experiment, result)
             results[experiment.key].extend(produced)
             timings[f"{experiment.key}/{attack.label}"] = time.perf_counter() - started
+            for result in produced:
+                auc = result.metrics.get("auc")
+                LOG.info("%s on %s: %s%s (%.1f s)", result.name, experiment.label,
+                         f"AUC {auc.value:.3f}" if auc is not None and auc.value is not None else "done",
+                         "".join(f", {m} {result.metrics[m].value:.3g}" for m in ("epsilon_one_run", "epsilon_one_run_fdp")
+                                 if m in result.metrics and result.metrics[m].value is not None),
+                         timings[f"{experiment.key}/{attack.label}"])
     return results, timings

@@ -19,6 +19,9 @@ one line and an exit code. The commands themselves live in ``audit.commands``.
 Bad input — an unknown field, a bad value, a missing dataset — prints one line
 ``dpfl-audit: error: ...`` on stderr and exits with code 2, before anything is written.
 
+``-v``/``-vv`` show what the pipeline is doing (INFO/DEBUG), ``--log-file FILE`` keeps the log, and
+every output directory gets its ``run.log`` (:mod:`audit.logs`).
+
 Importing this module loads no torch (``dpfl-audit --help`` stays fast): the command modules
 import their heavy dependencies inside the commands (see ``audit.commands``).
 """
@@ -111,8 +114,11 @@ def _common_options() -> argparse.ArgumentParser:
     """Options every command takes, before or after its name (SUPPRESS: a subcommand's default
     must not overwrite a value given before it)."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
-                        help="on an unexpected error, print the full traceback")
+    common.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
+                        help="-v: what the pipeline is doing (INFO) and, on an unexpected error, the full traceback; "
+                             "-vv: also DEBUG")
+    common.add_argument("--log-file", metavar="FILE", default=argparse.SUPPRESS,
+                        help="also write the log, DEBUG and up, to FILE (every output directory gets run.log anyway)")
     common.add_argument("--no-plugins", action="store_true", default=argparse.SUPPRESS,
                         help=f"refuse every code-loading name (module:callable, file.py:callable) in configs; "
                              f"also set by {NO_PLUGINS_ENV}=1 (for CI jobs that audit configs they did not write)")
@@ -284,7 +290,10 @@ def main(argv: list[str] | None = None) -> int:
 
         os.environ[NO_PLUGINS_ENV] = "1"  # also reaches the process and Ray executors' workers
     try:
-        return _dispatch(args)
+        from audit.logs import configure
+
+        with configure(getattr(args, "verbose", 0), _log_file(args), _output_folder(args)):
+            return _dispatch(args)
     except UserInputError as exc:
         print(f"dpfl-audit: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -303,6 +312,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dpfl-audit: internal error: {type(exc).__name__}: {text} (rerun with -v for the traceback)",
               file=sys.stderr)
         return EXIT_FAILURE
+
+
+#: the commands whose --out is a directory: it gets run.log (written once the command creates it)
+FOLDER_COMMANDS = ("run", "train", "reproduce", "invert", "audit-training", "scores")
+
+
+def _output_folder(args: argparse.Namespace) -> str | None:
+    return getattr(args, "out", None) if args.command in FOLDER_COMMANDS else None
+
+
+def _log_file(args: argparse.Namespace) -> str | None:
+    path = getattr(args, "log_file", None)
+    if path is None:
+        return None
+    import os
+
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder) or os.path.isdir(path):
+        raise UserInputError(f"--log-file: '{path}' is not a file in an existing directory")
+    return path
 
 
 #: every command by its name: a function of the parsed arguments returning the exit code

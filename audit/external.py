@@ -14,6 +14,7 @@ sampling holds; the verdict compares with that figure only.
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 from collections.abc import Sequence
@@ -32,6 +33,8 @@ from reports.document import SCHEMA_VERSION, AuditInfo, Experiment, Results, Too
 from reports.html import write_report
 from reports.results import rows_from_results, write_results
 from reports.soundness import experiment_sentence, experiment_verdict
+
+LOG = logging.getLogger(__name__)
 
 #: units and relations a stated claim may name
 CLAIM_UNITS = ("record", "client")
@@ -124,6 +127,9 @@ def write_external(results: Results, out: str | Path) -> dict[str, str]:
     write_json(out / "manifest.json", {"tool": {"name": "dpfl-audit", "version": __version__},
                                        "command": " ".join(sys.argv), "audited": results.audit.system, **extra})
     paths["manifest"] = str(out / "manifest.json")
+    experiment = results.experiments[0]
+    LOG.info("%s: %s", experiment.label, experiment.soundness_text)
+    LOG.info("wrote %s", ", ".join(paths.values()))
     return paths
 
 

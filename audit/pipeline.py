@@ -9,6 +9,7 @@ then trains every run (skipping runs already in the store), runs the attacks and
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from pathlib import Path
@@ -28,6 +29,8 @@ from audit.training import progress_bar, run_groups, train_canary_runs, train_me
 from reports.html import write_report
 from reports.results import write_results
 
+LOG = logging.getLogger(__name__)
+
 
 def train_runs(plan: Plan, store: RunStore, quiet: bool = False, executor: str = "local",
                workers: int | None = None, batch_runs: int | None = None,
@@ -44,12 +47,15 @@ def train_runs(plan: Plan, store: RunStore, quiet: bool = False, executor: str =
     for experiment in plan.experiments:
         ids = plan.run_ids[experiment.key] = [run_id(plan, experiment, r) for r in range(config.membership.runs)]
         started = time.perf_counter()
+        LOG.info("training %s: %d membership runs (%d stored already)", experiment.label, len(ids),
+                 sum(store.is_complete(rid) for rid in ids))
         bar = progress_bar(config.membership.runs, f"train {experiment.label}", quiet)
         groups = run_groups(plan, store, experiment, batch_runs)
         bar.update(config.membership.runs - sum(len(g) for g in groups))  # resumed from the store
         # groups go in run order, so the first group with a diverged run holds the lowest-index one
         # (every earlier run is stored and finite): a rerun records the same run and round
         for group in groups:
+            LOG.debug("%s: runs %s train together", experiment.label, ", ".join(str(r) for r in group))
             bar.set_postfix_str(f"{len(group)} together", refresh=False)
             train_membership_runs(plan, store, experiment, group)
             bar.update(len(group))
@@ -65,6 +71,7 @@ def train_runs(plan: Plan, store: RunStore, quiet: bool = False, executor: str =
             for audit in plan.canary_audits:
                 train_canary_runs(plan, store, experiment, audit, quiet)
         timings[experiment.key] = time.perf_counter() - started
+        LOG.info("trained %s in %.1f s", experiment.label, timings[experiment.key])
     return timings
 
 
@@ -91,6 +98,9 @@ def run_audit(config: AuditConfig, out: str | Path, *, attack: bool = True, quie
     """Plan (unless given), train, attack and report. Returns paths and the results summary."""
     started = time.perf_counter()
     plan = plan or plan_audit(config)
+    LOG.info("plan: %d experiment(s) (%s), %d membership runs each, %d attack(s), %d canary audit(s); output %s",
+             len(plan.experiments), ", ".join(e.label for e in plan.experiments), config.membership.runs,
+             len(config.attacks), len(plan.canary_audits), out)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     store = RunStore(out)
@@ -106,6 +116,9 @@ def run_audit(config: AuditConfig, out: str | Path, *, attack: bool = True, quie
         paths.update(write_results(summary, out))
         paths["report"] = str(write_report(summary, out / "report.html", manifest_extra={
             "versions": provenance.versions(), "machine": provenance.machine()}))
+        for experiment in summary.experiments:
+            LOG.info("%s: %s", experiment.label, experiment.soundness_text)
+        LOG.info("wrote %s", ", ".join(str(p) for k, p in paths.items() if k not in ("out", "runs")))
     write_json(out / "manifest.json", {
         "tool": {"name": "dpfl-audit", "version": __version__},
         "command": " ".join(sys.argv),

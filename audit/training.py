@@ -4,6 +4,7 @@ experiment noted as diverged)."""
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -32,6 +33,8 @@ from defenses.engine import chunk_size
 from defenses.flat import ParamLayout
 from defenses.run_batch import train_together
 from defenses.training_job import RecordSpec, TrainingDiverged, TrainingJob
+
+LOG = logging.getLogger(__name__)
 
 
 def progress_bar(total: int, desc: str, quiet: bool) -> tqdm:
@@ -116,8 +119,9 @@ def divergence_reason(diverged: dict[str, Any], kind: str = "run") -> str:
 
 
 def warn(text: str) -> None:
-    """One line on stderr that leaves the progress bars intact (shown with --quiet too)."""
-    tqdm.write(f"dpfl-audit: warning: {text}", file=sys.stderr)
+    """A warning in the log: on the console (``dpfl-audit: warning: ...``, drawn around the
+    progress bars, with --quiet too) and in run.log (:mod:`audit.logs`)."""
+    LOG.warning(text)
 
 
 def _job(plan: Plan, experiment: Experiment, clients: list[np.ndarray], seed: int, pool_x=None, pool_y=None,

@@ -29,7 +29,6 @@ from __future__ import annotations
 import itertools
 import math
 import shutil
-import sys
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -44,6 +43,7 @@ from audit.pipeline import attack
 from audit.planning import plan_audit
 from audit.store import RunStore
 from audit.summary import build_results
+from audit.training import progress_bar
 from defenses.claims import PrivacyClaim
 from reports.document import Estimate
 from reports.gate import FAIL, evaluate_policy
@@ -144,6 +144,7 @@ def pipeline_replicates(template: str, replicates: int, start_seed: int = 0, pro
     events: dict[str, Tally] = {}
     with tempfile.TemporaryDirectory() as folder:
         config_file = Path(folder) / "design.yaml"
+        bar = progress_bar(replicates, progress or "replicates", quiet=not progress)
         for i in range(replicates):
             seed = start_seed + i
             config_file.write_text(template.format(seed=seed), encoding="utf-8")
@@ -167,10 +168,8 @@ def pipeline_replicates(template: str, replicates: int, start_seed: int = 0, pro
             statuses = {v.status for record in experiment.attacks for v in record.verdicts}
             events.setdefault("experiment without a VIOLATION", Tally()).count("violation" not in statuses)
             shutil.rmtree(out, ignore_errors=True)
-            if progress:
-                print(f"\r  {progress}: {i + 1}/{replicates}", end="", file=sys.stderr, flush=True)
-    if progress:
-        print(file=sys.stderr)
+            bar.update(1)
+    bar.close()
     return figures, events
 
 
@@ -309,12 +308,11 @@ def gate_false_alarms(seeds: int, start_seed: int = 0, attacks: list[dict] | Non
     rates = GateRates()
     with tempfile.TemporaryDirectory() as folder:
         audits = []
+        bar = progress_bar(seeds, "smoke audits", quiet=not progress)
         for i in range(seeds):
             audits.append(smoke_results(start_seed + i, Path(folder), attacks))
-            if progress:
-                print(f"\r  smoke audits: {i + 1}/{seeds}", end="", file=sys.stderr, flush=True)
-    if progress:
-        print(file=sys.stderr)
+            bar.update(1)
+        bar.close()
 
     def fails(new, old) -> bool:
         outcomes = evaluate_policy(policy, new, old)

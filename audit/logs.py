@@ -1,0 +1,110 @@
+"""What the pipeline is doing, through the standard :mod:`logging` module (issue 20, item 4).
+
+Library modules log to their own loggers (``logging.getLogger(__name__)``) under the four
+packages :data:`PACKAGES`; nothing here prints. The command line decides where records go
+(:func:`configure`):
+
+* the console (stderr, through ``tqdm.write`` so progress bars stay intact): warnings by default,
+  also INFO with ``-v``, also DEBUG with ``-vv``;
+* ``--log-file FILE``: every record from DEBUG up;
+* ``run.log`` in the command's output directory: every record from DEBUG up. Records are kept in
+  memory until the directory exists and only then written, so a command refused for bad input —
+  which must write nothing — leaves no ``run.log`` (and no directory) behind.
+
+Third-party loggers (Ray, Flower, absl) are left as they are.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+#: the packages whose loggers the command line configures
+PACKAGES = ("audit", "defenses", "attacks", "reports")
+FILE_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+#: the console's level per -v count
+LEVELS = {0: logging.WARNING, 1: logging.INFO}
+
+
+class ConsoleHandler(logging.Handler):
+    """``dpfl-audit: warning: ...`` (``dpfl-audit: ...`` below WARNING) on stderr, written with
+    ``tqdm.write`` so that a progress bar being drawn is not broken."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            from tqdm import tqdm
+
+            label = f"{record.levelname.lower()}: " if record.levelno >= logging.WARNING else ""
+            tqdm.write(f"dpfl-audit: {label}{record.getMessage()}", file=sys.stderr)
+        except Exception:  # logging must never take the command down
+            self.handleError(record)
+
+
+class RunLogHandler(logging.Handler):
+    """Appends records to ``<folder>/run.log`` once ``folder`` exists; until then they wait in
+    memory (bounded), and they are dropped if it never appears."""
+
+    LIMIT = 100_000
+
+    def __init__(self, folder: str | Path):
+        super().__init__(logging.DEBUG)
+        self.folder = Path(folder)
+        self.pending: list[str] = []
+        self.setFormatter(logging.Formatter(FILE_FORMAT))
+
+    @property
+    def path(self) -> Path:
+        return self.folder / "run.log"
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.pending.append(self.format(record))
+            del self.pending[:-self.LIMIT]
+            self.flush()
+        except Exception:
+            self.handleError(record)
+
+    def flush(self) -> None:
+        if self.pending and self.folder.is_dir():
+            with open(self.path, "a", encoding="utf-8") as file:
+                file.write("\n".join(self.pending) + "\n")
+            self.pending.clear()
+
+
+def _loggers() -> list[logging.Logger]:
+    return [logging.getLogger(name) for name in PACKAGES]
+
+
+@contextmanager
+def configure(verbosity: int = 0, log_file: str | Path | None = None, run_folder: str | Path | None = None
+              ) -> Iterator[RunLogHandler | None]:
+    """Route the packages' records for the duration of one command (see the module docstring);
+    the previous configuration is restored afterwards, so tests and notebooks can call it repeatedly."""
+    console = ConsoleHandler(LEVELS.get(verbosity, logging.DEBUG))
+    handlers: list[logging.Handler] = [console]
+    if log_file is not None:
+        handler = logging.FileHandler(log_file, encoding="utf-8")
+        handler.setLevel(logging.DEBUG)
+        handler.setFormatter(logging.Formatter(FILE_FORMAT))
+        handlers.append(handler)
+    run_log = RunLogHandler(run_folder) if run_folder is not None else None
+    if run_log is not None:
+        handlers.append(run_log)
+    saved = [(logger, logger.level, logger.propagate, list(logger.handlers)) for logger in _loggers()]
+    for logger in _loggers():
+        logger.setLevel(logging.DEBUG)
+        logger.propagate = False  # our records go to our handlers only, once
+        logger.handlers = list(handlers)
+    try:
+        yield run_log
+    finally:
+        for handler in handlers:
+            handler.flush()
+            handler.close()
+        for logger, level, propagate, previous in saved:
+            logger.setLevel(level)
+            logger.propagate = propagate
+            logger.handlers = previous
