@@ -10,7 +10,7 @@ one line and an exit code. The commands themselves live in ``audit.commands``.
     dpfl-audit audit-mechanism --mechanism M ...   the optimal test on one noised step: ε lower bound vs claim
     dpfl-audit conformance [DEFENSE ...|--all]     does each defense release the noise its claim accounts for?
     dpfl-audit invert --attack A ...               gradient inversion of one client's (noisy) gradient: SSIM, PSNR, MSE
-    dpfl-audit report RESULTS_DIR [--out FILE]     regenerate report.html from stored results
+    dpfl-audit report RESULTS_DIR [--out FILE] [--figures]   regenerate report.html (and figures/) from stored results
     dpfl-audit check RESULTS --policy P.yaml       CI gate: exit 1 when a policy rule fails
     dpfl-audit audit-training SCRIPT.py:FUNCTION --dataset D --claim-epsilon ε --delta δ
                                                    your own train(features, labels, seed) audited against its claim
@@ -219,6 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
     report = commands.add_parser("report", help="regenerate report.html from a results directory (no retraining)")
     report.add_argument("results", help="a results directory (with results.json) or a results.json file")
     report.add_argument("--out", help="report file to write (default: RESULTS_DIR/report.html)")
+    report.add_argument("--figures", action="store_true",
+                        help="also regenerate RESULTS_DIR/figures/: ROC (log–log), privacy–utility, claimed vs measured ε, "
+                             "reconstruction grids, as PNG and PDF")
 
     check = commands.add_parser("check", help="CI gate: hold results to a policy of leakage/utility rules; exit 1 when one fails")
     check.add_argument("results", metavar="RESULTS", help="results directory of `dpfl-audit run` (holding results.json) or its results.json")

@@ -30,6 +30,7 @@ from audit.summary import attack_records, diagnostics_summary, mean_interval
 from defenses.accounting import dp_accounting_version
 from defenses.claims import ADVERSARIES, ADVERSARY_TEXT, RELATIONS, AdversaryClaim, PrivacyClaim
 from reports.document import SCHEMA_VERSION, AuditInfo, Experiment, Results, Tool, Utility
+from reports.figures import write_figures
 from reports.html import write_report
 from reports.results import rows_from_results, write_results
 from reports.soundness import experiment_sentence, experiment_verdict
@@ -124,6 +125,8 @@ def write_external(results: Results, out: str | Path) -> dict[str, str]:
     paths = write_results(results, out)
     extra = {"versions": provenance.versions(), "machine": provenance.machine()}
     paths["report"] = str(write_report(results, out / "report.html", manifest_extra=extra))
+    write_figures(results, out / "figures")
+    paths["figures"] = str(out / "figures")
     write_json(out / "manifest.json", {"tool": {"name": "dpfl-audit", "version": __version__},
                                        "command": " ".join(sys.argv), "audited": results.audit.system, **extra})
     paths["manifest"] = str(out / "manifest.json")

@@ -26,6 +26,7 @@ from audit.planning import Plan, plan_audit, run_id
 from audit.store import RunStore
 from audit.summary import build_results
 from audit.training import progress_bar, run_groups, train_canary_runs, train_membership_runs, warn
+from reports.figures import write_figures
 from reports.html import write_report
 from reports.results import write_results
 
@@ -116,6 +117,8 @@ def run_audit(config: AuditConfig, out: str | Path, *, attack: bool = True, quie
         paths.update(write_results(summary, out))
         paths["report"] = str(write_report(summary, out / "report.html", manifest_extra={
             "versions": provenance.versions(), "machine": provenance.machine()}))
+        paths["figures"] = str(out / "figures")
+        LOG.debug("figures: %s", ", ".join(p.name for p in write_figures(summary, out / "figures")))
         for experiment in summary.experiments:
             LOG.info("%s: %s", experiment.label, experiment.soundness_text)
         LOG.info("wrote %s", ", ".join(str(p) for k, p in paths.items() if k not in ("out", "runs")))

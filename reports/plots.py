@@ -1,14 +1,19 @@
-"""Plots for the report, rendered with matplotlib (Agg) into base64 PNG strings.
+"""Plots for the report, rendered with matplotlib (Agg).
 
-PNG metadata is stripped of the software version so the same results give the same bytes.
+Each plot is a :class:`Plot`: called, it gives the base64 PNG the HTML report embeds; its
+``figure`` gives the matplotlib figure itself, which :mod:`reports.figures` saves as PNG and PDF
+files — one drawing for both. PNG metadata is stripped of the software version so the same
+results give the same bytes.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import io
 import math
 import typing
+from collections.abc import Callable
 from typing import Any
 
 import matplotlib
@@ -29,7 +34,21 @@ def _png(figure) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def roc_plot(experiments: list[Experiment], attack: str) -> str | None:
+class Plot:
+    """A drawing function ``draw(...) -> Figure | None`` (None: nothing to draw): calling the plot
+    gives the base64 PNG of the figure (None when there is none); :meth:`figure` the figure."""
+
+    def __init__(self, draw: Callable[..., Any]):
+        self.figure = draw
+        functools.update_wrapper(self, draw)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> str | None:
+        figure = self.figure(*args, **kwargs)
+        return None if figure is None else _png(figure)
+
+
+@Plot
+def roc_plot(experiments: list[Experiment], attack: str) -> Any:
     """Log–log ROC curves of one attack, one line per experiment, with the chance diagonal."""
     figure, axis = plt.subplots(figsize=(5.2, 4.4))
     drawn = False
@@ -51,12 +70,18 @@ def roc_plot(experiments: list[Experiment], attack: str) -> str | None:
     axis.plot([1e-5, 1], [1e-5, 1], color="grey", linestyle="--", linewidth=1, label="chance")
     axis.set(xscale="log", yscale="log", xlim=(1e-4, 1), ylim=(1e-4, 1.02), xlabel="false positive rate",
              ylabel="true positive rate", title=f"{attack}: ROC (log–log)")
+    for scale in (axis.xaxis, axis.yaxis):
+        # plain decimals and no minor ticks: mathtext labels (10⁻⁴) and minor log ticks made saving
+        # a ROC plot four times slower, and an audit draws one per attack for the report and its files
+        scale.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}"))
+        scale.set_minor_locator(matplotlib.ticker.NullLocator())
     axis.legend(fontsize=7, loc="lower right")
     axis.grid(True, which="major", alpha=0.3)
-    return _png(figure)
+    return figure
 
 
-def accuracy_vs_epsilon(experiments: list[Experiment]) -> str | None:
+@Plot
+def accuracy_vs_epsilon(experiments: list[Experiment]) -> Any:
     """Test accuracy (mean and 95 % interval over runs) against the claimed ε; non-private
     defenses are drawn as horizontal reference lines."""
     figure, axis = plt.subplots(figsize=(5.2, 4.0))
@@ -89,7 +114,7 @@ def accuracy_vs_epsilon(experiments: list[Experiment]) -> str | None:
     axis.set(xlabel="claimed ε", ylabel="test accuracy", title="privacy–utility", ylim=(0, 1.02))
     axis.legend(fontsize=7, loc="lower right")
     axis.grid(True, alpha=0.3)
-    return _png(figure)
+    return figure
 
 
 def _error_bars(estimates: list[Estimate]) -> tuple[list[float], list[float], list[float]]:
@@ -115,8 +140,9 @@ def format_number(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
+@Plot
 def round_curves(experiments: list[Experiment], metric: str, title: str, ylabel: str, band: tuple[str, str] | None = None,
-                 log: bool = False) -> str | None:
+                 log: bool = False) -> Any:
     """A per-round curve (mean over runs) for each experiment, with an optional band (e.g. the IQR)."""
     figure, axis = plt.subplots(figsize=(5.2, 4.0))
     drawn = False
@@ -138,7 +164,7 @@ def round_curves(experiments: list[Experiment], metric: str, title: str, ylabel:
     axis.set(xlabel="round", ylabel=ylabel, title=title)
     axis.legend(fontsize=6, loc="best")
     axis.grid(True, alpha=0.3)
-    return _png(figure)
+    return figure
 
 
 def _epsilon_ticks(axis, epsilons: list[float]) -> None:
@@ -148,7 +174,8 @@ def _epsilon_ticks(axis, epsilons: list[float]) -> None:
     axis.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
 
 
-def leakage_vs_epsilon(experiments: list[Experiment], metric: str = "auc") -> str | None:
+@Plot
+def leakage_vs_epsilon(experiments: list[Experiment], metric: str = "auc") -> Any:
     """An attack metric (AUC or TPR at 1 % FPR, with 95 % intervals) against the claimed ε, one line
     per (defense, attack) for the membership attacks; non-private defenses as dashed lines."""
     figure, axis = plt.subplots(figsize=(5.2, 4.0))
@@ -182,10 +209,11 @@ def leakage_vs_epsilon(experiments: list[Experiment], metric: str = "auc") -> st
     axis.set(xlabel="claimed ε", ylabel=name, title=f"membership leakage ({name}) vs claimed ε")
     axis.legend(fontsize=6, loc="best")
     axis.grid(True, alpha=0.3)
-    return _png(figure)
+    return figure
 
 
-def empirical_vs_claimed(experiments: list[Experiment]) -> str | None:
+@Plot
+def empirical_vs_claimed(experiments: list[Experiment]) -> Any:
     """Every measured ε lower bound (and Gaussian-fit interval) against what the claim allows for
     its unit, with the diagonal: a point above the diagonal is a violation (or, for an estimate,
     a warning)."""
@@ -213,4 +241,4 @@ def empirical_vs_claimed(experiments: list[Experiment]) -> str | None:
              ylabel="measured ε (lower bound ●, lower end of the estimate ■)", title="empirical vs claimed ε")
     axis.legend(fontsize=6, loc="upper left")
     axis.grid(True, alpha=0.3)
-    return _png(figure)
+    return figure

@@ -21,6 +21,11 @@ def command_report(args: argparse.Namespace) -> int:
     extra = {"versions": manifest.get("versions", {}), "machine": manifest.get("machine", {})}
     path = write_report(document, Path(args.out) if args.out else folder / "report.html", manifest_extra=extra)
     print(f"report: {path}")
+    if args.figures:
+        from reports.figures import write_figures
+
+        written = write_figures(document, folder / "figures")
+        print(f"figures: {len(written)} files in {folder / 'figures'}")
     return EXIT_OK
 
 

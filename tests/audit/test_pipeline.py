@@ -18,8 +18,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_outputs_exist_and_rows_are_tidy(smoke_runs):
     _, (out, _) = smoke_runs
-    for name in ("report.html", "results.csv", "results.json", "manifest.json", "config.yaml"):
+    for name in ("report.html", "results.csv", "results.json", "manifest.json", "config.yaml", "run.log"):
         assert (out / name).is_file(), name
+    # the smoke preset's gradient inversion: its reconstruction grids are figure files too
+    grids = sorted(p.name for p in (out / "figures").glob("reconstruction-*"))
+    assert grids and {g.rsplit(".", 1)[1] for g in grids} == {"png", "pdf"}
+    assert all((out / "figures" / g).stat().st_size > 1000 for g in grids)
     with open(out / "results.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
     assert list(rows[0]) == ["run", "dataset", "defense", "label", "epsilon", "delta", "unit", "accountant",

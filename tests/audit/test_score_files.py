@@ -139,7 +139,7 @@ def test_canary_scores_null_violation_and_consistent(tmp_path, capsys):
     assert experiment.soundness == "violation"
     statuses = {v.metric: v.status for v in experiment.attacks[0].verdicts}
     assert statuses["epsilon_one_run"] == statuses["epsilon_one_run_fdp"] == "violation"
-    assert {p.name for p in out.iterdir()} == {"results.json", "results.csv", "report.html", "manifest.json"}
+    assert {p.name for p in out.iterdir()} == {"results.json", "results.csv", "report.html", "manifest.json", "run.log", "figures"}
 
     many = tmp_path / "many.csv"
     _canary_frame(seed=4, mu=0.0, count=40_000).to_csv(many, index=False)

@@ -1,0 +1,105 @@
+"""Figure files for papers and slides (issue 20, item 6): the report's plots as PNG and PDF.
+
+``figures/`` in an output directory holds, from the same drawings the HTML report embeds
+(:mod:`reports.plots`):
+
+* ``roc-<attack>`` — log–log ROC curves of each membership attack and canary audit, one line per
+  configuration (as in Carlini et al. 2022, "Membership Inference Attacks From First Principles");
+* ``privacy-utility`` — test accuracy against the claimed ε;
+* ``leakage-auc`` / ``leakage-tpr-at-1pct`` — membership leakage against the claimed ε;
+* ``claimed-vs-measured`` — every ε lower bound against what the claim allows, with the diagonal;
+* ``reconstruction-<configuration>-<attack>-<n>`` — the reconstruction grids of gradient
+  inversion and model inversion, drawn large with sharp pixels.
+
+Files are written atomically and carry no timestamps or software versions, so the same results
+give the same bytes; figures with nothing to draw are left out.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from audit.core.atomic import write_bytes
+from audit.core.safe_names import slug
+from reports import plots
+from reports.document import Results
+
+#: PDF metadata without dates or versions (reproducible bytes)
+PDF_METADATA = {"CreationDate": None, "ModDate": None, "Producer": None, "Creator": None}
+FORMATS = ("png", "pdf")
+
+
+def _drawings(results: Results) -> Iterator[tuple[str, Any]]:
+    """(file stem, matplotlib figure or None) of every plot the figure files hold."""
+    experiments = results.experiments
+    yield "privacy-utility", plots.accuracy_vs_epsilon.figure(experiments)
+    yield "leakage-auc", plots.leakage_vs_epsilon.figure(experiments, "auc")
+    yield "leakage-tpr-at-1pct", plots.leakage_vs_epsilon.figure(experiments, "tpr_at_fpr_1%")
+    yield "claimed-vs-measured", plots.empirical_vs_claimed.figure(experiments)
+    names: list[str] = []
+    for experiment in experiments:
+        names += [a.attack for a in experiment.attacks if a.roc.fpr and a.attack not in names]
+    for name in names:
+        yield f"roc-{slug(name)}", plots.roc_plot.figure(experiments, name)
+
+
+def _saved(figure: Any, kind: str) -> bytes:
+    # laid out once by the caller (tight_layout), not with bbox_inches="tight", which draws every
+    # figure twice per format: figure files would triple the cost of writing an audit's outputs
+    buffer = io.BytesIO()
+    metadata = {"Software": None} if kind == "png" else PDF_METADATA
+    figure.savefig(buffer, format=kind, dpi=150, metadata=metadata)
+    return buffer.getvalue()
+
+
+def _save_both(figure: Any, folder: Path, stem: str) -> list[Path]:
+    """``stem``.png and ``stem``.pdf of ``figure`` (then closed)."""
+    import matplotlib.pyplot as plt
+
+    written = []
+    try:
+        figure.tight_layout()
+        for kind in FORMATS:
+            path = folder / f"{stem}.{kind}"
+            write_bytes(path, _saved(figure, kind))
+            written.append(path)
+    finally:
+        plt.close(figure)
+    return written
+
+
+def _grid_figure(png: bytes, title: str) -> Any:
+    """A reconstruction grid (the attack's PNG, a few pixels per image) drawn large, pixels kept
+    sharp, with its title."""
+    import matplotlib.image
+    import matplotlib.pyplot as plt
+
+    image = matplotlib.image.imread(io.BytesIO(png), format="png")
+    height, width = image.shape[:2]
+    scale = 6.0 / max(height, width)
+    figure, axis = plt.subplots(figsize=(max(width * scale, 3.0), height * scale + 0.5))
+    axis.imshow(image, interpolation="nearest", cmap="gray" if image.ndim == 2 else None)
+    axis.set_axis_off()
+    axis.set_title(title, fontsize=8)
+    return figure
+
+
+def write_figures(results: Results, folder: str | Path) -> list[Path]:
+    """Write every figure of ``results`` as PNG and PDF into ``folder`` (created if needed);
+    returns the files written."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    for stem, figure in _drawings(results):
+        if figure is not None:
+            written += _save_both(figure, folder, stem)
+    for experiment in results.experiments:
+        for attack in experiment.attacks:
+            for n, grid in enumerate(attack.figures, 1):
+                figure = _grid_figure(base64.b64decode(grid.png), grid.title)
+                written += _save_both(figure, folder, f"reconstruction-{slug(experiment.label)}-{slug(attack.attack)}-{n}")
+    return written
