@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import io
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,12 +48,13 @@ def _drawings(results: Results) -> Iterator[tuple[str, Any]]:
         yield f"roc-{slug(name)}", plots.roc_plot.figure(experiments, name)
 
 
-def _saved(figure: Any, kind: str) -> bytes:
+def _saved(figure: Any, kind: str, fit: bool = False) -> bytes:
     # laid out once by the caller (tight_layout), not with bbox_inches="tight", which draws every
-    # figure twice per format: figure files would triple the cost of writing an audit's outputs
+    # figure twice per format: figure files would triple the cost of writing an audit's outputs;
+    # ``fit``: the layout could not make room for the decorations, so the box is fitted after all
     buffer = io.BytesIO()
     metadata = {"Software": None} if kind == "png" else PDF_METADATA
-    figure.savefig(buffer, format=kind, dpi=150, metadata=metadata)
+    figure.savefig(buffer, format=kind, dpi=150, metadata=metadata, bbox_inches="tight" if fit else None)
     return buffer.getvalue()
 
 
@@ -62,10 +64,12 @@ def _save_both(figure: Any, folder: Path, stem: str) -> list[Path]:
 
     written = []
     try:
-        figure.tight_layout()
+        with warnings.catch_warnings(record=True) as refused:  # "Tight layout not applied" (a crowded plot)
+            warnings.simplefilter("always")
+            figure.tight_layout()
         for kind in FORMATS:
             path = folder / f"{stem}.{kind}"
-            write_bytes(path, _saved(figure, kind))
+            write_bytes(path, _saved(figure, kind, fit=bool(refused)))
             written.append(path)
     finally:
         plt.close(figure)
@@ -81,7 +85,8 @@ def _grid_figure(png: bytes, title: str) -> Any:
     image = matplotlib.image.imread(io.BytesIO(png), format="png")
     height, width = image.shape[:2]
     scale = 6.0 / max(height, width)
-    figure, axis = plt.subplots(figsize=(max(width * scale, 3.0), height * scale + 0.5))
+    # at least 2 inches tall: a one-row grid of many images is a thin strip, with its title above it
+    figure, axis = plt.subplots(figsize=(max(width * scale, 3.0), max(height * scale + 0.5, 2.0)))
     axis.imshow(image, interpolation="nearest", cmap="gray" if image.ndim == 2 else None)
     axis.set_axis_off()
     axis.set_title(title, fontsize=8)
