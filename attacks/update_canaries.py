@@ -102,7 +102,7 @@ class UpdateCanaryAudit(CanaryAudit):
 
     def statistics(self, context: CanaryContext, run: CanaryRun, model: torch.nn.Module) -> np.ndarray:
         """Final model: the cosine of each direction with w_T − w_0."""
-        return _cosines(run.injection.directions, (run.final - run.initial)[None, :])[:, 0]
+        return cosines(run.injection.directions, (run.final - run.initial)[None, :])[:, 0]
 
     def iterate_statistics(self, run: CanaryRun) -> np.ndarray:
         """All iterates: the largest cosine of each direction with a round's model delta, over the
@@ -112,7 +112,7 @@ class UpdateCanaryAudit(CanaryAudit):
         models = torch.cat([run.initial[None, :], run.iterates])
         first, last = self.canary_rounds() or (1, len(run.iterates))
         deltas = models[first:last + 1] - models[first - 1:last]
-        return _cosines(run.injection.directions, deltas).max(axis=1)
+        return cosines(run.injection.directions, deltas).max(axis=1)
 
     def evaluate(self, context: CanaryContext, runs: list[CanaryRun], model: torch.nn.Module) -> list[AttackResult]:
         inserted = np.stack([run.injection.inserted for run in runs])
@@ -137,7 +137,7 @@ class UpdateCanaryAudit(CanaryAudit):
         return f"; canaries join rounds {first}–{last} only (the claim covers every round: a smaller ε_LB is expected)"
 
 
-def _cosines(directions: torch.Tensor, changes: torch.Tensor) -> np.ndarray:
+def cosines(directions: torch.Tensor, changes: torch.Tensor) -> np.ndarray:
     """cos(u_i, Δ_t) for directions [m, d] and changes [T, d], in float64: [m, T]."""
     changes = changes.to(torch.float64)
     norms = torch.linalg.vector_norm(changes, dim=1).clamp_min(1e-300)

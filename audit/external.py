@@ -25,7 +25,7 @@ from typing import Any
 from attacks.base import MEMBERSHIP_METRICS, AttackResult
 from audit import __version__, provenance
 from audit.core.atomic import write_json
-from audit.core.errors import UserInputError
+from audit.core.errors import UserInputError, check_choice
 from audit.summary import attack_records, diagnostics_summary, mean_interval
 from defenses.accounting import dp_accounting_version
 from defenses.claims import ADVERSARIES, ADVERSARY_TEXT, RELATIONS, AdversaryClaim, PrivacyClaim
@@ -48,12 +48,9 @@ def stated_claim(epsilon: float | None, delta: float, unit: str, relation: str =
     """The claim a system's owner states: (ε, δ)-DP for ``unit`` under ``relation`` against
     ``adversary``, computed by ``accountant``. ``epsilon`` None: no claim (the audit still measures,
     and every verdict says "no claim"). Bad values are one-line :class:`UserInputError`\\ s."""
-    if unit not in CLAIM_UNITS:
-        raise UserInputError(f"claim unit: '{unit}' is not allowed; allowed: {', '.join(CLAIM_UNITS)}")
-    if relation not in CLAIM_RELATIONS:
-        raise UserInputError(f"claim relation: '{relation}' is not allowed; allowed: {', '.join(CLAIM_RELATIONS)}")
-    if adversary not in ADVERSARIES:
-        raise UserInputError(f"claim adversary: '{adversary}' is not allowed; allowed: {', '.join(ADVERSARIES)}")
+    check_choice("claim unit", unit, CLAIM_UNITS)
+    check_choice("claim relation", relation, CLAIM_RELATIONS)
+    check_choice("claim adversary", adversary, ADVERSARIES)
     if not (0.0 <= delta < 1.0) or not math.isfinite(delta):
         raise UserInputError(f"claim delta: must be in [0, 1), got {delta}")
     if epsilon is None:

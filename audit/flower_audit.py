@@ -104,7 +104,7 @@ from flwr.server.strategy import (
     Strategy,
 )
 
-from audit.core.errors import UserInputError
+from audit.core.errors import UserInputError, check_choice
 from audit.core.seeding import derive_seed, numpy_rng, sklearn_random_state
 
 # The Mod runs in every client process (a Ray actor per CPU in simulation): this module imports
@@ -115,9 +115,8 @@ if TYPE_CHECKING:
     from defenses.claims import PrivacyClaim
     from reports.document import Results
 
-#: the attack's name in the results; its two observations as attacks/update_canaries.py names them
+#: the attack's name in the results (its two observations: attacks.update_canaries.OBSERVATIONS)
 ATTACK = "flower-client-canaries"
-OBSERVATIONS = {"final-model": "final model", "all-iterates": "all iterates"}
 #: the neighbouring relation of the canary design: a held-out canary takes part with another (tiny) update
 DESIGN_RELATION = "replace-one"
 #: Flower's fixed-clipping DP wrappers (σ on the clipped average, std σ·S/m)
@@ -433,12 +432,9 @@ def flower_claim(noise_multiplier: float, sample_size: int, population: int, rou
     from defenses.accounting import ACCOUNTANTS, CONVERSIONS, SAMPLINGS, GaussianSchedule
     from defenses.claims import GaussianRounds, PrivacyClaim, gaussian_adversaries
 
-    if sampling not in SAMPLINGS:
-        raise UserInputError(f"sampling: '{sampling}' is not allowed; allowed: {', '.join(SAMPLINGS)}")
-    if accountant not in ACCOUNTANTS:
-        raise UserInputError(f"accountant: '{accountant}' is not allowed; allowed: {', '.join(ACCOUNTANTS)}")
-    if conversion not in CONVERSIONS:
-        raise UserInputError(f"conversion: '{conversion}' is not allowed; allowed: {', '.join(CONVERSIONS)}")
+    check_choice("sampling", sampling, SAMPLINGS)
+    check_choice("accountant", accountant, ACCOUNTANTS)
+    check_choice("conversion", conversion, CONVERSIONS)
     if not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
         raise UserInputError(f"noise_multiplier: {noise_multiplier} is not allowed; allowed: a finite number > 0 "
                              "(σ = 0 releases the clipped average in the clear: no claim)")
@@ -501,12 +497,12 @@ def canary_statistics(view: FlowerView, canaries: CanaryClients) -> dict[str, np
     cos(u_i, w_T − w_0) (§3) and all iterates' max_t cos(u_i, w_t − w_{t−1}) (§5)."""
     import torch
 
-    from attacks.update_canaries import _cosines
+    from attacks.update_canaries import cosines
 
     directions = torch.from_numpy(canaries.directions(view.dim))
     models = np.concatenate([view.initial[None, :], view.iterates])
-    final = _cosines(directions, torch.from_numpy(models[-1:] - models[0]))[:, 0]
-    every = _cosines(directions, torch.from_numpy(np.diff(models, axis=0))).max(axis=1)
+    final = cosines(directions, torch.from_numpy(models[-1:] - models[0]))[:, 0]
+    every = cosines(directions, torch.from_numpy(np.diff(models, axis=0))).max(axis=1)
     return {"final-model": final, "all-iterates": every}
 
 
@@ -515,6 +511,7 @@ def canary_results(view: FlowerView, canaries: CanaryClients, claim: PrivacyClai
     """The one-run canary audit's results, one per observation, at the δ the claim allows per client
     under the replace-one design (:func:`reports.soundness.measurement_delta`)."""
     from attacks.canary_audit import canary_result
+    from attacks.update_canaries import OBSERVATIONS
     from reports.soundness import measurement_delta
 
     at = measurement_delta(claim, "client", delta, DESIGN_RELATION)

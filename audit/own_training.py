@@ -45,7 +45,7 @@ from audit.core.dataset_types import Dataset, Split
 from audit.core.errors import UserInputError
 from audit.core.schema import from_mapping
 from audit.core.seeding import derive_seed, numpy_rng
-from audit.external import System, external_results, write_external
+from audit.external import System, audit_external
 from audit.tasks import split_dataset
 from audit.training import progress_bar
 from defenses.claims import PrivacyClaim
@@ -263,7 +263,4 @@ def audit_training(train: TrainFunction, features: torch.Tensor, labels: torch.T
                     params=params, server_view="the released model", test_accuracy=accuracy, seed=seed)
     config = {"train": name, "models": models, "canaries": canaries, "attacks": attacks, "seed": seed,
               "pool": len(labels), "test": system.test_size, "device": device}
-    document = external_results(system, claim, results, config)
-    if out is not None:
-        write_external(document, out)
-    return document
+    return audit_external(system, claim, results, out, config)

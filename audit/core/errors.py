@@ -10,3 +10,9 @@ class UserInputError(ValueError):
 
     def __init__(self, message: str):
         super().__init__(" ".join(str(message).split()))
+
+
+def check_choice(field: str, value: object, allowed: tuple[str, ...] | list[str]) -> None:
+    """Refuse ``value`` unless it is one of ``allowed``: "<field>: 'v' is not allowed; allowed: a, b"."""
+    if value not in allowed:
+        raise UserInputError(f"{field}: '{value}' is not allowed; allowed: {', '.join(allowed)}")
