@@ -2,7 +2,9 @@
 one line and an exit code. The commands themselves live in ``audit.commands``.
 
     dpfl-audit run [CONFIG] [--out DIR] [--preset NAME] [--seed N] [--device D]
+                   [--track {mlflow,tensorboard} ...] [--track-uri URI]
     dpfl-audit train CONFIG [--out DIR] ...        train and store the runs only
+    dpfl-audit sweep [CONFIG] --over PATH=V1,V2,... [--over ...]   an audit per grid point, runs shared
     dpfl-audit list [--json]                       datasets, models, defenses, attacks, presets
     dpfl-audit epsilon --noise σ | --target-epsilon ε  --rate q --steps T --delta δ [--json]
     dpfl-audit config [CONFIG] [--preset NAME] [--set PATH=VALUE ...]   print the resolved configuration
@@ -41,6 +43,7 @@ from audit.commands.probes import command_audit_mechanism, command_conformance, 
 from audit.commands.results import command_check, command_report
 from audit.commands.run import command_reproduce, command_run
 from audit.commands.scores import DEFAULT_DELTA, command_scores
+from audit.commands.sweep import command_sweep
 from audit.core.errors import UserInputError
 from audit.core.extensions import NO_PLUGINS_ENV
 
@@ -110,6 +113,19 @@ def _add_run_options(parser: argparse.ArgumentParser, config_required: bool) -> 
                              "(a lower bound on its time; default: %(default)g; 0: no limit)")
 
 
+def _add_track_options(parser: argparse.ArgumentParser) -> None:
+    """--track/--track-uri (audit.tracking): checked with the other arguments, before training."""
+    parser.add_argument("--track", action="append", metavar="{mlflow,tensorboard}",
+                        help="once the results are written, also send them to an experiment tracker (repeatable): "
+                             "mlflow — one MLflow run per configuration with its params, metrics, verdict tags and "
+                             "the results, report and figures as artefacts (extra: dpfl-audit[mlflow]); "
+                             "tensorboard — per-round scalars of each configuration (extra: dpfl-audit[tensorboard])")
+    parser.add_argument("--track-uri", metavar="URI",
+                        help="with one --track: MLflow's tracking URI (sqlite:///PATH, http(s)://SERVER, ...) or a "
+                             "directory for a local store (default: $MLFLOW_TRACKING_URI, else OUT/mlruns), or "
+                             "TensorBoard's log directory (default: OUT/tensorboard)")
+
+
 def _common_options() -> argparse.ArgumentParser:
     """Options every command takes, before or after its name (SUPPRESS: a subcommand's default
     must not overwrite a value given before it)."""
@@ -140,9 +156,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help="train, attack and write results.csv, results.json, report.html")
     _add_run_options(run, config_required=False)
+    _add_track_options(run)
 
     train = commands.add_parser("train", help="train and store the runs of a config (no attacks, no report)")
     _add_run_options(train, config_required=True)
+
+    sweep = commands.add_parser(
+        "sweep", help="an audit per point of a grid of config values (--over PATH=V1,V2,...), runs shared between points; "
+                      "one combined table, privacy–utility figures and a sweep page")
+    _add_run_options(sweep, config_required=False)
+    sweep.add_argument("--over", action="append", default=[], metavar="PATH=V1,V2,...",
+                       help="an axis of the grid: a config path (as --set takes) and its values, e.g. "
+                            "defenses.1.epsilons=1,4,16 (one ε per point) or training.lr=0.05,0.1; repeatable: the grid "
+                            "is the product of the axes")
+    _add_track_options(sweep)
+    sweep.set_defaults(out="dpfl-audit-sweep")
 
     listing = commands.add_parser("list", help="registered datasets, models, defenses, attacks and presets")
     listing.add_argument("--json", action="store_true", help="machine-readable output")
@@ -318,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 #: the commands whose --out is a directory: it gets run.log (written once the command creates it)
-FOLDER_COMMANDS = ("run", "train", "reproduce", "invert", "audit-training", "scores")
+FOLDER_COMMANDS = ("run", "train", "sweep", "reproduce", "invert", "audit-training", "scores")
 
 
 def _output_folder(args: argparse.Namespace) -> str | None:
@@ -341,6 +369,7 @@ def _log_file(args: argparse.Namespace) -> str | None:
 COMMANDS = {
     "run": lambda args: command_run(args, attack=True),
     "train": lambda args: command_run(args, attack=False),
+    "sweep": command_sweep,
     "list": command_list,
     "epsilon": command_epsilon,
     "config": command_config,

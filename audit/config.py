@@ -216,22 +216,24 @@ def merge_config(base: dict[str, Any], override: dict[str, Any]) -> dict[str, An
     return merge(out, override)
 
 
-def _assignment(text: str) -> tuple[list[str], Any]:
-    """``PATH=VALUE`` → (path segments, the value parsed as YAML: 2 → int, [1, 4] → list, x → str)."""
+def _assignment(text: str, option: str = "--set") -> tuple[list[str], Any]:
+    """``PATH=VALUE`` → (path segments, the value parsed as YAML: 2 → int, [1, 4] → list, x → str);
+    errors name ``option``."""
     path, equals, value = text.partition("=")
     segments = path.strip().split(".")
     if not equals or not all(segments):
-        raise UserInputError(f"--set: '{text}' is not PATH=VALUE (a dotted path into the config, e.g. training.rounds=2)")
-    return segments, parse_yaml(value, f"--set {path}") if value.strip() else ""
+        raise UserInputError(f"{option}: '{text}' is not PATH=VALUE (a dotted path into the config, e.g. training.rounds=2)")
+    return segments, parse_yaml(value, f"{option} {path}") if value.strip() else ""
 
 
-def apply_sets(data: dict[str, Any], assignments: list[str]) -> dict[str, Any]:
+def apply_sets(data: dict[str, Any], assignments: list[str], option: str = "--set") -> dict[str, Any]:
     """The config ``data`` with each ``PATH=VALUE`` of ``--set`` applied in order, as an override of
     just that value (components renamed as :func:`merge_config` does). A number in the path indexes
     a list of the resolved config (``defenses.1.epsilons=[1, 4]``); unknown fields are left for the
-    schema, whose error names the field and the allowed ones."""
+    schema, whose error names the field and the allowed ones. Errors name ``option`` (``--set``,
+    or ``--over`` for a sweep's points)."""
     for text in assignments:
-        segments, value = _assignment(text)
+        segments, value = _assignment(text, option)
         resolved = to_mapping(from_mapping(AuditConfig, data))
         override: dict[str, Any] = {}
         target: Any = override
@@ -241,7 +243,7 @@ def apply_sets(data: dict[str, Any], assignments: list[str]) -> dict[str, Any]:
             where = ".".join(segments[:depth + 1])
             if isinstance(current, list):
                 if not segment.isdigit() or int(segment) >= len(current):
-                    raise UserInputError(f"--set {where}: '{'.'.join(segments[:depth])}' is a list of {len(current)} "
+                    raise UserInputError(f"{option} {where}: '{'.'.join(segments[:depth])}' is a list of {len(current)} "
                                          f"entries; allowed indices: 0–{len(current) - 1}")
                 # a list is replaced whole (merge): the resolved list with this entry changed
                 entries = [dict(e) if isinstance(e, dict) else e for e in current]
@@ -257,7 +259,7 @@ def apply_sets(data: dict[str, Any], assignments: list[str]) -> dict[str, Any]:
                 target[segments[depth - 1]] = entries
                 break
             if depth and not isinstance(current, dict):
-                raise UserInputError(f"--set {where}: '{'.'.join(segments[:depth])}' is a value, not a section")
+                raise UserInputError(f"{option} {where}: '{'.'.join(segments[:depth])}' is a value, not a section")
             if last:
                 target[segment] = value
                 break

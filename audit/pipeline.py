@@ -95,8 +95,13 @@ def attack(plan: Plan, out: str | Path, quiet: bool = True) -> dict[str, list[At
 
 def run_audit(config: AuditConfig, out: str | Path, *, attack: bool = True, quiet: bool = False,
               plan: Plan | None = None, executor: str = "local", workers: int | None = None,
-              batch_runs: int | None = None, ray_address: str | None = None) -> dict[str, Any]:
-    """Plan (unless given), train, attack and report. Returns paths and the results summary."""
+              batch_runs: int | None = None, ray_address: str | None = None,
+              runs: str | Path | None = None) -> dict[str, Any]:
+    """Plan (unless given), train, attack and report. Returns paths and the results summary.
+
+    ``runs``: the folder of the run store (default ``out``). The points of a sweep share one:
+    a run's id hashes everything that determines its training, so a run two points both need is
+    trained once."""
     started = time.perf_counter()
     plan = plan or plan_audit(config)
     LOG.info("plan: %d experiment(s) (%s), %d membership runs each, %d attack(s), %d canary audit(s); output %s",
@@ -104,7 +109,7 @@ def run_audit(config: AuditConfig, out: str | Path, *, attack: bool = True, quie
              len(config.attacks), len(plan.canary_audits), out)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    store = RunStore(out)
+    store = RunStore(out if runs is None else runs)
     store.clean_staging()
     write_text(out / "config.yaml", config_to_yaml(config))
     train_seconds = train_runs(plan, store, quiet, executor, workers, batch_runs, ray_address)

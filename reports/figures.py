@@ -58,7 +58,7 @@ def _saved(figure: Any, kind: str, fit: bool = False) -> bytes:
     return buffer.getvalue()
 
 
-def _save_both(figure: Any, folder: Path, stem: str) -> list[Path]:
+def save_figure(figure: Any, folder: Path, stem: str) -> list[Path]:
     """``stem``.png and ``stem``.pdf of ``figure`` (then closed)."""
     import matplotlib.pyplot as plt
 
@@ -101,10 +101,10 @@ def write_figures(results: Results, folder: str | Path) -> list[Path]:
     written: list[Path] = []
     for stem, figure in _drawings(results):
         if figure is not None:
-            written += _save_both(figure, folder, stem)
+            written += save_figure(figure, folder, stem)
     for experiment in results.experiments:
         for attack in experiment.attacks:
             for n, grid in enumerate(attack.figures, 1):
                 figure = _grid_figure(base64.b64decode(grid.png), grid.title)
-                written += _save_both(figure, folder, f"reconstruction-{slug(experiment.label)}-{slug(attack.attack)}-{n}")
+                written += save_figure(figure, folder, f"reconstruction-{slug(experiment.label)}-{slug(attack.attack)}-{n}")
     return written

@@ -2,6 +2,7 @@
 and calls them.
 
     run.py       run, train, reproduce       the commands that train: an audit's pipeline, a paper's study
+    sweep.py     sweep                       an audit per point of a grid of config values, runs shared
     catalog.py   list, epsilon, config       what is registered, what a mechanism costs, what a config resolves to
     probes.py    audit-mechanism,            one mechanism, one defense's released noise or one gradient,
                  conformance, invert         each attacked on its own

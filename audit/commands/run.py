@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from audit.commands import EXIT_OK
+from audit.commands import EXIT_FAILURE, EXIT_OK
 from audit.core.errors import UserInputError
 
 if TYPE_CHECKING:  # types only: this module loads no torch (see audit.commands)
@@ -70,8 +70,11 @@ def command_run(args: argparse.Namespace, attack: bool) -> int:
     from audit.executors import check_executor, check_executor_plan
     from audit.pipeline import run_audit
     from audit.planning import plan_audit
+    from audit.tracking import check_tracking
 
     check_executor(args.executor, args.workers, args.ray_address, args.batch_runs)  # for ray: that Ray is installed
+    trackers = list(dict.fromkeys(getattr(args, "track", None) or []))  # `train` has no --track
+    check_tracking(trackers, getattr(args, "track_uri", None))  # packages and URI, before any training
     config = _load(args)
     if not (math.isfinite(args.max_hours) and args.max_hours >= 0):
         raise UserInputError(f"--max-hours: must be a finite number >= 0 (0: no limit), got {args.max_hours:g}")
@@ -87,8 +90,25 @@ def command_run(args: argparse.Namespace, attack: bool) -> int:
         _print_summary(result["summary"])
         print(f"report:  {paths['report']}")
         print(f"results: {paths['results_csv']}, {paths['results_json']}")
+        if trackers:
+            return track(trackers, args.out, args.track_uri)
     else:
         print(f"runs stored in {paths['runs']}")
+    return EXIT_OK
+
+
+def track(trackers: list[str], out: str | Path, uri: str | None, uris: dict[str, str] | None = None) -> int:
+    """Send the written results in ``out`` to each tracker (at ``uri``, or ``uris[kind]``, else the
+    tracker's default); a tracker that fails leaves the results as they are and ends the command
+    with one line and exit code 1 (the audit itself succeeded)."""
+    from audit.tracking import TrackingError, track_results
+
+    for kind in trackers:
+        try:
+            print(f"tracked: {kind} → {track_results(kind, out, uri or (uris or {}).get(kind))}")
+        except TrackingError as exc:
+            print(f"dpfl-audit: error: {exc}", file=sys.stderr)
+            return EXIT_FAILURE
     return EXIT_OK
 
 

@@ -1,0 +1,206 @@
+"""A sweep's combined outputs: one table over every point's configurations, the privacy–utility
+figures over all of them, and the sweep page (``sweep.html``) that links each point's report.
+
+A sweep (:mod:`audit.sweep`) is a grid of audits; each point's ``results.json`` is a whole
+:class:`reports.document.Results`. Here they are read together:
+
+* **The table** (``sweep.csv``, and ``sweep.json``'s ``rows``): one row per (point, configuration)
+  — the point's values, utility, the claim, the strongest leakage (highest AUC, largest ε lower
+  bound), the point's verdict with its power, and the sweep-wide verdict below. ``sweep-rows.csv``
+  holds every point's tidy rows (``results.csv``) with the point's columns in front.
+* **One experiment, once.** Points share runs, so a configuration the grid does not change (the
+  undefended baseline of an ε sweep) comes out identical in every point; the figures and the
+  family below count it once. Where a configuration does differ between points, its label gains
+  the values of the axes that make the difference (``dp-fedavg (training.lr=0.1)``), so each
+  gets its own curve.
+* **A family across the sweep.** Each point's verdicts are corrected within the point (Holm over
+  its ε figures, :mod:`reports.soundness`). Reading a whole grid for "any violation" is a larger
+  family: Holm's procedure (valid under any dependence — the points share runs and seeds) over
+  every distinct ε lower bound of the sweep decides which violations stand sweep-wide.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from audit.core.multiplicity import holm
+from audit.core.typed_json import to_json
+from reports import plots
+from reports.document import Experiment, Results, Row
+from reports.figures import save_figure
+from reports.soundness import FAMILY_ALPHA, VIOLATION
+
+SWEEP_FORMAT = 1
+#: the summary table's columns after the point's name and axes
+SUMMARY_COLUMNS = ("configuration", "defense", "epsilon", "delta", "unit", "accountant", "test_accuracy",
+                   "test_accuracy_ci_low", "test_accuracy_ci_high", "strongest_attack", "auc", "auc_ci_low",
+                   "auc_ci_high", "epsilon_lb", "epsilon_lb_attack", "verdict", "power", "sweep_verdict", "report")
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One finished point: its name, its axis values, its folder (relative to the sweep's), its
+    results, whether they were read back from an earlier call, and the runs this call trained for it."""
+
+    name: str
+    values: dict[str, Any]
+    folder: str
+    results: Results
+    reused: bool = False
+    trained_runs: int = 0
+
+
+def _fingerprint(experiment: Experiment) -> str:
+    return json.dumps(to_json(experiment), sort_keys=True)
+
+
+def _value_text(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def combined_experiments(points: list[SweepPoint]) -> list[tuple[SweepPoint, Experiment]]:
+    """Every distinct experiment of the sweep with the first point that has it, relabelled where
+    the same configuration differs between points (by the values of the axes that differ)."""
+    by_key: dict[str, list[tuple[SweepPoint, Experiment]]] = {}
+    for point in points:
+        for experiment in point.results.experiments:
+            group = by_key.setdefault(experiment.key, [])
+            if all(_fingerprint(experiment) != _fingerprint(e) for _, e in group):
+                group.append((point, experiment))
+    combined = []
+    for group in by_key.values():
+        varying = [path for path in group[0][0].values
+                   if len({_value_text(p.values[path]) for p, _ in group}) > 1] if len(group) > 1 else []
+        for point, experiment in group:
+            if varying:
+                suffix = ", ".join(f"{path}={_value_text(point.values[path])}" for path in varying)
+                experiment = replace(experiment, label=f"{experiment.label} ({suffix})",
+                                     defense=f"{experiment.defense} ({suffix})")
+            combined.append((point, experiment))
+    return combined
+
+
+def _lower_bounds(experiment: Experiment):
+    """(attack, verdict) of every tested ε lower bound of an experiment."""
+    for attack in experiment.attacks:
+        for verdict in attack.verdicts:
+            if verdict.kind == "lower_bound" and verdict.p_value is not None:
+                yield attack.attack, verdict
+
+
+def sweep_family(points: list[SweepPoint]) -> dict[str, Any]:
+    """Holm's procedure at :data:`FAMILY_ALPHA` over every distinct tested ε lower bound of the
+    sweep: how many figures, and for each experiment fingerprint whether a violation stands."""
+    tested = [(fingerprint, verdict) for _, e in combined_experiments(points)
+              for fingerprint in [_fingerprint(e)] for _, verdict in _lower_bounds(e)]
+    decisions = holm([float(v.p_value or 0.0) for _, v in tested], FAMILY_ALPHA)
+    standing: dict[str, bool] = {}
+    for (fingerprint, _), (rejected, _) in zip(tested, decisions):
+        standing[fingerprint] = standing.get(fingerprint, False) or rejected
+    return {"figures": len(tested), "alpha": FAMILY_ALPHA, "standing": standing}
+
+
+def _none(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(value) else value
+
+
+def summary_row(point: SweepPoint, experiment: Experiment, standing: bool) -> dict[str, Any]:
+    """The table's row of one configuration at one point."""
+    claim, accuracy = experiment.claim, experiment.utility.test_accuracy
+    leaky = [a for a in experiment.attacks if a.kind in ("membership", "canary") and a.metrics["auc"].value is not None]
+    strongest = max(leaky, key=lambda a: a.metrics["auc"].value or 0.0, default=None)
+    bounds = [(attack, v) for attack, v in _lower_bounds(experiment) if v.measured is not None]
+    largest = max(bounds, key=lambda item: item[1].measured or 0.0, default=None)
+    powers = [v.power.detection for _, v in _lower_bounds(experiment) if v.power is not None]
+    auc = strongest.metrics["auc"] if strongest is not None else None
+    if experiment.soundness == VIOLATION:
+        sweep_verdict = "violation" if standing else "not sweep-wide"
+    else:
+        sweep_verdict = experiment.soundness
+    return {
+        "point": point.name, **{path: _value_text(v) for path, v in point.values.items()},
+        "configuration": experiment.label, "defense": experiment.defense,
+        "epsilon": claim.epsilon if claim.is_private else None, "delta": claim.delta if claim.is_private else None,
+        "unit": claim.unit, "accountant": claim.accountant,
+        "test_accuracy": accuracy.value, "test_accuracy_ci_low": accuracy.ci_low, "test_accuracy_ci_high": accuracy.ci_high,
+        "strongest_attack": None if strongest is None else strongest.attack,
+        "auc": None if auc is None else auc.value, "auc_ci_low": None if auc is None else auc.ci_low,
+        "auc_ci_high": None if auc is None else auc.ci_high,
+        "epsilon_lb": None if largest is None else _none(largest[1].measured),
+        "epsilon_lb_attack": None if largest is None else largest[0],
+        "verdict": experiment.soundness, "power": max(powers, default=None), "sweep_verdict": sweep_verdict,
+        "report": f"{point.folder}/report.html",
+    }
+
+
+def summary_rows(points: list[SweepPoint]) -> list[dict[str, Any]]:
+    """One row per (point, configuration), in point order (:func:`summary_row`)."""
+    standing = sweep_family(points)["standing"]
+    return [summary_row(point, experiment, standing.get(_fingerprint(experiment), False))
+            for point in points for experiment in point.results.experiments]
+
+
+def _csv(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, columns, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({c: "" if row.get(c) is None else row[c] for c in columns})
+    return buffer.getvalue()
+
+
+def tidy_rows(points: list[SweepPoint], axes: list[str]) -> list[dict[str, Any]]:
+    """Every point's tidy rows (results.csv) with the point and its values in front."""
+    names = [f.name for f in fields(Row)]
+    return [{"point": p.name, **{a: _value_text(p.values[a]) for a in axes}, **{n: getattr(row, n) for n in names}}
+            for p in points for row in p.results.rows]
+
+
+def summary_csv(points: list[SweepPoint], axes: list[str]) -> str:
+    """``sweep.csv``: :func:`summary_rows` with the point's name and axes in front."""
+    return _csv(summary_rows(points), ["point", *axes, *SUMMARY_COLUMNS])
+
+
+def tidy_csv(points: list[SweepPoint], axes: list[str]) -> str:
+    """``sweep-rows.csv``: :func:`tidy_rows`."""
+    return _csv(tidy_rows(points, axes), ["point", *axes, *[f.name for f in fields(Row)]])
+
+
+def sweep_document(points: list[SweepPoint], axes: list[str], stored: int, trained: int) -> dict[str, Any]:
+    """``sweep.json``: the axes and their values, the points, the runs, the sweep-wide family and the rows."""
+    rows = summary_rows(points)
+    family = sweep_family(points)
+    return {
+        "format": SWEEP_FORMAT,
+        "axes": {a: list({_value_text(p.values[a]): p.values[a] for p in points}.values()) for a in axes},
+        "points": [{"name": p.name, "values": p.values, "folder": p.folder, "reused": p.reused,
+                    "trained_runs": p.trained_runs} for p in points],
+        "runs": {"stored": stored, "trained": trained},
+        "family": {"figures": family["figures"], "alpha": family["alpha"],
+                   "violations_standing": sum(1 for r in rows if r["sweep_verdict"] == "violation")},
+        "rows": rows,
+    }
+
+
+def write_sweep_figures(points: list[SweepPoint], folder: Path) -> list[tuple[str, list[Path]]]:
+    """Every figure of :func:`sweep_figures` as PNG and PDF in ``folder``: (title, files) of each."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return [(title, save_figure(figure, folder, stem)) for stem, title, figure in sweep_figures(points)
+            if figure is not None]
+
+
+def sweep_figures(points: list[SweepPoint]) -> list[tuple[str, str, Any]]:
+    """(file stem, title, matplotlib figure or None) of the sweep's figures, over every distinct experiment."""
+    experiments = [e for _, e in combined_experiments(points)]
+    return [
+        ("privacy-utility", "Privacy–utility: test accuracy vs claimed ε", plots.accuracy_vs_epsilon.figure(experiments)),
+        ("leakage-auc", "Membership leakage (AUC) vs claimed ε", plots.leakage_vs_epsilon.figure(experiments, "auc")),
+        ("claimed-vs-measured", "Measured ε lower bounds vs what the claims allow",
+         plots.empirical_vs_claimed.figure(experiments)),
+    ]
