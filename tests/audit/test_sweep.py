@@ -263,3 +263,18 @@ def test_the_sweep_state_lives_under_out_only(sweep):
     for point in ("p01", "p02"):
         results, _, _ = load_results(out / "points" / point)
         assert {p.name for p in (out / "tensorboard" / point).iterdir()} == {e.key for e in results.experiments}
+
+
+def test_the_readme_sweep_is_three_points_of_dp_fedavg_one_epsilon_each():
+    """The README's command as printed (planned here; the tiny sweep above runs the same code)."""
+    from audit.cli import build_parser
+    from audit.sweep import plan_sweep
+    from tests.helpers import readme_commands
+
+    (arguments,) = readme_commands("dpfl-audit sweep")
+    args = build_parser().parse_args(["sweep", *arguments])
+    points = plan_sweep(load_config(args.config, args.preset, {}, args.sets), parse_axes(args.over))
+    assert [p.config.defenses[1].epsilons for p in points] == [[1.0], [4.0], [16.0]]
+    assert {p.config.defenses[1].name for p in points} == {"dp-fedavg"} and args.preset == "smoke"
+    claimed = [next(e for e in p.plan.experiments if e.defense.name == "dp-fedavg").target_epsilon for p in points]
+    assert claimed == [1.0, 4.0, 16.0]
