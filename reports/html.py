@@ -1,5 +1,12 @@
 """The self-contained HTML report: inline CSS, plots embedded as base64 PNG, no network access.
 
+The page reads top-down (issue 20, item 5): the header; the headline — one row per configuration
+(:func:`headline_rows`: utility, the claim per adversary, one verdict with its power, the strongest
+leakage), then the findings in words; the figures (:func:`report_figures`); the detail tables,
+where each ε figure gets one short phrase (:func:`short_verdict`) and its full sentence sits in a
+``<details>`` element, closed until clicked (native HTML: no script needed); diagnostics,
+definitions, provenance. The stylesheet is ``templates/style.css.j2``, shared with the sweep page.
+
 Rendered by jinja2 with autoescaping on, so any text that comes from a config (names, labels,
 notes) is shown, never interpreted.
 """
@@ -15,14 +22,17 @@ import jinja2
 import yaml
 
 from audit.core.atomic import write_text
+from audit.core.audit_power import POWER_TARGET
 from defenses.claims import PrivacyClaim
 from reports import plots
-from reports.document import Experiment, Results
+from reports.document import Experiment, Power, Results, Verdict
 
 TEMPLATES = Path(__file__).with_name("templates")
 MAIN_ATTACK_ORDER = ("lira-online", "lira-offline")
 #: short names of the ε figures in the attack tables
 EPSILON_NAMES = {"epsilon_one_run": "one-run", "epsilon_one_run_fdp": "one-run f-DP", "epsilon_gaussian_fit": "Gaussian fit"}
+#: the observers a claim speaks of, in words
+OBSERVER_NAMES = {"released": "released models", "server": "the server", "local": "one upload alone"}
 
 
 def _percent(value: Any) -> str:
@@ -32,11 +42,23 @@ def _percent(value: Any) -> str:
     return "0.0 %" if text == "-0.0 %" else text
 
 
-def _environment() -> jinja2.Environment:
+def _significant(value: Any, digits: int = 3) -> str:
+    """A number to ``digits`` significant figures (``–`` for none, ``∞`` for infinity)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if isinstance(value, float) and math.isinf(value):
+        return "∞"
+    return f"{value:.{digits}g}"
+
+
+def template_environment() -> jinja2.Environment:
     environment = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
                                      undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     environment.filters["num"] = plots.format_number
     environment.filters["pct"] = _percent
+    environment.filters["sig"] = _significant
+    environment.filters["power"] = power_percent
+    environment.filters["short"] = short_verdict
     return environment
 
 
@@ -64,8 +86,9 @@ def _best_trade_off(experiments: list[Experiment]) -> str | None:
             "among claims no measurement contradicts).")
 
 
-def summary_lines(results: Results) -> list[str]:
-    """The verdicts in words, most important first."""
+def finding_lines(results: Results) -> list[str]:
+    """The findings across configurations, most important first: violations, warnings, divergence,
+    how many configurations are consistent or inconclusive, the most leaky one, the best trade-off."""
     lines = []
     experiments = results.experiments
     violated = [e for e in experiments if e.soundness == "violation"]
@@ -96,7 +119,14 @@ def summary_lines(results: Results) -> list[str]:
     trade_off = _best_trade_off(experiments)
     if trade_off:
         lines.append(trade_off)
-    for experiment in experiments:
+    return lines
+
+
+def configuration_lines(results: Results) -> list[str]:
+    """Each configuration in one sentence (utility, claim, main leakage, soundness), plus what a
+    client-level claim means for a single record."""
+    lines = []
+    for experiment in results.experiments:
         claim, accuracy = experiment.claim, experiment.utility.test_accuracy
         claim_text = ("no DP claim" if not claim.is_private else
                       f"claims ({claim.epsilon:.3g}, {claim.delta:.1e})-DP per {claim.unit} [{claim.accountant}]"
@@ -113,6 +143,12 @@ def summary_lines(results: Results) -> list[str]:
     return lines
 
 
+def summary_lines(results: Results) -> list[str]:
+    """The verdicts in words, most important first: :func:`finding_lines`, then
+    :func:`configuration_lines`."""
+    return finding_lines(results) + configuration_lines(results)
+
+
 def _observers_text(claim: PrivacyClaim) -> str:
     """' against the released models; against the server ε = 9.1, one upload alone ε = 60' (headline first)."""
     names = {"released": "the released models", "server": "the server", "local": "one upload alone"}
@@ -126,51 +162,188 @@ def _observers_text(claim: PrivacyClaim) -> str:
     return (f" against {headline}" if headline else "") + (f"; against {', '.join(others)}" if others else "")
 
 
-def render_report(results: Results, manifest_extra: dict[str, Any] | None = None) -> str:
+def power_percent(detection: float) -> str:
+    """A detection probability as the report prints it: ``12 %``."""
+    return f"{100 * detection:.0f} %"
+
+
+def short_verdict(verdict: Verdict) -> str:
+    """One ε figure's verdict in a few words, e.g. ``VIOLATION (p = 0.0004 < 0.013)`` or
+    ``inconclusive (below claim, power 12 %)``; the full sentence is ``verdict.text``."""
+    status = verdict.status
+    if status == "violation":
+        if verdict.p_value is not None and verdict.level is not None:
+            return f"VIOLATION (p = {verdict.p_value:.2g} < {verdict.level:.2g})"
+        return f"VIOLATION (ε_LB = {plots.format_number(verdict.measured, 2)} > {plots.format_number(verdict.bound, 2)})"
+    if status in ("consistent", "inconclusive"):
+        if verdict.kind == "estimate":
+            return f"{status} (estimate within claim, not a test)"
+        below = ("below claim" if verdict.measured is None or verdict.bound is None or verdict.measured <= verdict.bound
+                 else "above claim, not significant after Holm")
+        if verdict.power is None:
+            return f"{status} ({below}, no counts: power unknown)"
+        return f"{status} ({below}, power {power_percent(verdict.power.detection)})"
+    if status == "estimate above claim":
+        return "estimate above claim (a warning, not a proof)"
+    if status == "vacuous":
+        return "vacuous (δ′ ≥ 1 rules out nothing)"
+    return status  # not covered, no claim, no measurement: the status says it all
+
+
+def _verdicts(experiment: Experiment) -> list[tuple[str, Verdict]]:
+    return [(attack.attack, v) for attack in experiment.attacks for v in attack.verdicts]
+
+
+def _headline_power(named: list[tuple[str, Verdict]]) -> dict[str, Any] | None:
+    with_power = [(attack, v) for attack, v in named if v.power is not None and v.bound is not None]
+    if not with_power:
+        return None
+    def strength(item: tuple[str, Verdict]) -> tuple[float, float, int]:
+        # ties (often all 0 %) go to the figure whose tight-mechanism ε_LB comes closest to its bound
+        power, bound = typing.cast(Power, item[1].power), typing.cast(float, item[1].bound)
+        return power.detection, power.tight_bound / bound if bound > 0 else 0.0, power.canaries
+
+    attack, best = max(with_power, key=strength)
+    power = typing.cast(Power, best.power)
+    return {"detection": power.detection, "detectable": 2 * typing.cast(float, best.bound), "canaries": power.canaries,
+            "tight_bound": power.tight_bound, "needed": power.needed, "attack": attack, "metric": best.metric,
+            "figures": len(with_power),
+            "powered": sum(typing.cast(Power, v.power).detection >= POWER_TARGET for _, v in with_power)}
+
+
+def _headline_violation(named: list[tuple[str, Verdict]]) -> dict[str, Any] | None:
+    found = [(attack, v) for attack, v in named if v.status == "violation"]
+    if not found:
+        return None
+    # the most significant one: smallest p-value, then the largest excess over the bound
+    attack, v = min(found, key=lambda item: (item[1].p_value if item[1].p_value is not None else 2.0,
+                                             -(item[1].measured or 0.0) / (item[1].bound or 1.0)))
+    return {"attack": attack, "metric": v.metric, "p_value": v.p_value, "level": v.level, "family": v.family,
+            "measured": v.measured, "bound": v.bound}
+
+
+def _headline_leakage(experiment: Experiment) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    bounds = [(attack, metric, attack.metrics[metric].value) for attack in experiment.attacks
+              for metric, kind in attack.epsilon_kind.items()
+              if kind == "lower_bound" and metric in attack.metrics and attack.metrics[metric].value is not None]
+    leakage = None
+    if bounds:
+        attack, metric, value = max(bounds, key=lambda item: typing.cast(float, item[2]))
+        auc = attack.metrics.get("auc")
+        leakage = {"epsilon": value, "attack": attack.attack, "metric": metric, "unit": attack.unit,
+                   "auc": auc.value if auc is not None else None}
+    aucs = [(attack.attack, attack.metrics["auc"].value) for attack in experiment.attacks
+            if "auc" in attack.metrics and attack.metrics["auc"].value is not None]
+    top = max(aucs, key=lambda item: typing.cast(float, item[1]), default=None)
+    return leakage, (None if top is None else {"attack": top[0], "value": top[1]})
+
+
+def headline_rows(results: Results) -> list[dict[str, Any]]:
+    """One row per configuration (a defense at one ε), in the document's order, for the headline
+    block of report.html and of the sweep page. Each row is a dict:
+
+    * ``anchor`` — the id of the configuration's detail section in report.html (``exp-<n>``);
+      ``key``, ``label``, ``defense`` — as in results.json;
+    * ``accuracy``, ``accuracy_low``, ``accuracy_high`` — mean test accuracy over the membership
+      runs and its 95 % interval (fractions; None where there is none);
+    * ``diverged_round`` — the round at which training diverged, None if it did not;
+    * ``private`` — whether there is a DP claim; ``epsilon`` (None without one), ``delta``,
+      ``unit``, ``relation``, ``accountant`` — the headline claim;
+    * ``adversaries`` — the claim per observer, each ``{"adversary", "name" (in words), "covered",
+      "epsilon" (None: not covered), "delta", "relation", "headline" (the headline figure's)}``;
+    * ``verdict`` — the configuration's one verdict: its soundness status (``violation``,
+      ``estimate above claim``, ``consistent``, ``inconclusive``, ``not covered``, ``vacuous``,
+      ``no claim``, ``no measurement``; :func:`reports.soundness.experiment_verdict`), or
+      ``diverged``; ``verdict_text`` — the sentence behind it;
+    * ``power`` — the most powerful ε figure's power, None when no figure has counts:
+      ``{"detection" (probability of a violation verdict at twice its bound), "detectable" (that
+      2ε), "canaries", "tight_bound" (the median ε_LB against a tight mechanism), "needed" (coins
+      for 80 %, None: none up to 10⁵), "attack", "metric", "figures" (how many figures have a
+      power), "powered" (how many reach 80 %)}``;
+    * ``violation`` — the most significant violation, None without one: ``{"attack", "metric",
+      "p_value", "level" (its Holm level), "family", "measured", "bound"}``;
+    * ``leakage`` — the largest ε lower bound, None without one: ``{"epsilon", "attack", "metric",
+      "unit", "auc" (that attack's AUC)}``; ``top_auc`` — the highest AUC of any attack,
+      ``{"attack", "value"}`` or None.
+    """
+    rows = []
+    for index, experiment in enumerate(results.experiments, 1):
+        claim, accuracy = experiment.claim, experiment.utility.test_accuracy
+        named = _verdicts(experiment)
+        leakage, top_auc = _headline_leakage(experiment)
+        rows.append({
+            "anchor": f"exp-{index}", "key": experiment.key, "label": experiment.label, "defense": experiment.defense,
+            "accuracy": accuracy.value, "accuracy_low": accuracy.ci_low, "accuracy_high": accuracy.ci_high,
+            "diverged_round": experiment.diverged.round if experiment.diverged is not None else None,
+            "private": claim.is_private, "epsilon": claim.epsilon if claim.is_private else None,
+            "delta": claim.delta, "unit": claim.unit, "relation": claim.relation, "accountant": claim.accountant,
+            "adversaries": [{"adversary": a.adversary, "name": OBSERVER_NAMES.get(a.adversary, a.adversary),
+                             "covered": a.covered, "epsilon": a.epsilon if a.covered else None, "delta": a.delta,
+                             "relation": a.relation, "headline": a.adversary == claim.adversary}
+                            for a in claim.adversaries],
+            "verdict": "diverged" if experiment.diverged is not None else experiment.soundness,
+            "verdict_text": experiment.soundness_text,
+            "power": _headline_power(named),
+            "violation": _headline_violation(named),
+            "leakage": leakage, "top_auc": top_auc,
+        })
+    return rows
+
+
+def _figure(title: str, png: str | None, caption: str) -> list[dict[str, str]]:
+    return [] if png is None else [{"title": title, "png": png, "caption": caption}]
+
+
+def report_figures(results: Results) -> list[dict[str, str]]:
+    """The report's figures in reading order, each ``{"title", "png" (base64), "caption"}``: the
+    privacy–utility picture, leakage against ε, claimed against measured ε, the ROC curve of every
+    scored attack, the reconstructions of every configuration, then the training diagnostics."""
     experiments = results.experiments
-    attack_names = []
+    figures = _figure("Accuracy vs claimed ε", plots.accuracy_vs_epsilon(experiments),
+                      "Mean test accuracy over the membership runs with 95 % intervals; dashed lines: non-private defenses.")
+    for metric in ("auc", "tpr_at_fpr_1%"):
+        figures += _figure(f"Membership leakage vs claimed ε ({'AUC' if metric == 'auc' else 'TPR at 1 % FPR'})",
+                           plots.leakage_vs_epsilon(experiments, metric),
+                           "Each membership attack per defense, 95 % intervals; dashed: non-private.")
+    figures += _figure("Empirical vs claimed ε", plots.empirical_vs_claimed(experiments),
+                       "Every ε figure against what the claim allows for its unit; above the diagonal (red) is a violation.")
+    attack_names: list[str] = []
+    for experiment in experiments:
+        attack_names += [a.attack for a in experiment.attacks if a.roc.fpr and a.attack not in attack_names]
+    for name in attack_names:
+        figures += _figure(f"ROC of {name}", plots.roc_plot(experiments, name),
+                           "Every (target run, unit) score, leave-one-out; a member is ranked among the non-members of "
+                           "other units (for Shokri, of its fold); log–log axes show the low-FPR regime.")
     for experiment in experiments:
         for attack in experiment.attacks:
-            if attack.roc.fpr and attack.attack not in attack_names:
-                attack_names.append(attack.attack)
-    figures = []
-    accuracy_plot = plots.accuracy_vs_epsilon(experiments)
-    if accuracy_plot:
-        figures.append({"title": "Accuracy vs claimed ε", "png": accuracy_plot,
-                        "caption": "Mean test accuracy over the membership runs with 95 % intervals; dashed lines: non-private defenses."})
-    for metric in ("auc", "tpr_at_fpr_1%"):
-        png = plots.leakage_vs_epsilon(experiments, metric)
-        if png:
-            figures.append({"title": f"Membership leakage vs claimed ε ({'AUC' if metric == 'auc' else 'TPR at 1 % FPR'})",
-                            "png": png, "caption": "Each membership attack per defense, 95 % intervals; dashed: non-private."})
-    empirical = plots.empirical_vs_claimed(experiments)
-    if empirical:
-        figures.append({"title": "Empirical vs claimed ε", "png": empirical,
-                        "caption": "Every ε figure against what the claim allows for its unit; above the diagonal (red) is a violation."})
-    for name in attack_names:
-        png = plots.roc_plot(experiments, name)
-        if png:
-            figures.append({"title": f"ROC of {name}", "png": png,
-                            "caption": "Every (target run, unit) score, leave-one-out; a member is ranked among the non-members of other units "
-                                       "(for Shokri, of its fold); log–log axes show the low-FPR regime."})
-    accuracy_curves = plots.round_curves(experiments, "test_accuracy", "Test accuracy per round", "test accuracy")
-    if accuracy_curves:
-        figures.append({"title": "Training curves", "png": accuracy_curves,
-                        "caption": "Global model's test accuracy per evaluated round, mean over runs."})
-    norm_curves = plots.round_curves(experiments, "update_norm_median", "Pre-clip update norms", "ℓ2 norm of client updates",
-                                     band=("update_norm_q25", "update_norm_q75"), log=True)
-    if norm_curves:
-        figures.append({"title": "Update norms before clipping", "png": norm_curves,
-                        "caption": "Median (line) and interquartile range (band) over the round's clients, mean over runs; "
-                                   "for LUS and Fed-SMP, the norm of the sparsified update that is clipped."})
+            figures += [{"title": f"{experiment.label}: {grid.title}", "png": grid.png, "caption": grid.caption}
+                        for grid in attack.figures]
+    figures += _figure("Training curves", plots.round_curves(experiments, "test_accuracy", "Test accuracy per round",
+                                                             "test accuracy"),
+                       "Global model's test accuracy per evaluated round, mean over runs.")
+    figures += _figure("Update norms before clipping",
+                       plots.round_curves(experiments, "update_norm_median", "Pre-clip update norms",
+                                          "ℓ2 norm of client updates", band=("update_norm_q25", "update_norm_q75"), log=True),
+                       "Median (line) and interquartile range (band) over the round's clients, mean over runs; "
+                       "for LUS and Fed-SMP, the norm of the sparsified update that is clipped.")
+    return figures
+
+
+def render_report(results: Results, manifest_extra: dict[str, Any] | None = None) -> str:
+    """report.html of ``results``: the header, the headline (:func:`headline_rows`, then the findings
+    in words), the figures (:func:`report_figures`), the detail tables per configuration with one
+    short phrase per ε figure (its full sentence behind a disclosure element), diagnostics,
+    definitions and provenance. ``manifest_extra`` adds package versions and the machine."""
     extra = manifest_extra or {}
-    return _environment().get_template("report.html.j2").render(
+    return template_environment().get_template("report.html.j2").render(
         doc=results,
         audit=results.audit,
-        experiments=experiments,
-        summary=summary_lines(results),
+        experiments=results.experiments,
+        headline=headline_rows(results),
+        findings=finding_lines(results),
+        configuration_lines=configuration_lines(results),
         epsilon_names=EPSILON_NAMES,
-        figures=figures,
+        figures=report_figures(results),
         config_yaml=yaml.safe_dump(results.config, sort_keys=False, allow_unicode=True),
         versions=extra.get("versions", results.versions),
         machine=extra.get("machine", {}),

@@ -24,7 +24,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from audit.core.typed_json import to_json
 from reports import plots
 from reports.document import Experiment, Results, Row
 from reports.figures import save_figure
+from reports.html import headline_rows
 from reports.soundness import FAMILY_ALPHA, VIOLATION
 
 SWEEP_FORMAT = 1
@@ -106,35 +106,25 @@ def sweep_family(points: list[SweepPoint]) -> dict[str, Any]:
     return {"figures": len(tested), "alpha": FAMILY_ALPHA, "standing": standing}
 
 
-def _none(value: float | None) -> float | None:
-    return None if value is None or not math.isfinite(value) else value
-
-
-def summary_row(point: SweepPoint, experiment: Experiment, standing: bool) -> dict[str, Any]:
-    """The table's row of one configuration at one point."""
-    claim, accuracy = experiment.claim, experiment.utility.test_accuracy
-    leaky = [a for a in experiment.attacks if a.kind in ("membership", "canary") and a.metrics["auc"].value is not None]
-    strongest = max(leaky, key=lambda a: a.metrics["auc"].value or 0.0, default=None)
-    bounds = [(attack, v) for attack, v in _lower_bounds(experiment) if v.measured is not None]
-    largest = max(bounds, key=lambda item: item[1].measured or 0.0, default=None)
-    powers = [v.power.detection for _, v in _lower_bounds(experiment) if v.power is not None]
-    auc = strongest.metrics["auc"] if strongest is not None else None
-    if experiment.soundness == VIOLATION:
-        sweep_verdict = "violation" if standing else "not sweep-wide"
-    else:
-        sweep_verdict = experiment.soundness
+def summary_row(point: SweepPoint, experiment: Experiment, headline: dict[str, Any], standing: bool) -> dict[str, Any]:
+    """The table's row of one configuration at one point: its headline in the point's report
+    (:func:`reports.html.headline_rows`) in flat columns, and the sweep-wide verdict."""
+    top, leakage, power = headline["top_auc"], headline["leakage"], headline["power"]
+    auc = next((a.metrics["auc"] for a in experiment.attacks if top is not None and a.attack == top["attack"]), None)
+    verdict = headline["verdict"]
     return {
         "point": point.name, **{path: _value_text(v) for path, v in point.values.items()},
         "configuration": experiment.label, "defense": experiment.defense,
-        "epsilon": claim.epsilon if claim.is_private else None, "delta": claim.delta if claim.is_private else None,
-        "unit": claim.unit, "accountant": claim.accountant,
-        "test_accuracy": accuracy.value, "test_accuracy_ci_low": accuracy.ci_low, "test_accuracy_ci_high": accuracy.ci_high,
-        "strongest_attack": None if strongest is None else strongest.attack,
-        "auc": None if auc is None else auc.value, "auc_ci_low": None if auc is None else auc.ci_low,
-        "auc_ci_high": None if auc is None else auc.ci_high,
-        "epsilon_lb": None if largest is None else _none(largest[1].measured),
-        "epsilon_lb_attack": None if largest is None else largest[0],
-        "verdict": experiment.soundness, "power": max(powers, default=None), "sweep_verdict": sweep_verdict,
+        "epsilon": headline["epsilon"], "delta": headline["delta"] if headline["private"] else None,
+        "unit": headline["unit"], "accountant": headline["accountant"],
+        "test_accuracy": headline["accuracy"], "test_accuracy_ci_low": headline["accuracy_low"],
+        "test_accuracy_ci_high": headline["accuracy_high"],
+        "strongest_attack": None if top is None else top["attack"], "auc": None if top is None else top["value"],
+        "auc_ci_low": None if auc is None else auc.ci_low, "auc_ci_high": None if auc is None else auc.ci_high,
+        "epsilon_lb": None if leakage is None else leakage["epsilon"],
+        "epsilon_lb_attack": None if leakage is None else leakage["attack"],
+        "verdict": verdict, "power": None if power is None else power["detection"],
+        "sweep_verdict": ("violation" if standing else "not sweep-wide") if verdict == VIOLATION else verdict,
         "report": f"{point.folder}/report.html",
     }
 
@@ -142,8 +132,8 @@ def summary_row(point: SweepPoint, experiment: Experiment, standing: bool) -> di
 def summary_rows(points: list[SweepPoint]) -> list[dict[str, Any]]:
     """One row per (point, configuration), in point order (:func:`summary_row`)."""
     standing = sweep_family(points)["standing"]
-    return [summary_row(point, experiment, standing.get(_fingerprint(experiment), False))
-            for point in points for experiment in point.results.experiments]
+    return [summary_row(point, experiment, headline, standing.get(_fingerprint(experiment), False))
+            for point in points for experiment, headline in zip(point.results.experiments, headline_rows(point.results))]
 
 
 def _csv(rows: list[dict[str, Any]], columns: list[str]) -> str:

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from reports.html import _environment as template_environment  # TODO rename public
+from reports.html import template_environment
 from reports.sweep import SweepPoint
 
 

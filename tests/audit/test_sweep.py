@@ -162,7 +162,8 @@ def test_the_table_is_what_each_point_measured(sweep):
         assert float(row["test_accuracy"]) == pytest.approx(experiment.utility.test_accuracy.value)
         aucs = {a.attack: a.metrics["auc"].value for a in experiment.attacks if a.metrics["auc"].value is not None}
         assert float(row["auc"]) == pytest.approx(max(aucs.values())) and aucs[row["strongest_attack"]] == max(aucs.values())
-        bounds = [v.measured for a in experiment.attacks for v in a.verdicts if v.kind == "lower_bound" and v.p_value is not None]
+        bounds = [a.metrics[m].value for a in experiment.attacks for m, kind in a.epsilon_kind.items()
+                  if kind == "lower_bound" and m in a.metrics and a.metrics[m].value is not None]
         assert (row["epsilon_lb"] == "") == (not bounds)
         if bounds:
             assert float(row["epsilon_lb"]) == pytest.approx(max(bounds))
