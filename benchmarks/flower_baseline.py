@@ -1,11 +1,12 @@
-"""Flower's simulation doing workload 1, timed: the third column of the benchmark table.
+"""Flower's simulation doing a benchmark workload, timed: the third column of the benchmark table.
 
-What is measured. Workload 1 (``workloads.py``) is DP-FedAvg (McMahan et al. 2018, "Learning
+What is measured. Workload 1 (``--workload mlp``, ``workloads.py``) is DP-FedAvg (McMahan et al. 2018, "Learning
 Differentially Private Recurrent Language Models", Alg. 1): every round all 100 clients start
 from the global model and train one local epoch over a fresh permutation of their 15 digits
 records in batches of 5 (3 plain SGD steps, lr 0.1, mean cross-entropy); the server clips each
 update w_i - w to L2 norm 1, averages, and adds N(0, (σ·S/n)²) with σ = 1, S = 1, n = 100 to the
-average. Here Flower runs exactly that: a ``NumPyClient`` per client id does the local training
+average. Workload 2 (``--workload cnn``) is the same with MNIST's test split (100 clients of 80
+records), the sigmoid LeNet and batches of 16 (5 steps). Here Flower runs exactly that: a ``NumPyClient`` per client id does the local training
 with plain torch (``nn.Module`` + ``torch.optim.SGD``) and returns its new weights, and the server
 strategy is ``FedAvg`` (all clients fit, no federated evaluation, the same initial model as ours)
 wrapped in Flower's own ``DifferentialPrivacyServerSideFixedClipping`` (server-side fixed
@@ -72,15 +73,13 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 from workloads import (  # noqa: E402
-    BATCH_SIZE,
     CLIENTS,
     CLIP,
-    LEARNING_RATE,
-    LOCAL_EPOCHS,
     NOISE_MULTIPLIER,
     SEED,
+    WORKLOADS,
     Workload,
-    workload_one,
+    load_workload,
 )
 
 ENGINES = ("run_simulation", "start_simulation")
@@ -114,9 +113,9 @@ class Settings:
 # workload is loaded once per actor process).
 
 
-@lru_cache(maxsize=1)
-def _actor_workload() -> Workload:
-    return workload_one()
+@lru_cache(maxsize=2)
+def _actor_workload(name: str = "mlp") -> Workload:
+    return load_workload(name)
 
 
 def get_weights(model: nn.Module) -> list[np.ndarray]:
@@ -129,18 +128,18 @@ def set_weights(model: nn.Module, weights: list[np.ndarray]) -> None:
 
 
 def local_train(workload: Workload, client: int, weights: list[np.ndarray], server_round: int) -> list[np.ndarray]:
-    """Workload 1's local training: from the global weights, LOCAL_EPOCHS epochs over a fresh
-    permutation of the client's records in batches of BATCH_SIZE, plain SGD on mean cross-entropy."""
+    """The workload's local training: from the global weights, ``local_epochs`` epochs over a fresh
+    permutation of the client's records in batches of ``batch_size``, plain SGD on mean cross-entropy."""
     model = workload.model()
     set_weights(model, weights)
     model.train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
+    optimizer = torch.optim.SGD(model.parameters(), lr=workload.lr)
     records = workload.clients[client]
     rng = np.random.default_rng([SEED, server_round, client])
-    for _ in range(LOCAL_EPOCHS):
+    for _ in range(workload.local_epochs):
         order = torch.as_tensor(records[rng.permutation(len(records))])
-        for start in range(0, len(order), BATCH_SIZE):
-            batch = order[start:start + BATCH_SIZE]
+        for start in range(0, len(order), workload.batch_size):
+            batch = order[start:start + workload.batch_size]
             optimizer.zero_grad(set_to_none=True)
             F.cross_entropy(model(workload.features[batch]), workload.labels[batch]).backward()
             optimizer.step()
@@ -151,20 +150,20 @@ def _numpy_client_class() -> type:
     from flwr.client import NumPyClient
 
     class DigitsClient(NumPyClient):
-        """One workload-1 client: trains locally and returns its new weights (the server clips)."""
+        """One workload client: trains locally and returns its new weights (the server clips)."""
 
         def __init__(self, client: int) -> None:
             self.client = client
 
         def get_parameters(self, config: dict[str, Any]) -> list[np.ndarray]:
-            return get_weights(_actor_workload().model())
+            return get_weights(_actor_workload(str(config.get("workload", "mlp"))).model())
 
         def fit(self, parameters: list[np.ndarray], config: dict[str, Any]) -> tuple[list[np.ndarray], int, dict]:
             began = time.time()
             threads = int(config.get("torch_threads", Settings.torch_threads))
             if threads > 0 and torch.get_num_threads() != threads:
                 torch.set_num_threads(threads)
-            workload = _actor_workload()
+            workload = _actor_workload(str(config["workload"]))
             new = local_train(workload, self.client, parameters, int(config["server_round"]))
             return new, len(workload.clients[self.client]), {"began": began}
 
@@ -185,7 +184,7 @@ def client_fn(context: Any) -> Any:
 # Server side (runs in this process).
 
 
-def _timed_strategy(initial: list[np.ndarray], torch_threads: int) -> Any:
+def _timed_strategy(initial: list[np.ndarray], torch_threads: int, workload: str = "mlp") -> Any:
     """FedAvg over all 100 clients in Flower's server-side fixed-clipping DP wrapper, recording
     the time each round starts (configure_fit) and ends (after aggregate_fit)."""
     from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
@@ -219,7 +218,8 @@ def _timed_strategy(initial: list[np.ndarray], torch_threads: int) -> Any:
         min_evaluate_clients=0,
         min_available_clients=CLIENTS,
         initial_parameters=ndarrays_to_parameters(initial),
-        on_fit_config_fn=lambda server_round: {"server_round": server_round, "torch_threads": torch_threads},
+        on_fit_config_fn=lambda server_round: {"server_round": server_round, "torch_threads": torch_threads,
+                                                "workload": workload},
     )
     return TimedDP(fedavg, noise_multiplier=NOISE_MULTIPLIER, clipping_norm=CLIP, num_sampled_clients=CLIENTS)
 
@@ -312,7 +312,7 @@ def run_once(engine: str, workload: Workload, rounds: int, warmup_rounds: int, s
     torch.manual_seed(SEED)
     initial = get_weights(workload.model())  # the same initial model on every side
     total = warmup_rounds + rounds
-    strategy = _timed_strategy(initial, settings.torch_threads)
+    strategy = _timed_strategy(initial, settings.torch_threads, workload.name)
     started, started_wall = time.perf_counter(), time.time()
     try:
         with _quiet():
@@ -363,8 +363,8 @@ def measure_engine(engine: str, workload: Workload, rounds: int, warmup_rounds: 
 
 
 def measure_flower(rounds: int = 10, warmup_rounds: int = 2, repeats: int = 1, settings: Settings | None = None,
-                   engines: tuple[str, ...] = ENGINES) -> dict[str, Any]:
-    """Workload 1 on each Flower simulation engine: start-up seconds (call → first client starts
+                   engines: tuple[str, ...] = ENGINES, workload: str = "mlp") -> dict[str, Any]:
+    """A workload (``mlp``: 1, ``cnn``: 2) on each Flower simulation engine: start-up seconds (call → first client starts
     training), per-round seconds, client updates per second over the ``rounds`` rounds after
     ``warmup_rounds`` warm-up rounds (median of ``repeats`` runs), final global test accuracy."""
     started = time.perf_counter()
@@ -374,11 +374,11 @@ def measure_flower(rounds: int = 10, warmup_rounds: int = 2, repeats: int = 1, s
         import ray
     except ImportError as error:
         return {"error": f"flower not installed ({error}); pip install 'dpfl-audit[bench]'"}
-    workload = workload_one()
-    result: dict[str, Any] = {"flwr_version": flwr.__version__, "ray_version": ray.__version__,
+    data = load_workload(workload)
+    result: dict[str, Any] = {"workload": workload, "flwr_version": flwr.__version__, "ray_version": ray.__version__,
                               "torch_version": torch.__version__, "cpu_count": os.cpu_count()}
     for engine in engines:
-        result[engine] = measure_engine(engine, workload, rounds, warmup_rounds, repeats, settings)
+        result[engine] = measure_engine(engine, data, rounds, warmup_rounds, repeats, settings)
     ok = {engine: result[engine] for engine in engines if "error" not in result[engine]}
     if ok:
         best = max(ok, key=lambda engine: ok[engine]["updates_per_second"])
@@ -391,6 +391,7 @@ def measure_flower(rounds: int = 10, warmup_rounds: int = 2, repeats: int = 1, s
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--workload", choices=WORKLOADS, default="mlp")
     parser.add_argument("--rounds", type=int, default=10, help="timed rounds (after the warm-up)")
     parser.add_argument("--warmup-rounds", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=1)
@@ -405,15 +406,15 @@ def main(argv: list[str] | None = None) -> None:
     settings = Settings(args.client_cpus, args.torch_threads)
     if args.server_max_workers is not None:
         settings = replace(settings, server_max_workers=tuple((e, args.server_max_workers or None) for e in ENGINES))
-    result = measure_flower(args.rounds, args.warmup_rounds, args.repeats, settings, tuple(args.engines))
+    result = measure_flower(args.rounds, args.warmup_rounds, args.repeats, settings, tuple(args.engines), args.workload)
     if args.json:
         print(json.dumps(result, indent=2))
         return
     if "error" in result:
         print(f"flower: {result['error']}")
         return
-    print(f"flwr {result['flwr_version']}, ray {result['ray_version']}: workload 1 (digits, {CLIENTS} clients, "
-          f"mlp, dp-fedavg clip {CLIP:g} sigma {NOISE_MULTIPLIER:g}), {args.rounds} timed rounds after "
+    print(f"flwr {result['flwr_version']}, ray {result['ray_version']}: workload {args.workload} ({CLIENTS} clients, "
+          f"dp-fedavg clip {CLIP:g} sigma {NOISE_MULTIPLIER:g}), {args.rounds} timed rounds after "
           f"{args.warmup_rounds} warm-up, median of {args.repeats}")
     print(f"{'engine':<18}{'startup s':>10}{'updates/s':>11}{'test acc':>10}  settings")
     for engine in args.engines:

@@ -42,38 +42,48 @@ def _median_seconds(fn, repeats: int) -> tuple[float, list[float]]:
 # --------------------------------------------------------------------------- 1. matmul peak
 
 
-def matmul_peak(size: int = 1024, repeats: int = 7, sizes: tuple[int, ...] | None = None) -> dict:
-    """The machine's measured fp32 matrix-multiply peak at torch's current thread count.
+def matmul_peak(size: int = 1024, repeats: int = 7, sizes: tuple[int, ...] | None = None, device: str = "cpu") -> dict:
+    """The machine's measured fp32 matrix-multiply peak at torch's current thread count (or on a GPU).
 
-    For each n in ``sizes`` (default: size/2, size, 2·size, i.e. 512, 1024, 2048): two random
+    For each n in ``sizes`` (default: size/2, size, 2·size, i.e. 512, 1024, 2048; on a CUDA
+    ``device`` 2048, 4096, 8192, with TF32 as torch's setting leaves it: off by default): two random
     float32 n×n matrices, a warm-up (a few ``torch.mm`` calls, which also fixes the number of
     calls per repetition so that one repetition lasts ≥ 0.2 s), then ``repeats`` timed
     repetitions of that many ``torch.mm(a, b, out=c)`` calls. One product counts 2·n³ FLOPs
     (n³ multiply-adds). The figure per size is the median FLOP/s over the repetitions;
     ``peak_flops`` is the best of those medians.
     """
+    cuda = str(device).startswith("cuda")
     if sizes is None:
-        sizes = tuple(sorted({max(16, size // 2), size, size * 2}))
+        sizes = (2048, 4096, 8192) if cuda else tuple(sorted({max(16, size // 2), size, size * 2}))
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
     threads = torch.get_num_threads()
     per_size: dict[str, dict] = {}
     generator = torch.Generator().manual_seed(0)
     for n in sizes:
-        a = torch.randn(n, n, generator=generator, dtype=torch.float32)
-        b = torch.randn(n, n, generator=generator, dtype=torch.float32)
-        c = torch.empty(n, n, dtype=torch.float32)
+        a = torch.randn(n, n, generator=generator, dtype=torch.float32).to(device)
+        b = torch.randn(n, n, generator=generator, dtype=torch.float32).to(device)
+        c = torch.empty(n, n, dtype=torch.float32, device=device)
         flops = 2.0 * n ** 3
         torch.mm(a, b, out=c)  # first-use costs
+        sync()
         started = time.perf_counter()
         warm = 0
         while warm < 3 or time.perf_counter() - started < 0.1:
             torch.mm(a, b, out=c)
             warm += 1
+            sync()
         one = (time.perf_counter() - started) / warm
         iterations = max(1, math.ceil(0.2 / one))
 
         def block(a=a, b=b, c=c, iterations=iterations) -> None:
             for _ in range(iterations):
                 torch.mm(a, b, out=c)
+            sync()
 
         median, samples = _median_seconds(block, repeats)
         per_size[str(n)] = {
@@ -91,6 +101,7 @@ def matmul_peak(size: int = 1024, repeats: int = 7, sizes: tuple[int, ...] | Non
         "dtype": "float32",
         "repeats": repeats,
         "torch_threads": threads,
+        "device": str(device),
         "torch_version": torch.__version__,
         "method": "median over repeats of timed torch.mm(n×n, n×n) blocks ≥ 0.2 s each, 2·n³ FLOPs per mm; "
                   "peak = best median over sizes",

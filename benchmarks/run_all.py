@@ -1,14 +1,23 @@
-"""Every benchmark of issue 9 in one run, side by side.
+"""Every benchmark of issues 9 and 20 in one run, side by side.
 
-    python benchmarks/run_all.py [--json] [--skip-flower] [--skip-memory]
+    python benchmarks/run_all.py [--json] [--skip-flower] [--skip-memory] [--skip-sequential]
+                                 [--workloads mlp cnn] [--device cpu|cuda] [--quick]
 
-1. client updates per second on workload 1 (benchmarks/workloads.py: DP-FedAvg on digits, 100
-   clients of 15 records, MLP 64→128→10, 1 local epoch of batch 5, clip 1, σ = 1, 10 rounds) for
-   the batched engine, the plain per-client PyTorch loop and Flower's simulation (both of its
-   engines; the faster counts) — rounds only, after warm-up rounds; Flower's start-up apart;
+For each workload (benchmarks/workloads.py; DP-FedAvg, 100 clients, 1 local epoch, clip 1,
+σ = 1 on the aggregate, 10 rounds) — 1 = ``mlp`` (digits, 15 records per client, MLP 64→128→10,
+batch 5) and 2 = ``cnn`` (MNIST's test split, 80 records per client, the sigmoid LeNet, batch 16):
+
+1. client updates per second of the batched engine, the plain per-client PyTorch loop and
+   Flower's simulation (both of its engines; the faster counts) — rounds only, after warm-up
+   rounds; Flower's start-up apart;
 2. the wall time of a 64-run membership experiment trained together vs one run after another,
-   and of one run alone;
-3. the training's achieved FLOP/s as a share of the machine's fp32 matrix-multiply peak;
+   and of one run alone (target: together ≤ 16× one run);
+3. the roofline, measured in the same run: the fp32 matrix-multiply peak P and the memory
+   bandwidth B; the workload's counted FLOPs, its bytes (a stated model) and arithmetic
+   intensity I; each engine's achieved FLOP/s as a fraction of min(P, I·B);
+
+and once:
+
 4. σ calibration for a target ε at 10⁴ rounds, beside opacus's ``get_noise_multiplier``;
 5. the peak resident memory of the default ``dpfl-audit run``.
 
@@ -31,8 +40,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # sibling modules (opa
 
 import torch  # noqa: E402
 from engine_throughput import measure_engine  # noqa: E402
-from measures import calibration_time, matmul_peak, peak_memory_default_run, training_flops  # noqa: E402
+from measures import calibration_time, matmul_peak, peak_memory_default_run  # noqa: E402
 from membership_batching import measure_membership_batching  # noqa: E402
+from roofline import memory_bandwidth, workload_roofline  # noqa: E402
+from workloads import WORKLOADS, load_workload  # noqa: E402
+
+#: the targets of issue 20, item 8
+TARGETS = {"batched_vs_loop": 10.0, "batched_vs_flower": 40.0, "cnn_fraction_of_roofline": 0.5,
+           "together_vs_one_run": 16.0}
 
 #: busier than this share of all cores, in the sample before a benchmark, is not idle
 IDLE_BUSY_SHARE = 0.10
@@ -68,86 +83,140 @@ def machine() -> dict:
     except OSError:
         memory = float("nan")
     return {"cpu": model, "cores": os.cpu_count(), "memory_gib": round(memory, 1), "python": platform.python_version(),
-            "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "gpu": torch.cuda.is_available()}
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
-def run_all(skip_flower: bool = False, skip_memory: bool = False, progress=print) -> dict:
+def _met(value: float | None, target: float, at_most: bool = False) -> str:
+    if value is None:
+        return "n/a"
+    return "met" if (value <= target if at_most else value >= target) else "MISSED"
+
+
+def run_all(skip_flower: bool = False, skip_memory: bool = False, workloads: tuple[str, ...] = WORKLOADS,
+            device: str = "cpu", quick: bool = False, skip_sequential: bool = False, progress=print) -> dict:
     started = time.perf_counter()
-    result: dict = {"machine": machine(), "idle_before": idle_check()}
-    progress("1/5 workload 1: batched engine and per-client loop")
-    engine = measure_engine(rounds=10, repeats=5)
-    if skip_flower:
-        flower = {"error": "skipped (--skip-flower)"}
-    else:
-        progress("1/5 workload 1: Flower simulation (run_simulation, start_simulation)")
-        from flower_baseline import measure_flower
+    result: dict = {"machine": machine(), "device": device, "quick": quick, "idle_before": idle_check(),
+                    "targets": TARGETS, "workloads": {}}
+    rounds, runs = (3, 8) if quick else (10, 64)
+    progress("roofline: matrix-multiply peak and memory bandwidth")
+    peak = matmul_peak(device=device, repeats=3 if quick else 7)
+    bandwidth = memory_bandwidth(device=device, repeats=3 if quick else 7)
+    result["roofline"] = {"matmul_peak": peak, "bandwidth": bandwidth}
+    for name in workloads:
+        label = f"workload {1 + WORKLOADS.index(name)} ({name})"
+        data = load_workload(name, device=device)
+        progress(f"{label}: batched engine and per-client loop")
+        repeats = 1 if quick else (5 if name == "mlp" else 3)
+        engine = measure_engine(rounds=rounds, repeats=repeats, workload=data)
+        entry: dict = {"description": data.description, "engine": engine,
+                       "batched_updates_per_second": engine["batched"]["updates_per_second"],
+                       "loop_updates_per_second": engine["loop"]["updates_per_second"],
+                       "batched_vs_loop": engine["ratio"]}
+        if skip_flower or device != "cpu":
+            flower = {"error": "skipped (--skip-flower)" if skip_flower else "skipped (Flower runs on the CPU only here)"}
+        else:
+            progress(f"{label}: Flower simulation (run_simulation, start_simulation)")
+            from flower_baseline import measure_flower
 
-        flower = measure_flower(rounds=10, warmup_rounds=2, repeats=3)
-    workload = {"batched_updates_per_second": engine["batched"]["updates_per_second"],
-                "loop_updates_per_second": engine["loop"]["updates_per_second"],
-                "batched_vs_loop": engine["ratio"], "target_batched_vs_loop": 10.0, "engine": engine, "flower": flower}
-    if "best_updates_per_second" in flower:
-        best = flower["best_updates_per_second"]
-        workload.update(flower_updates_per_second=best, flower_engine=flower["best_engine"],
-                        flower_startup_seconds={e: flower[e].get("startup_seconds") for e in ("run_simulation", "start_simulation")
-                                                if isinstance(flower.get(e), dict)},
-                        batched_vs_flower=engine["batched"]["updates_per_second"] / best,
-                        loop_vs_flower=engine["loop"]["updates_per_second"] / best, target_batched_vs_flower=40.0)
-    result["workload_1"] = workload
-    progress("2/5 64-run membership experiment: together, one after another, one run")
-    result["membership_64"] = measure_membership_batching(64)
-    progress("3/5 matrix-multiply peak and the training's FLOP/s")
-    peak = matmul_peak()
-    result["flops"] = {"matmul_peak": peak, "training": training_flops(peak_flops=peak["peak_flops"])}
-    progress("4/5 sigma calibration at 10^4 rounds vs opacus")
-    result["calibration"] = calibration_time()
+            flower = measure_flower(rounds=rounds, warmup_rounds=2, repeats=1 if quick else 3, workload=name)
+        entry["flower"] = flower
+        if "best_updates_per_second" in flower:
+            best = flower["best_updates_per_second"]
+            entry.update(flower_updates_per_second=best, flower_engine=flower["best_engine"],
+                         flower_startup_seconds={e: flower[e].get("startup_seconds")
+                                                 for e in ("run_simulation", "start_simulation")
+                                                 if isinstance(flower.get(e), dict)},
+                         batched_vs_flower=engine["batched"]["updates_per_second"] / best,
+                         loop_vs_flower=engine["loop"]["updates_per_second"] / best)
+        progress(f"{label}: FLOP count and roofline fraction")
+        entry["roofline"] = workload_roofline(data, engine, peak["peak_flops"], bandwidth["bandwidth"])
+        progress(f"{label}: {runs}-run membership experiment: together, one after another, one run")
+        try:
+            entry["membership"] = measure_membership_batching(runs, name, device, sequential=not skip_sequential)
+        except ImportError as error:  # the audit's MNIST loader needs torchvision
+            entry["membership"] = {"error": f"skipped ({error})"}
+        result["workloads"][name] = entry
+    progress("sigma calibration at 10^4 rounds vs opacus")
+    try:
+        result["calibration"] = calibration_time(repeats=2 if quick else 5)
+    except ImportError as error:  # opacus or dp-accounting missing (a bare GPU machine)
+        result["calibration"] = {"error": f"skipped ({error})"}
     if skip_memory:
         result["memory"] = {"error": "skipped (--skip-memory)"}
     else:
-        progress("5/5 peak memory of the default dpfl-audit run")
-        result["memory"] = peak_memory_default_run()
+        progress("peak memory of the default dpfl-audit run")
+        result["memory"] = peak_memory_default_run(extra_args=("--device", device) if device != "cpu" else ())
     result["idle_after"] = idle_check()
     result["total_seconds"] = time.perf_counter() - started
     return result
 
 
 def _table(result: dict) -> str:
-    m, w = result["machine"], result["workload_1"]
+    m = result["machine"]
     lines = [f"machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, torch {m['torch']} "
-             f"({m['torch_threads']} threads), python {m['python']}"]
+             f"({m['torch_threads']} threads), python {m['python']}, device {result['device']}"
+             + (" [--quick: not the benchmark's figures]" if result.get("quick") else "")]
     for when in ("idle_before", "idle_after"):
         check = result[when]
         lines.append(f"{when.replace('_', ' ')}: {'idle' if check['idle'] else 'NOT IDLE'} "
                      f"(busy {100 * check['busy_share']:.0f}% of the cores, load {check['load_1min']})")
-    lines.append("1. workload 1 (client updates/s, rounds only)")
-    lines.append(f"   batched engine      {w['batched_updates_per_second']:10.1f}")
-    lines.append(f"   per-client loop     {w['loop_updates_per_second']:10.1f}   batched/loop {w['batched_vs_loop']:.1f}x (target >= 10x)")
-    if "flower_updates_per_second" in w:
-        startup = ", ".join(f"{k} {v:.1f} s" for k, v in w["flower_startup_seconds"].items() if v is not None)
-        lines.append(f"   Flower ({w['flower_engine']}) {w['flower_updates_per_second']:8.1f}   batched/Flower "
-                     f"{w['batched_vs_flower']:.1f}x (target >= 40x), loop/Flower {w['loop_vs_flower']:.1f}x; start-up {startup}")
-    else:
-        lines.append(f"   Flower: {w['flower'].get('error')}")
-    b = result["membership_64"]
-    lines.append(f"2. 64-run membership experiment: together {b['together_seconds']:.1f} s, one after another "
-                 f"{b['one_after_another_seconds']:.1f} s, one run {b['one_run_seconds']:.2f} s -> together = "
-                 f"{b['together_vs_one_run']:.1f}x one run (target <= 8x); identical runs: {b['identical_runs']}")
-    f = result["flops"]
-    for engine in ("batched", "loop"):
-        t = f["training"]["engines"].get(engine)
-        if t is not None:
-            lines.append(f"3. {engine:7s} training {t['achieved_flops'] / 1e9:6.2f} GFLOP/s = "
-                         f"{100 * t['share_of_peak']:.2f}% of the fp32 matmul peak {f['matmul_peak']['peak_flops'] / 1e9:.0f} GFLOP/s")
+    peak, bw = result["roofline"]["matmul_peak"], result["roofline"]["bandwidth"]
+    lines.append(f"roofline: fp32 matmul peak P = {peak['peak_flops'] / 1e9:.1f} GFLOP/s (n = {peak['peak_size']}), "
+                 f"memory bandwidth B = {bw['bandwidth'] / 1e9:.1f} GB/s ({bw['kernel']}, {bw['tensor_mib']} MiB), "
+                 f"ridge P/B = {peak['peak_flops'] / bw['bandwidth']:.1f} FLOP/byte")
+    for name, w in result["workloads"].items():
+        lines.append(f"workload {WORKLOADS.index(name) + 1} ({name}): {w['description']}")
+        engine = w["engine"]
+        lines.append(f"  client updates/s (rounds only, median of {engine['repeats']}, {engine['rounds']} rounds):")
+        lines.append(f"    batched engine  {w['batched_updates_per_second']:10.1f}   (test accuracy "
+                     f"{engine['batched']['test_accuracy']:.3f})")
+        lines.append(f"    per-client loop {w['loop_updates_per_second']:10.1f}   batched/loop {w['batched_vs_loop']:.1f}x "
+                     f"(target >= {TARGETS['batched_vs_loop']:g}x: {_met(w['batched_vs_loop'], TARGETS['batched_vs_loop'])})")
+        if "flower_updates_per_second" in w:
+            startup = ", ".join(f"{k} {v:.1f} s" for k, v in w["flower_startup_seconds"].items() if v is not None)
+            lines.append(f"    Flower ({w['flower_engine']}) {w['flower_updates_per_second']:8.1f}   batched/Flower "
+                         f"{w['batched_vs_flower']:.1f}x (target >= {TARGETS['batched_vs_flower']:g}x: "
+                         f"{_met(w['batched_vs_flower'], TARGETS['batched_vs_flower'])}), loop/Flower "
+                         f"{w['loop_vs_flower']:.1f}x; start-up {startup}; test accuracy "
+                         f"{w['flower'].get('final_test_accuracy', float('nan')):.3f}")
+        else:
+            lines.append(f"    Flower: {w['flower'].get('error')}")
+        r = w["roofline"]
+        lines.append(f"  roofline: {r['analytical']['per_example'] / 1e6:.3f} MFLOP per example and step (counted = "
+                     f"analytical), {r['bytes']['bytes_per_example'] / 1e3:.1f} kB (model), I = "
+                     f"{r['intensity_flops_per_byte']:.2f} FLOP/byte -> bound min(P, I*B) = {r['bound_flops'] / 1e9:.1f} "
+                     f"GFLOP/s ({r['bound_by']}-bound)")
+        for engine_name, e in r["engines"].items():
+            target = ""
+            if name == "cnn" and engine_name == "batched":
+                target = (f" (target >= {100 * TARGETS['cnn_fraction_of_roofline']:.0f}%: "
+                          f"{_met(e['fraction_of_bound'], TARGETS['cnn_fraction_of_roofline'])})")
+            lines.append(f"    {engine_name:7s} {e['achieved_flops'] / 1e9:7.2f} GFLOP/s = {100 * e['fraction_of_bound']:5.1f}% "
+                         f"of the roofline bound{target}, {100 * e['fraction_of_peak']:.1f}% of P")
+        b = w["membership"]
+        if "error" in b:
+            lines.append(f"  membership experiment: {b['error']}")
+            continue
+        after = (f", one after another {b['one_after_another_seconds']:.1f} s (identical runs: {b['identical_runs']})"
+                 if b["one_after_another_seconds"] is not None else "")
+        lines.append(f"  {b['runs']}-run membership experiment ({b['experiment']}): together {b['together_seconds']:.1f} s"
+                     f"{after}, one run {b['one_run_seconds']:.2f} s -> together = {b['together_vs_one_run']:.1f}x one run "
+                     f"(target <= {TARGETS['together_vs_one_run']:g}x: "
+                     f"{_met(b['together_vs_one_run'], TARGETS['together_vs_one_run'], at_most=True) if b['runs'] == 64 else 'n/a: the target is for 64 runs'})")
     c = result["calibration"]
-    lines.append(f"4. sigma for eps={c['target_epsilon']:g} at {c['rounds']} rounds (q={c['sample_rate']:g}, "
-                 f"delta={c['delta']:g}, improved RDP conversion): ours {c['ours_seconds']:.3f} s (sigma "
-                 f"{c['ours_sigma']:.5f}, tolerance 1e-4 relative), opacus {c['opacus_seconds']:.3f} s "
-                 f"(sigma {c['opacus_sigma']:.5f}, tolerance 0.01 absolute)")
+    if "ours_seconds" in c:
+        lines.append(f"sigma for eps={c['target_epsilon']:g} at {c['rounds']} rounds (q={c['sample_rate']:g}, "
+                     f"delta={c['delta']:g}, improved RDP conversion): ours {c['ours_seconds']:.3f} s (sigma "
+                     f"{c['ours_sigma']:.5f}, tolerance 1e-4 relative), opacus {c['opacus_seconds']:.3f} s "
+                     f"(sigma {c['opacus_sigma']:.5f}, tolerance 0.01 absolute)")
+    else:
+        lines.append(f"calibration: {c.get('error')}")
     mem = result["memory"]
     if "peak_mib" in mem:
-        lines.append(f"5. default dpfl-audit run: peak {mem['peak_mib']:.0f} MiB (target <= 2048 MiB), {mem['wall_seconds']:.0f} s")
+        lines.append(f"default dpfl-audit run: peak {mem['peak_mib']:.0f} MiB (target <= 2048 MiB), {mem['wall_seconds']:.0f} s")
     else:
-        lines.append(f"5. memory: {mem.get('error')}")
+        lines.append(f"memory: {mem.get('error')}")
     lines.append(f"total {result['total_seconds']:.0f} s")
     return "\n".join(lines)
 
@@ -155,10 +224,21 @@ def _table(result: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON document (progress goes to stderr)")
-    parser.add_argument("--skip-flower", action="store_true", help="leave out Flower's simulation")
-    parser.add_argument("--skip-memory", action="store_true", help="leave out the default run's peak memory (about 2 min)")
+    parser.add_argument("--skip-flower", action="store_true", help="leave out Flower's simulation (about 3 min)")
+    parser.add_argument("--skip-memory", action="store_true", help="leave out the default run's peak memory (about 1 min)")
+    parser.add_argument("--skip-sequential", action="store_true",
+                        help="leave out the 64 runs one after another (about 1.5 min)")
+    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    parser.add_argument("--device", default="cpu", help="where the engines train (cpu, cuda); Flower runs on the CPU only")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke run: 3 rounds, 1 repeat, 8 membership runs (not the benchmark's figures)")
+    parser.add_argument("--out", type=Path, help="also write the JSON document here")
     args = parser.parse_args()
-    result = run_all(args.skip_flower, args.skip_memory, progress=lambda text: print(text, file=sys.stderr, flush=True))
+    result = run_all(args.skip_flower, args.skip_memory, tuple(args.workloads), args.device, args.quick,
+                     args.skip_sequential, progress=lambda text: print(text, file=sys.stderr, flush=True))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2) if args.json else _table(result))
 
 

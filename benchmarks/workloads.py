@@ -1,16 +1,26 @@
 """The benchmark workloads, defined once so every side (batched engine, per-client loop, Flower)
 does exactly the same work.
 
-Workload 1 (issue 9): DP-FedAvg on scikit-learn's digits split over 100 clients of 15 records
-each, the MLP 64→128→10, one local epoch of batch 5 (3 SGD steps per client, lr 0.1), flat
-clipping at 1, noise multiplier σ = 1 on the aggregate (McMahan et al. 2018, Alg. 1: a trusted
-server adds N(0, σ²S²) to the sum of clipped updates — what Flower's server-side DP wrapper
-does), all 100 clients in every round, 10 timed rounds.
+Both are DP-FedAvg as McMahan et al. 2018, Alg. 1: all 100 clients train in every round from the
+global model (plain SGD on the mean cross-entropy, lr 0.1, one local epoch over a fresh
+permutation of their records); a trusted server clips each update to L2 norm S = 1 (flat
+clipping) and adds N(0, σ²S²), σ = 1, to the sum of clipped updates before averaging — what
+Flower's server-side DP wrapper does. 10 timed rounds.
+
+Workload 1 ("mlp", issue 9): scikit-learn's digits (8×8), 100 clients of 15 records, the MLP
+64→128→10, batches of 5 (3 local steps per client). Overhead- and memory-bound by construction.
+
+Workload 2 ("cnn", issue 20): the MNIST test split (28×28) from ``../shared/data/mnist``, shuffled
+with the seed; 100 clients of 80 records (the first 8,000), the other 2,000 are the test set;
+the ``lenet`` model of :mod:`audit.core.models` (three 5×5 convolutions with 12 channels, strides
+2, 2, 1, sigmoid, one linear layer: 13,426 parameters), batches of 16 (5 local steps per client).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -22,37 +32,68 @@ from defenses.fedavg import DPFedAvg, DPFedAvgParams
 from defenses.training_job import TrainingConfig, TrainingJob
 
 CLIENTS = 100
-RECORDS_PER_CLIENT = 15
-BATCH_SIZE = 5
 LOCAL_EPOCHS = 1
 LEARNING_RATE = 0.1
 CLIP = 1.0
 NOISE_MULTIPLIER = 1.0
 ROUNDS = 10
 SEED = 0
+# workload 1
+RECORDS_PER_CLIENT = 15
+BATCH_SIZE = 5
+# workload 2
+CNN_RECORDS_PER_CLIENT = 80
+CNN_BATCH_SIZE = 16
+#: the MNIST test split: $DPFL_AUDIT_DATA/mnist when set (as the project's loaders read it), else ../shared/data/mnist
+MNIST_ROOT = (Path(os.environ["DPFL_AUDIT_DATA"]) / "mnist" if os.environ.get("DPFL_AUDIT_DATA")
+              else Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist")
+
+WORKLOADS = ("mlp", "cnn")
 
 
 @dataclass
 class Workload:
-    """Workload 1's data: the digits records, each client's indices, the held-out test indices."""
+    """A workload's data (records, each client's indices, the held-out test indices) and settings."""
 
-    features: torch.Tensor  # [1797, 1, 8, 8] float32 in [0, 1]
-    labels: torch.Tensor  # [1797] int64
+    name: str  # "mlp" (workload 1) or "cnn" (workload 2)
+    features: torch.Tensor  # [N, 1, H, W] float32 in [0, 1]
+    labels: torch.Tensor  # [N] int64
     clients: list[np.ndarray]
     test: np.ndarray
+    model_name: str
+    batch_size: int
+    description: str
+    local_epochs: int = LOCAL_EPOCHS
+    lr: float = LEARNING_RATE
+    device: str = "cpu"
 
     def model(self) -> nn.Module:
-        """MLP 64→128→10 (flatten, Linear, ReLU, Linear)."""
-        return build_model("mlp", tuple(self.features.shape[1:]), 10)
+        """Workload 1: MLP 64→128→10 (flatten, Linear, ReLU, Linear); workload 2: the sigmoid LeNet."""
+        return build_model(self.model_name, tuple(self.features.shape[1:]), 10)
+
+    @property
+    def records_per_client(self) -> int:
+        return len(self.clients[0])
+
+    @property
+    def steps_per_client(self) -> int:
+        return self.local_epochs * -(-self.records_per_client // self.batch_size)
 
     def training(self, rounds: int = ROUNDS, engine: str = "batched") -> TrainingConfig:
-        return TrainingConfig(rounds=rounds, client_rate=1.0, local_unit="epochs", local_steps=LOCAL_EPOCHS,
-                              batch_size=BATCH_SIZE, lr=LEARNING_RATE, engine=engine, eval_every=rounds)
+        return TrainingConfig(rounds=rounds, client_rate=1.0, local_unit="epochs", local_steps=self.local_epochs,
+                              batch_size=self.batch_size, lr=self.lr, engine=engine, eval_every=rounds)
 
     def job(self, rounds: int = ROUNDS, engine: str = "batched", seed: int = SEED) -> TrainingJob:
         test = torch.as_tensor(self.test)
-        return TrainingJob(self.model, self.features, self.labels, self.clients, self.features[test],
-                           self.labels[test], self.training(rounds, engine), seed=seed)
+        x, y = self.features.to(self.device), self.labels.to(self.device)
+        return TrainingJob(self.model, x, y, self.clients, x[test.to(self.device)], y[test.to(self.device)],
+                           self.training(rounds, engine), seed=seed, device=self.device)
+
+    def on(self, device: str) -> Workload:
+        """The same workload with its tensors on ``device`` (the engine trains where the data is)."""
+        from dataclasses import replace
+
+        return replace(self, device=device)
 
 
 def dp_fedavg() -> DPFedAvg:
@@ -60,10 +101,56 @@ def dp_fedavg() -> DPFedAvg:
     return DPFedAvg(DPFedAvgParams(clip=CLIP, noise_multiplier=NOISE_MULTIPLIER, noise_placement="aggregate"))
 
 
+def _split(count: int, per_client: int, seed: int) -> tuple[list[np.ndarray], np.ndarray]:
+    order = np.random.default_rng(seed).permutation(count)
+    clients = [order[i * per_client:(i + 1) * per_client] for i in range(CLIENTS)]
+    return clients, order[CLIENTS * per_client:]
+
+
 def workload_one(seed: int = SEED) -> Workload:
     """Digits shuffled with ``seed``: the first 1,500 records go to 100 clients of 15, the rest is the test set."""
     digits = load_dataset("digits")
-    order = np.random.default_rng(seed).permutation(len(digits.train))
-    used = CLIENTS * RECORDS_PER_CLIENT
-    clients = [order[i * RECORDS_PER_CLIENT:(i + 1) * RECORDS_PER_CLIENT] for i in range(CLIENTS)]
-    return Workload(digits.train.features, digits.train.labels, clients, order[used:])
+    clients, test = _split(len(digits.train), RECORDS_PER_CLIENT, seed)
+    return Workload("mlp", digits.train.features, digits.train.labels, clients, test, "mlp", BATCH_SIZE,
+                    f"digits 8x8, {CLIENTS} clients x {RECORDS_PER_CLIENT} records, mlp 64-128-10, batch {BATCH_SIZE}")
+
+
+def workload_two(seed: int = SEED, root: Path | str = MNIST_ROOT) -> Workload:
+    """The MNIST test split shuffled with ``seed``: the first 8,000 records go to 100 clients of 80,
+    the other 2,000 are the test set."""
+    root = Path(root)
+    if not any((root / f"t10k-labels-idx1-ubyte{ext}").exists() for ext in ("", ".gz")):
+        raise FileNotFoundError(f"workload 2 needs the MNIST t10k IDX files in {root} (see ../shared/data/README.md)")
+    try:
+        mnist = load_dataset("mnist", root=str(root), options={"download": False})
+        features, labels = mnist.train.features, mnist.train.labels
+    except ImportError:  # the loader parses IDX with torchvision's reader; a bare GPU machine may lack it
+        features, labels = _read_mnist_test(root)
+    clients, test = _split(len(labels), CNN_RECORDS_PER_CLIENT, seed)
+    return Workload("cnn", features, labels, clients, test, "lenet", CNN_BATCH_SIZE,
+                    f"mnist 28x28 (t10k), {CLIENTS} clients x {CNN_RECORDS_PER_CLIENT} records, lenet "
+                    f"(3 conv 5x5, 12 ch, sigmoid), batch {CNN_BATCH_SIZE}")
+
+
+def _read_mnist_test(root: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """The t10k IDX pair read with numpy (big-endian header: magic, dimensions; then uint8 data),
+    scaled as the project's loader does (``image_tensor``: /255, a channel axis)."""
+    import gzip
+
+    from audit.core.dataset_types import image_tensor
+
+    def read(stem: str) -> np.ndarray:
+        path = root / stem if (root / stem).exists() else root / f"{stem}.gz"
+        raw = (gzip.open if path.suffix == ".gz" else open)(path, "rb").read()
+        dims = raw[3]
+        shape = tuple(int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(dims))
+        return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * dims).reshape(shape)
+
+    return image_tensor(read("t10k-images-idx3-ubyte"), 255.0), torch.as_tensor(read("t10k-labels-idx1-ubyte").astype(np.int64))
+
+
+def load_workload(name: str, seed: int = SEED, device: str = "cpu") -> Workload:
+    if name not in WORKLOADS:
+        raise ValueError(f"unknown workload {name!r}; one of {', '.join(WORKLOADS)}")
+    workload = workload_one(seed) if name == "mlp" else workload_two(seed)
+    return workload.on(device) if device != "cpu" else workload
