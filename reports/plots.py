@@ -19,12 +19,16 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
+import matplotlib.colors  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
 from reports.document import Estimate, Experiment  # noqa: E402
 
 COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+#: the colour of a violation, and the cycle without the red that could be mistaken for it
+VIOLATION_COLOR = "#b00020"
+NOT_RED = [c for c in COLORS if matplotlib.colors.to_hex(c) != "#d62728"]
 
 
 def _png(figure) -> str:
@@ -227,7 +231,7 @@ def empirical_vs_claimed(experiments: list[Experiment]) -> Any:
                 bound, measured = verdict.bound, verdict.measured
                 if bound is None or measured is None or not math.isfinite(measured):
                     continue
-                color = "#b00020" if verdict.status == "violation" else COLORS[i % len(COLORS)]
+                color = VIOLATION_COLOR if verdict.status == "violation" else NOT_RED[i % len(NOT_RED)]
                 axis.scatter([bound], [measured], marker=markers[verdict.kind], color=color, s=22,
                              label=None if i in labelled else experiment.label)
                 labelled.add(i)
