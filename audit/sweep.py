@@ -28,6 +28,7 @@ import logging
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -202,10 +203,12 @@ def write_sweep(points: list[SweepPoint], axes: list[str], out: Path, stored: in
 
 def run_sweep(base: AuditConfig, axes: list[Axis], out: str | Path, *, points: list[Point] | None = None,
               quiet: bool = False, executor: str = "local", workers: int | None = None,
-              batch_runs: int | None = None, ray_address: str | None = None) -> dict[str, Any]:
+              batch_runs: int | None = None, ray_address: str | None = None,
+              on_point: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Plan (unless given), run every point not yet finished, and write the combined table
     (``sweep.csv``, ``sweep.json``), ``figures/`` and ``sweep.html``. Returns paths, the points
-    (:class:`reports.sweep.SweepPoint`) and how many runs this call trained."""
+    (:class:`reports.sweep.SweepPoint`) and how many runs this call trained. ``on_point`` is told
+    which point is audited next (the command line shows it; the library only logs)."""
     started = time.perf_counter()
     points = points or plan_sweep(base, axes)
     out = Path(out)
@@ -223,8 +226,8 @@ def run_sweep(base: AuditConfig, axes: list[Axis], out: str | Path, *, points: l
             LOG.info("point %d/%d (%s): finished earlier, read back", point.index, len(points), point.label)
         else:
             LOG.info("point %d/%d (%s): auditing", point.index, len(points), point.label)
-            if not quiet:
-                print(f"point {point.index}/{len(points)}: {point.label}", file=sys.stderr)
+            if on_point is not None:
+                on_point(f"point {point.index}/{len(points)}: {point.label}")
             run_audit(point.config, folder, quiet=quiet, plan=point.plan, executor=executor, workers=workers,
                       batch_runs=batch_runs, ray_address=ray_address, runs=out)
         results, _, _ = load_results(folder, "sweep")

@@ -53,7 +53,8 @@ def command_sweep(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(f"plan: {len(points)} point(s), ≥ {hours * 60:.2g} min of training before shared runs", file=sys.stderr)
     result = run_sweep(base, axes, args.out, points=points, quiet=args.quiet, executor=args.executor,
-                       workers=args.workers, batch_runs=args.batch_runs, ray_address=args.ray_address)
+                       workers=args.workers, batch_runs=args.batch_runs, ray_address=args.ray_address,
+                       on_point=None if args.quiet else lambda text: print(text, file=sys.stderr))
     rows = result["rows"]
     print(f"{'point':<6} {'configuration':<28} {'accuracy':>9} {'claimed ε':>10} {'AUC':>6} {'ε_LB':>6}  verdict")
     for row in rows:
