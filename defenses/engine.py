@@ -116,18 +116,20 @@ def chunk_size(training: TrainingConfig, dim: int, factor: float = 1.0) -> int:
     return training.client_chunk or max(1, int((1 << 25) // max(1.0, dim * factor)))
 
 
-def train_in_chunks(steps: list[int], size: int, train: Callable[[list[int]], torch.Tensor]) -> torch.Tensor:
+def train_in_chunks(steps: list[int], size: int, train: Callable[[list[int]], torch.Tensor],
+                    start: torch.Tensor) -> torch.Tensor:
     """The trained flat parameters [rows, d] of clients with ``steps`` local steps each, computed by
-    ``train(rows)`` in chunks of at most ``size`` rows. Rows with similar step counts share a
-    chunk, so little padding is computed; one chunk in row order needs no reassembly."""
-    order = sorted(range(len(steps)), key=lambda i: -steps[i])
-    if len(order) <= size and order == sorted(order):
+    ``train(rows)`` in chunks of at most ``size`` rows; ``start`` [rows, d] holds where each row
+    starts. Rows with similar step counts share a chunk, so little padding is computed; one chunk
+    in row order needs no reassembly. A row with no local step (a client holding no records, as
+    the clients a membership run leaves out) is its start: it is not computed at all — in a chunk
+    beside training rows it would be carried through every step for nothing."""
+    order = [i for i in sorted(range(len(steps)), key=lambda i: -steps[i]) if steps[i] > 0]
+    if len(order) == len(steps) and len(order) <= size and order == sorted(order):
         return train(order)
-    chunks = [order[i:i + size] for i in range(0, len(order), size)]
-    parts = [train(chunk) for chunk in chunks]
-    out = parts[0].new_empty(len(order), parts[0].shape[1])
-    for chunk, part in zip(chunks, parts):
-        out[torch.as_tensor(chunk, device=out.device)] = part
+    out = start.clone()
+    for chunk in (order[i:i + size] for i in range(0, len(order), size)):
+        out[torch.as_tensor(chunk, device=out.device)] = train(chunk)
     return out
 
 
@@ -177,7 +179,8 @@ class FederatedEngine:
             schedule = ctx.schedule.select(rows)
             return layout.flatten_stacked(trainer(ctx.model, objective, global_params, schedule, job.pool_x, job.pool_y, opt))
 
-        return train_in_chunks(ctx.schedule.steps, ctx.chunk_size, train) - ctx.global_vector
+        starts = ctx.global_vector.expand(len(ctx.schedule.steps), -1)
+        return train_in_chunks(ctx.schedule.steps, ctx.chunk_size, train, starts) - ctx.global_vector
 
     def add_canaries(self, updates: torch.Tensor, ctx: RoundContext, row: dict[str, Any]) -> tuple[torch.Tensor, RoundContext]:
         """Append the canary clients of this round (ids N, N+1, ...) after the real participants.

@@ -70,7 +70,7 @@ def joint_local_updates(engines: list[FederatedEngine], contexts: list[RoundCont
                               job.pool_x, job.pool_y, opt, per_client_start=True)
         return layout.flatten_stacked(local)
 
-    updates = train_in_chunks(schedule.steps, size, train) - starts
+    updates = train_in_chunks(schedule.steps, size, train, starts) - starts
     result: list[torch.Tensor | None] = [None] * len(contexts)
     offset = 0
     for k, ctx in live:

@@ -199,3 +199,24 @@ def test_server_view_records_uploads_or_only_the_aggregate(digits_job):
     assert {int(k.split("_")[-1]) for k in uploads} <= {0, 1, 2}
     secure = DPFedAvg(DPFedAvgParams(secure_aggregation=True)).train(job)
     assert list(secure.server_view) == ["round_0002/aggregate"]
+
+
+def test_a_client_without_local_steps_is_not_computed_and_keeps_its_start():
+    """Clients a membership run leaves out hold no records: zero local steps. Their update is
+    exactly zero (w_i = w), and no chunk carries them through the steps of the others."""
+    from defenses.engine import train_in_chunks
+
+    steps = [3, 0, 2, 0, 5, 1]
+    start = torch.arange(6 * 4, dtype=torch.float32).reshape(6, 4)
+    seen: list[int] = []
+
+    def train(rows: list[int]) -> torch.Tensor:
+        seen.extend(rows)
+        return start[rows] + torch.tensor(steps, dtype=torch.float32)[rows, None]  # "training": start + steps
+
+    for size in (1, 2, 6):
+        seen.clear()
+        out = train_in_chunks(steps, size, train, start)
+        assert sorted(seen) == [0, 2, 4, 5]
+        assert torch.equal(out - start, torch.tensor(steps, dtype=torch.float32)[:, None].expand(6, 4))
+    assert torch.equal(train_in_chunks([0, 0], 4, train, start[:2]), start[:2])
