@@ -47,7 +47,8 @@ def _version(distribution: str) -> str | None:
         return None
 
 
-def _importable(module: str) -> bool:
+def importable(module: str) -> bool:
+    """Whether ``module`` is installed, found without importing it (``list`` and argument checks stay fast)."""
     try:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):  # a broken install, or a module set to None in sys.modules
@@ -59,7 +60,7 @@ def integration_status() -> dict[str, dict[str, object]]:
     versions) it is available in this environment."""
     status: dict[str, dict[str, object]] = {}
     for entry in INTEGRATIONS:
-        found = {module: _importable(module) for module, _ in entry.packages}
+        found = {module: importable(module) for module, _ in entry.packages}
         status[entry.name] = {
             "summary": entry.summary, "python": entry.python, "command": entry.command,
             "extra": entry.extra, "install": f"pip install 'dpfl-audit[{entry.extra}]'" if entry.extra else "",

@@ -143,7 +143,12 @@ class Point:
 
     @property
     def label(self) -> str:
-        return ", ".join(f"{path}={json.dumps(value)}" for path, value in self.values.items())
+        return point_label(self.values)
+
+
+def point_label(values: dict[str, Any]) -> str:
+    """``path=value, ...`` of a point's values, as the command line and errors show it."""
+    return ", ".join(f"{path}={json.dumps(value)}" for path, value in values.items())
 
 
 def grid_points(base: AuditConfig, axes: list[Axis]) -> list[Point]:
@@ -152,12 +157,11 @@ def grid_points(base: AuditConfig, axes: list[Axis]) -> list[Point]:
     points = []
     for index, combination in enumerate(itertools.product(*(axis.values for axis in axes)), 1):
         values = {axis.path: value for axis, value in zip(axes, combination)}
-        point = ", ".join(f"{path}={json.dumps(value)}" for path, value in values.items())
         try:
             data = apply_sets(mapping, [_assignment(mapping, p, v) for p, v in values.items()], option="--over")
             config = from_mapping(AuditConfig, data)
         except UserInputError as error:
-            raise UserInputError(f"sweep point {point}: {error}") from None
+            raise UserInputError(f"sweep point {point_label(values)}: {error}") from None
         points.append(Point(index, values, config))
     return points
 
@@ -186,19 +190,21 @@ def _stored_runs(store: RunStore) -> int:
     return sum(1 for p in store.runs.iterdir() if p.is_dir() and not p.name.startswith(".")) if store.runs.is_dir() else 0
 
 
-def write_sweep(points: list[SweepPoint], axes: list[str], out: Path, stored: int, trained: int) -> dict[str, Path]:
+def write_sweep(points: list[SweepPoint], axes: list[str], out: Path, stored: int,
+                trained: int) -> tuple[dict[str, Path], list[dict[str, Any]]]:
     """Write ``sweep.csv`` (one row per point and configuration), ``sweep-rows.csv`` (every point's
     tidy rows), ``sweep.json``, ``figures/*.png|pdf`` and ``sweep.html`` into ``out``; ``stored``,
-    ``trained``: runs in the shared store, and runs this call trained. Returns the paths."""
+    ``trained``: runs in the shared store, and runs this call trained. Returns the paths and the rows."""
     paths = {"sweep_csv": out / "sweep.csv", "sweep_rows_csv": out / "sweep-rows.csv", "sweep_json": out / "sweep.json",
              "figures": out / "figures", "sweep_html": out / "sweep.html"}
-    write_text(paths["sweep_csv"], summary_csv(points, axes))
+    family = sweep_family(points)
+    rows = summary_rows(points, family)
+    write_text(paths["sweep_csv"], summary_csv(rows, axes))
     write_text(paths["sweep_rows_csv"], tidy_csv(points, axes))
-    write_text(paths["sweep_json"], dumps(sweep_document(points, axes, stored, trained)) + "\n")
+    write_text(paths["sweep_json"], dumps(sweep_document(points, axes, rows, family, stored, trained)) + "\n")
     figures = write_sweep_figures(points, paths["figures"])
-    page = render_sweep_page(points, axes, summary_rows(points), sweep_family(points), figures, stored, trained)
-    write_text(paths["sweep_html"], page)
-    return paths
+    write_text(paths["sweep_html"], render_sweep_page(points, axes, rows, family, figures, stored, trained))
+    return paths, rows
 
 
 def run_sweep(base: AuditConfig, axes: list[Axis], out: str | Path, *, points: list[Point] | None = None,
@@ -214,13 +220,12 @@ def run_sweep(base: AuditConfig, axes: list[Axis], out: str | Path, *, points: l
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     store = RunStore(out)
-    stored_before = _stored_runs(store)
+    stored_before = stored = _stored_runs(store)
     write_text(out / "config.yaml", config_to_yaml(base))
     LOG.info("sweep: %d point(s) over %s; runs shared in %s", len(points), ", ".join(a.path for a in axes), store.runs)
     done: list[SweepPoint] = []
     for point in points:
         folder = out / "points" / point.name
-        before = _stored_runs(store)
         reused = _finished(folder, point.config)
         if reused:
             LOG.info("point %d/%d (%s): finished earlier, read back", point.index, len(points), point.label)
@@ -231,10 +236,10 @@ def run_sweep(base: AuditConfig, axes: list[Axis], out: str | Path, *, points: l
             run_audit(point.config, folder, quiet=quiet, plan=point.plan, executor=executor, workers=workers,
                       batch_runs=batch_runs, ray_address=ray_address, runs=out)
         results, _, _ = load_results(folder, "sweep")
-        done.append(SweepPoint(point.name, point.values, f"points/{point.name}", results, reused,
-                               _stored_runs(store) - before))
-    trained = _stored_runs(store) - stored_before
-    paths = write_sweep(done, [a.path for a in axes], out, _stored_runs(store), trained)
+        before, stored = stored, _stored_runs(store)
+        done.append(SweepPoint(point.name, point.values, f"points/{point.name}", results, reused, stored - before))
+    trained = stored - stored_before
+    paths, rows = write_sweep(done, [a.path for a in axes], out, stored, trained)
     write_json(out / "manifest.json", {
         "tool": {"name": "dpfl-audit", "version": __version__},
         "command": " ".join(sys.argv),
@@ -242,13 +247,13 @@ def run_sweep(base: AuditConfig, axes: list[Axis], out: str | Path, *, points: l
         "axes": {a.path: list(a.values) for a in axes},
         "points": {p.name: {"values": p.values, "folder": p.folder, "reused": p.reused, "trained_runs": p.trained_runs}
                    for p in done},
-        "runs": {"stored": _stored_runs(store), "trained": trained},
+        "runs": {"stored": stored, "trained": trained},
         "timings": {"total_seconds": time.perf_counter() - started},
         "versions": provenance.versions(),
         "machine": provenance.machine(),
     })
-    LOG.info("sweep: %d run(s) trained, %d in the store; wrote %s", trained, _stored_runs(store),
+    LOG.info("sweep: %d run(s) trained, %d in the store; wrote %s", trained, stored,
              ", ".join(str(p) for p in paths.values()))
     return {"paths": {**{k: str(v) for k, v in paths.items()}, "manifest": str(out / "manifest.json"),
                       "runs": str(store.runs)},
-            "points": done, "rows": summary_rows(done), "trained": trained, "stored": _stored_runs(store)}
+            "points": done, "rows": rows, "trained": trained, "stored": stored}

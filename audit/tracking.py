@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import importlib.util
 import json
 import logging
 import math
@@ -52,6 +51,7 @@ from urllib.parse import urlparse
 
 from audit.core.errors import UserInputError, check_choice
 from audit.core.safe_names import inside, slug
+from audit.integrations import importable
 
 if TYPE_CHECKING:  # types only: the reports (pandas, jsonschema) load when something is tracked
     from reports.document import Experiment, Results
@@ -89,15 +89,8 @@ def install_hint(kind: str) -> str:
     return f"pip install 'dpfl-audit[{TRACKERS[kind][0]}]'"
 
 
-def _importable(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):  # a broken install, or a module set to None in sys.modules
-        return False
-
-
 def _require(kind: str, modules: Iterable[str]) -> None:
-    missing = [m for m in modules if not _importable(m)]
+    missing = [m for m in modules if not importable(m)]
     if missing:
         raise UserInputError(f"--track {kind}: needs {', '.join(missing)}, which is not installed; "
                              f"install it with: {install_hint(kind)}")

@@ -23,15 +23,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # sibling modules (opacus ships a `benchmarks` package)
 
-import torch  # noqa: E402
+from measures import sync  # noqa: E402
 from workloads import WORKLOADS, Workload, dp_fedavg, load_workload  # noqa: E402
 
 from defenses.engine import FederatedEngine  # noqa: E402
-
-
-def _sync(device: str) -> None:
-    if str(device).startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def updates_per_second(workload: Workload, engine: str, rounds: int) -> tuple[float, float, float]:
@@ -41,7 +36,7 @@ def updates_per_second(workload: Workload, engine: str, rounds: int) -> tuple[fl
     run = FederatedEngine(dp_fedavg(), workload.job(rounds, engine))
     state = run.start()
     ended: list[float] = []
-    _sync(workload.device)
+    sync(workload.device)
     started = time.perf_counter()
     outcome = run.train_from(state, lambda done, total, row: ended.append(time.perf_counter()))
     seconds = ended[-1] - started  # the metrics row of the last round holds floats: the device is done

@@ -8,8 +8,8 @@
 # Needs python3 with torch (CUDA), numpy, scipy, scikit-learn, pyyaml, pytest, and the pure-Python
 # packages dp-accounting, absl-py, attrs, mpmath, hypothesis, sortedcontainers (and dm-tree, which
 # dp-accounting imports; it is a binary wheel) — put their wheels' folder on PYTHONPATH or
-# `pip install --no-index --find-links WHEELS ...` first. torchvision is optional: without it the
-# CNN workload's MNIST files are read by the benchmark's own IDX reader.
+# `pip install --no-index --find-links WHEELS ...` first. The CNN workload reads MNIST with the
+# project's loader, which needs torchvision (the lent machines' image has it).
 # The CNN workload reads the MNIST t10k files from $DPFL_AUDIT_DATA/mnist when set, else
 # ../shared/data/mnist (which does not travel to a lent machine: copy it into the repository).
 # Run on 2026-11-26 (one H200) with wheels of dp-accounting, dm-tree, jsonschema, jsonschema-specifications,

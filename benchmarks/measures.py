@@ -29,6 +29,12 @@ MIB = 1024 * 1024
 MEMORY_TARGET_MIB = 2048
 
 
+def sync(device: str) -> None:
+    """Wait for the device's queued work (a GPU runs asynchronously; the CPU needs nothing)."""
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
 def _median_seconds(fn, repeats: int) -> tuple[float, list[float]]:
     """Median wall seconds of ``fn()`` over ``repeats`` calls (and all the samples)."""
     samples = []
@@ -57,10 +63,6 @@ def matmul_peak(size: int = 1024, repeats: int = 7, sizes: tuple[int, ...] | Non
     if sizes is None:
         sizes = (2048, 4096, 8192) if cuda else tuple(sorted({max(16, size // 2), size, size * 2}))
 
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize()
-
     threads = torch.get_num_threads()
     per_size: dict[str, dict] = {}
     generator = torch.Generator().manual_seed(0)
@@ -70,20 +72,20 @@ def matmul_peak(size: int = 1024, repeats: int = 7, sizes: tuple[int, ...] | Non
         c = torch.empty(n, n, dtype=torch.float32, device=device)
         flops = 2.0 * n ** 3
         torch.mm(a, b, out=c)  # first-use costs
-        sync()
+        sync(device)
         started = time.perf_counter()
         warm = 0
         while warm < 3 or time.perf_counter() - started < 0.1:
             torch.mm(a, b, out=c)
             warm += 1
-            sync()
+            sync(device)
         one = (time.perf_counter() - started) / warm
         iterations = max(1, math.ceil(0.2 / one))
 
         def block(a=a, b=b, c=c, iterations=iterations) -> None:
             for _ in range(iterations):
                 torch.mm(a, b, out=c)
-            sync()
+            sync(device)
 
         median, samples = _median_seconds(block, repeats)
         per_size[str(n)] = {

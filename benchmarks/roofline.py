@@ -24,11 +24,16 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
-import torch
-from torch import nn
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # sibling modules (opacus ships a `benchmarks` package)
+
+import torch  # noqa: E402
+from measures import sync  # noqa: E402
+from torch import nn  # noqa: E402
 
 FLOAT_BYTES = 4
 
@@ -46,11 +51,11 @@ def memory_bandwidth(mib: int = 64, repeats: int = 7, device: str = "cpu") -> di
             kernel()
         samples = []
         for _ in range(repeats):
-            _sync(device)
+            sync(device)
             started = time.perf_counter()
             for _ in range(5):
                 kernel()
-            _sync(device)
+            sync(device)
             samples.append((time.perf_counter() - started) / 5)
         moved = n * FLOAT_BYTES * touches
         per_kernel[name] = {"median_bytes_per_second": moved / statistics.median(samples),
@@ -60,11 +65,6 @@ def memory_bandwidth(mib: int = 64, repeats: int = 7, device: str = "cpu") -> di
             "bandwidth_gbs": per_kernel[best]["median_bytes_per_second"] / 1e9, "kernel": best,
             "kernels": per_kernel, "tensor_mib": mib, "repeats": repeats, "torch_threads": torch.get_num_threads(),
             "method": "median over repeats of 5 calls each; bytes = elements x 4 x (reads + writes); best kernel"}
-
-
-def _sync(device: str) -> None:
-    if str(device).startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def layer_shapes(model: nn.Module, input_shape: Sequence[int]) -> list[tuple[nn.Module, tuple[int, ...], tuple[int, ...]]]:

@@ -121,32 +121,12 @@ def workload_two(seed: int = SEED, root: Path | str = MNIST_ROOT) -> Workload:
     root = Path(root)
     if not any((root / f"t10k-labels-idx1-ubyte{ext}").exists() for ext in ("", ".gz")):
         raise FileNotFoundError(f"workload 2 needs the MNIST t10k IDX files in {root} (see ../shared/data/README.md)")
-    try:
-        mnist = load_dataset("mnist", root=str(root), options={"download": False})
-        features, labels = mnist.train.features, mnist.train.labels
-    except ImportError:  # the loader parses IDX with torchvision's reader; a bare GPU machine may lack it
-        features, labels = _read_mnist_test(root)
+    mnist = load_dataset("mnist", root=str(root), options={"download": False})
+    features, labels = mnist.train.features, mnist.train.labels
     clients, test = _split(len(labels), CNN_RECORDS_PER_CLIENT, seed)
     return Workload("cnn", features, labels, clients, test, "lenet", CNN_BATCH_SIZE,
                     f"mnist 28x28 (t10k), {CLIENTS} clients x {CNN_RECORDS_PER_CLIENT} records, lenet "
                     f"(3 conv 5x5, 12 ch, sigmoid), batch {CNN_BATCH_SIZE}")
-
-
-def _read_mnist_test(root: Path) -> tuple[torch.Tensor, torch.Tensor]:
-    """The t10k IDX pair read with numpy (big-endian header: magic, dimensions; then uint8 data),
-    scaled as the project's loader does (``image_tensor``: /255, a channel axis)."""
-    import gzip
-
-    from audit.core.dataset_types import image_tensor
-
-    def read(stem: str) -> np.ndarray:
-        path = root / stem if (root / stem).exists() else root / f"{stem}.gz"
-        raw = (gzip.open if path.suffix == ".gz" else open)(path, "rb").read()
-        dims = raw[3]
-        shape = tuple(int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(dims))
-        return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * dims).reshape(shape)
-
-    return image_tensor(read("t10k-images-idx3-ubyte"), 255.0), torch.as_tensor(read("t10k-labels-idx1-ubyte").astype(np.int64))
 
 
 def load_workload(name: str, seed: int = SEED, device: str = "cpu") -> Workload:

@@ -67,16 +67,13 @@ def _value_text(value: Any) -> str:
 def combined_experiments(points: list[SweepPoint]) -> list[tuple[SweepPoint, Experiment]]:
     """Every distinct experiment of the sweep with the first point that has it, relabelled where
     the same configuration differs between points (by the values of the axes that differ)."""
-    by_key: dict[str, list[tuple[SweepPoint, Experiment]]] = {}
+    by_key: dict[str, dict[str, tuple[SweepPoint, Experiment]]] = {}  # key → fingerprint → first
     for point in points:
         for experiment in point.results.experiments:
-            group = by_key.setdefault(experiment.key, [])
-            if all(_fingerprint(experiment) != _fingerprint(e) for _, e in group):
-                group.append((point, experiment))
+            by_key.setdefault(experiment.key, {}).setdefault(_fingerprint(experiment), (point, experiment))
     combined = []
-    for group in by_key.values():
-        varying = [path for path in group[0][0].values
-                   if len({_value_text(p.values[path]) for p, _ in group}) > 1] if len(group) > 1 else []
+    for group in (list(distinct.values()) for distinct in by_key.values()):
+        varying = [path for path in group[0][0].values if len({_value_text(p.values[path]) for p, _ in group}) > 1]
         for point, experiment in group:
             if varying:
                 suffix = ", ".join(f"{path}={_value_text(point.values[path])}" for path in varying)
@@ -96,9 +93,13 @@ def _lower_bounds(experiment: Experiment):
 
 def sweep_family(points: list[SweepPoint]) -> dict[str, Any]:
     """Holm's procedure at :data:`FAMILY_ALPHA` over every distinct tested ε lower bound of the
-    sweep: how many figures, and for each experiment fingerprint whether a violation stands."""
-    tested = [(fingerprint, verdict) for _, e in combined_experiments(points)
-              for fingerprint in [_fingerprint(e)] for _, verdict in _lower_bounds(e)]
+    sweep (an experiment identical at several points counts once): how many figures, and for each
+    experiment fingerprint whether a violation stands."""
+    distinct: dict[str, Experiment] = {}
+    for point in points:
+        for experiment in point.results.experiments:
+            distinct.setdefault(_fingerprint(experiment), experiment)
+    tested = [(fingerprint, verdict) for fingerprint, e in distinct.items() for _, verdict in _lower_bounds(e)]
     decisions = holm([float(v.p_value or 0.0) for _, v in tested], FAMILY_ALPHA)
     standing: dict[str, bool] = {}
     for (fingerprint, _), (rejected, _) in zip(tested, decisions):
@@ -129,9 +130,10 @@ def summary_row(point: SweepPoint, experiment: Experiment, headline: dict[str, A
     }
 
 
-def summary_rows(points: list[SweepPoint]) -> list[dict[str, Any]]:
-    """One row per (point, configuration), in point order (:func:`summary_row`)."""
-    standing = sweep_family(points)["standing"]
+def summary_rows(points: list[SweepPoint], family: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """One row per (point, configuration), in point order (:func:`summary_row`); ``family``: the
+    sweep's :func:`sweep_family`, computed here when not given."""
+    standing = (family or sweep_family(points))["standing"]
     return [summary_row(point, experiment, headline, standing.get(_fingerprint(experiment), False))
             for point in points for experiment, headline in zip(point.results.experiments, headline_rows(point.results))]
 
@@ -152,9 +154,9 @@ def tidy_rows(points: list[SweepPoint], axes: list[str]) -> list[dict[str, Any]]
             for p in points for row in p.results.rows]
 
 
-def summary_csv(points: list[SweepPoint], axes: list[str]) -> str:
+def summary_csv(rows: list[dict[str, Any]], axes: list[str]) -> str:
     """``sweep.csv``: :func:`summary_rows` with the point's name and axes in front."""
-    return _csv(summary_rows(points), ["point", *axes, *SUMMARY_COLUMNS])
+    return _csv(rows, ["point", *axes, *SUMMARY_COLUMNS])
 
 
 def tidy_csv(points: list[SweepPoint], axes: list[str]) -> str:
@@ -162,10 +164,10 @@ def tidy_csv(points: list[SweepPoint], axes: list[str]) -> str:
     return _csv(tidy_rows(points, axes), ["point", *axes, *[f.name for f in fields(Row)]])
 
 
-def sweep_document(points: list[SweepPoint], axes: list[str], stored: int, trained: int) -> dict[str, Any]:
-    """``sweep.json``: the axes and their values, the points, the runs, the sweep-wide family and the rows."""
-    rows = summary_rows(points)
-    family = sweep_family(points)
+def sweep_document(points: list[SweepPoint], axes: list[str], rows: list[dict[str, Any]], family: dict[str, Any],
+                   stored: int, trained: int) -> dict[str, Any]:
+    """``sweep.json``: the axes and their values, the points, the runs, the sweep-wide family
+    (:func:`sweep_family`) and the rows (:func:`summary_rows`)."""
     return {
         "format": SWEEP_FORMAT,
         "axes": {a: list({_value_text(p.values[a]): p.values[a] for p in points}.values()) for a in axes},

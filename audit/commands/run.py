@@ -21,7 +21,8 @@ if TYPE_CHECKING:  # types only: this module loads no torch (see audit.commands)
     from reports.document import AttackRecord, Results
 
 
-def _load(args: argparse.Namespace):
+def load_run_config(args: argparse.Namespace):
+    """The config a training command's arguments ask for: file, preset, --seed, --device, --set."""
     from audit.config import load_config
 
     overrides: dict[str, Any] = {}
@@ -75,7 +76,7 @@ def command_run(args: argparse.Namespace, attack: bool) -> int:
     check_executor(args.executor, args.workers, args.ray_address, args.batch_runs)  # for ray: that Ray is installed
     trackers = list(dict.fromkeys(getattr(args, "track", None) or []))  # `train` has no --track
     check_tracking(trackers, getattr(args, "track_uri", None))  # packages and URI, before any training
-    config = _load(args)
+    config = load_run_config(args)
     if not (math.isfinite(args.max_hours) and args.max_hours >= 0):
         raise UserInputError(f"--max-hours: must be a finite number >= 0 (0: no limit), got {args.max_hours:g}")
     plan = plan_audit(config)  # every check happens here, before the output directory exists

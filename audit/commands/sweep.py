@@ -5,13 +5,12 @@ the points sharing one run store; a combined table, the privacy–utility figure
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 from typing import Any
 
 from audit.commands import EXIT_OK
-from audit.commands.run import track
+from audit.commands.run import load_run_config, track
 from audit.core.errors import UserInputError
 
 
@@ -23,7 +22,6 @@ def _cell(value: Any, percent: bool = False) -> str:
 
 def command_sweep(args: argparse.Namespace) -> int:
     from audit.budget import check_budget
-    from audit.config import load_config
     from audit.executors import check_executor, check_executor_plan
     from audit.sweep import parse_axes, plan_sweep, run_sweep
     from audit.tracking import check_tracking
@@ -32,14 +30,7 @@ def command_sweep(args: argparse.Namespace) -> int:
     trackers = list(dict.fromkeys(args.track or []))
     check_tracking(trackers, args.track_uri)
     axes = parse_axes(args.over)
-    overrides: dict[str, Any] = {}
-    if args.seed is not None:
-        overrides["seed"] = args.seed
-    if args.device is not None:
-        overrides["device"] = args.device
-    base = load_config(args.config, args.preset, overrides, args.sets)
-    if not (math.isfinite(args.max_hours) and args.max_hours >= 0):
-        raise UserInputError(f"--max-hours: must be a finite number >= 0 (0: no limit), got {args.max_hours:g}")
+    base = load_run_config(args)
     points = plan_sweep(base, axes)  # every point checked before the output directory exists
     hours = 0.0
     for point in points:
@@ -72,7 +63,9 @@ def command_sweep(args: argparse.Namespace) -> int:
     for point in result["points"]:  # every point into one MLflow store; TensorBoard: a log directory per point
         folder = Path(args.out) / point.folder
         uris = {"mlflow": str(Path(args.out) / "mlruns"), "tensorboard": str(Path(args.out) / "tensorboard" / point.name)}
-        uri = args.track_uri if args.track_uri is None or trackers != ["tensorboard"] else str(Path(args.track_uri) / point.name)
+        uri = args.track_uri
+        if uri is not None and trackers == ["tensorboard"]:  # a log directory given: a folder per point in it
+            uri = str(Path(uri) / point.name)
         code = track(trackers, folder, uri, uris)
         if code != EXIT_OK:
             return code

@@ -217,25 +217,27 @@ def test_a_configuration_that_differs_between_points_is_labelled_by_the_axes_tha
     assert fedavg == ["fedavg (training.lr=0.1)", "fedavg (training.lr=0.2)"]
 
 
+def with_p(point: SweepPoint, p: float) -> SweepPoint:
+    """The point with every tested bound of its private experiment at p-value 1, except one at
+    ``p``, and its verdict a violation (as its own Holm family would decide at small p)."""
+    experiments = []
+    for e in point.results.experiments:
+        first = True
+        attacks = []
+        for a in e.attacks:
+            verdicts = []
+            for v in a.verdicts:
+                if v.kind == "lower_bound" and v.p_value is not None:
+                    v = replace(v, p_value=p if first else 1.0)
+                    first = False
+                verdicts.append(v)
+            attacks.append(replace(a, verdicts=verdicts))
+        experiments.append(replace(e, attacks=attacks, soundness="violation" if e.claim.is_private else e.soundness))
+    return replace(point, results=replace(point.results, experiments=experiments))
+
+
 def test_a_violation_stands_sweep_wide_only_under_holm_over_the_whole_sweep(sweep):
     one, two = _points(sweep)
-
-    def with_p(point: SweepPoint, p: float) -> SweepPoint:
-        """The point with every tested bound of its private experiment at p-value 1, except one at ``p``."""
-        experiments = []
-        for e in point.results.experiments:
-            first = True
-            attacks = []
-            for a in e.attacks:
-                verdicts = []
-                for v in a.verdicts:
-                    if v.kind == "lower_bound" and v.p_value is not None:
-                        v = replace(v, p_value=p if first else 1.0)
-                        first = False
-                    verdicts.append(v)
-                attacks.append(replace(a, verdicts=verdicts))
-            experiments.append(replace(e, attacks=attacks, soundness="violation" if e.claim.is_private else e.soundness))
-        return replace(point, results=replace(point.results, experiments=experiments))
 
     family = sweep_family([with_p(one, 0.03), with_p(two, 0.004)])
     k = family["figures"]
@@ -279,3 +281,16 @@ def test_the_readme_sweep_is_three_points_of_dp_fedavg_one_epsilon_each():
     assert {p.config.defenses[1].name for p in points} == {"dp-fedavg"} and args.preset == "smoke"
     claimed = [next(e for e in p.plan.experiments if e.defense.name == "dp-fedavg").target_epsilon for p in points]
     assert claimed == [1.0, 4.0, 16.0]
+
+
+def test_a_relabelled_configuration_keeps_its_sweep_wide_decision(sweep):
+    """The same configuration at two points of another axis, different there (its label gains the
+    axis): the one with p = 0.004 stands sweep-wide, the one with p = 0.5 does not."""
+    one, _ = _points(sweep)
+    points = [replace(with_p(one, 0.004), name="p01", values={"training.lr": 0.1}),
+              replace(with_p(one, 0.5), name="p02", values={"training.lr": 0.2})]
+    assert FAMILY_ALPHA / sweep_family(points)["figures"] >= 0.004
+    private = next(e.label for e in one.results.experiments if e.claim.is_private)
+    assert any(e.label == f"{private} (training.lr=0.1)" for _, e in combined_experiments(points))
+    rows = {(r["point"], r["configuration"]): r["sweep_verdict"] for r in summary_rows(points)}
+    assert rows[("p01", private)] == "violation" and rows[("p02", private)] == "not sweep-wide"
