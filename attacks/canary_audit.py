@@ -137,9 +137,10 @@ def canary_result(attack: str, unit: str, statistics: np.ndarray, inserted: np.n
         if "epsilon_one_run" in evidence:
             audit = evidence["epsilon_one_run"]
             notes += f"; one-run audit: {audit.correct} of {audit.guesses} guesses right{gdp_note(evidence)}"
-        if truth.sum() >= 2 and (~truth).sum() >= 2:
-            metrics["epsilon_gaussian_fit"] = gaussian_fit_epsilon(flat[truth.ravel()], flat[~truth.ravel()], delta, confidence,
-                                                                   seed=seed)
+        if truth.sum() >= 2 and (~truth).sum() >= 2 and delta > 0:
+            metrics["epsilon_gaussian_fit"] = gaussian_fit_epsilon(flat[truth.ravel()], flat[~truth.ravel()], delta, confidence)
+        elif delta <= 0:
+            notes += "; no Gaussian-fit estimate at δ = 0: a Gaussian pair has no finite ε there"
     kinds = {**dict.fromkeys(ONE_RUN_FIGURES, "lower_bound"), "epsilon_gaussian_fit": "estimate"}
     return AttackResult(attack, "", unit, statistics, truth, metrics, roc, notes,
                         {k: v for k, v in kinds.items() if k in metrics}, kind="canary", evidence=evidence)

@@ -24,9 +24,10 @@ in different runs are correlated (its own vulnerability), and in the usual leave
 run r is scored with the other runs as references, so its scores use their membership: pooling
 several runs' coins would let one run's guesses see another run's truth, which the one-run
 theorem forbids. A single run's coins are safe exactly when that run was scored without its own
-membership — the design's premise. We take the first run in file order: fixed before any score
-is looked at (choosing the run with the best bound would be a selection the 95 % level does not
-pay for), and only if its member fraction is compatible with fair coins (two-sided exact
+membership — the design's premise. We take the run with the smallest id (in natural order:
+numbers within ids by value, model-2 before model-10): fixed before any score is looked at (choosing the run with
+the best bound would be a selection the 95 % level does not pay for) and whatever the order of
+the rows, and only if its member fraction is compatible with fair coins (two-sided exact
 binomial test, p ≥ :data:`FAIR_COIN_P`): Steinke et al.'s count is dominated by a binomial only
 for coins of probability ½. Otherwise there is no ε figure, and the notes say why.
 
@@ -80,7 +81,8 @@ Kind = Literal["membership", "canary"]
 @dataclass(frozen=True)
 class ScoreFile:
     """A score file, checked and arranged as a grid: ``scores[r, u]`` of run ``runs[r]`` and unit
-    (or canary) ``units[u]``, both in the order of their first appearance in the file."""
+    (or canary) ``units[u]``, both sorted by id (:func:`id_order`) — so nothing computed from it
+    depends on the order of the file's rows."""
 
     path: Path
     format: str  # "csv", "parquet" or "npz"
@@ -308,11 +310,27 @@ def _unit_kind(table: _Table) -> str | None:
     return first
 
 
+def id_order(name: str) -> tuple:
+    """Sort key of an id, "natural" order: runs of digits compare by value and the rest by its
+    characters, so model-2 comes before model-10 and run 7 before run 10; the id itself breaks
+    what is left (07 and 7)."""
+    chunks = re.split(r"(\d+)", name.strip())
+    return tuple((0, int(c), "") if c.isdigit() else (1, 0, c) for c in chunks if c), name
+
+
+def _sorted_codes(ids: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """(code of every row, the distinct ids sorted by :func:`id_order`): the grid's order depends on
+    the ids only, never on the order of the rows."""
+    names = sorted(pd.unique(ids), key=id_order)
+    lookup = {name: code for code, name in enumerate(names)}
+    return np.fromiter((lookup[i] for i in ids), dtype=np.int64, count=len(ids)), names
+
+
 def _grid(table: _Table, runs: np.ndarray, units: np.ndarray, unit_column: str
           ) -> tuple[tuple[str, ...], tuple[str, ...], np.ndarray]:
     """(runs, units, row index of every pair [runs, units]) — each pair exactly once."""
-    run_codes, run_names = pd.factorize(runs, sort=False)
-    unit_codes, unit_names = pd.factorize(units, sort=False)
+    run_codes, run_names = _sorted_codes(runs)
+    unit_codes, unit_names = _sorted_codes(units)
     pairs = run_codes.astype(np.int64) * len(unit_names) + unit_codes
     repeated = np.flatnonzero(pd.Series(pairs).duplicated(keep="first").to_numpy())
     if repeated.size:
@@ -396,7 +414,8 @@ def score_result(data: ScoreFile, unit: str, delta: float, seed: int = 0) -> Att
     ``delta``: the δ of the ε figures (:func:`reports.soundness.measurement_delta`), ``seed``: the
     bootstrap's.
 
-    Membership: the one-run ε bounds use only the first run's coins (see the module docstring),
+    Membership: the one-run ε bounds use only the coins of the run with the smallest id (see the
+    module docstring),
     if they pass the fair-coin test. Canaries: every canary is its own coin (the audit of Steinke
     et al. 2023 pools runs: each canary sits in one run); the same test applies to all of them.
     """
@@ -410,9 +429,9 @@ def score_result(data: ScoreFile, unit: str, delta: float, seed: int = 0) -> Att
     coins = (data.scores[0], coins_truth) if p >= FAIR_COIN_P else None
     metrics, roc, evidence = membership_metrics(data.scores, data.truth, seed, delta=delta, coins=coins)
     if coins is None:
-        note = _unfair(f"run '{first}' (the first in the file)", coins_truth, p)
+        note = _unfair(f"run '{first}' (the smallest run id)", coins_truth, p)
     else:
-        note = (f"one-run ε over the {coins_truth.size} coins of run '{first}' alone, the first in the file "
+        note = (f"one-run ε over the {coins_truth.size} coins of run '{first}' alone, the smallest run id "
                 f"(its scores must not use its own membership; other runs' coins are not independent of its "
                 f"guesses){gdp_note(evidence)}")
     design = f"{len(data.runs)} run(s) × {len(data.units)} {unit}s"

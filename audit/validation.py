@@ -39,6 +39,8 @@ from scipy.stats import norm
 from attacks.base import OPERATING_POINTS, membership_metrics, one_run_bounds
 from audit.config import load_config
 from audit.core.audit_power import tight_scores
+from audit.core.empirical_epsilon import gaussian_fit_epsilon
+from audit.core.fdp_one_run import gdp_epsilon
 from audit.pipeline import attack
 from audit.planning import plan_audit
 from audit.store import RunStore
@@ -237,6 +239,41 @@ def known_effect(replicates: int, mu: float = 1.0, runs: int = 16, units: int = 
             true_tpr = float(1 - norm.cdf(norm.ppf(1 - fpr) - mu / sd))
             tallies[name].add(metrics[name].low, metrics[name].high, true_tpr)
     return tallies
+
+
+def accuracy_coverage(replicates: int, mu: float = 0.0, runs: int = 16, units: int = 200, seed: int = 3,
+                      bootstrap: int = 300) -> tuple[Tally, float, float, float]:
+    """(b): the membership ``accuracy`` (each target run at the threshold fitted on the other runs)
+    on the crossed design — run effect sd 0.5, unit effect sd 1, cell sd 1, member shift μ.
+    Under the null (μ = 0) the truth is independent of the scores, so the accuracy is ½ in
+    expectation whatever the thresholds; with μ > 0 the design's expected accuracy is estimated by
+    the mean over the replicates. Returns the tally of 95 % intervals covering it, that truth,
+    the SD of the accuracy over the replicates and the mean SE its intervals imply."""
+    rng = np.random.default_rng([seed, int(round(mu * 1000))])
+    figures = Replicates()
+    for i in range(replicates):
+        scores, truth, _ = crossed_scores(rng, runs, units, mu)
+        accuracy = membership_metrics(scores, truth, seed=seed * 100003 + i, bootstrap=bootstrap)[0]["accuracy"]
+        figures.add(Estimate(accuracy.value, accuracy.low, accuracy.high))
+    expected = 0.5 if mu == 0 else float(np.mean(figures.values))
+    return (figures.coverage(expected), expected, *figures.spread())
+
+
+def gaussian_fit_coverage(replicates: int, canaries: int, mu: float, delta: float = 1e-5, seed: int = 4) -> Tally:
+    """(e): coverage of the Gaussian-fit ε interval (Andrew et al. 2024) when the canary statistics
+    are exactly the μ-GDP pair N(μ, 1) vs N(0, 1): each canary inserted by a fair coin, as in an
+    audit; the truth is the pair's ε at δ."""
+    rng = np.random.default_rng([seed, canaries, int(round(mu * 1000))])
+    truth = gdp_epsilon(mu, delta)
+    tally = Tally()
+    for _ in range(replicates):
+        inserted = rng.random(canaries) < 0.5
+        if inserted.sum() < 2 or (~inserted).sum() < 2:
+            continue
+        statistics = mu * inserted + rng.standard_normal(canaries)
+        fit = gaussian_fit_epsilon(statistics[inserted], statistics[~inserted], delta)
+        tally.add(fit.low, fit.high, truth)
+    return tally
 
 
 def tight_claim(replicates: int, epsilon: float, delta: float, runs: int = 16, units: int = 40, figures: int = 4,

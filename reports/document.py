@@ -119,6 +119,11 @@ class Power:
     tight_bound: float = field(metadata={"help": "median ε_LB when the mechanism is exactly as private as the bound"})
     detection: float = field(metadata={"min": 0.0, "max": 1.0, "help": "probability of a violation verdict at twice the bound's ε"})
     needed: int | None = field(metadata={"help": "coins for 80 % detection (normal approximation); null: none up to 10⁵"})
+    simulations: int | None = field(default=None, metadata={
+        **_OPTIONAL, "min": 0, "help": "simulated audits behind detection (batches until it is 4 standard errors from 0.80, "
+                                       "at most 2,000)"})
+    detection_se: float | None = field(default=None, metadata={
+        **_OPTIONAL, "min": 0.0, "help": "Monte-Carlo standard error of detection"})
 
 
 @dataclass(frozen=True)

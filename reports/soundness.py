@@ -193,7 +193,8 @@ def _against(v: Verdict, bound: tuple[float, float, str]) -> str:
 
 def _power(evidence: OneRunAudit, limit: float, limit_delta: float, level: float) -> Power:
     power = one_run_power(evidence.canaries, limit, limit_delta, level, method=evidence.method)
-    return Power(power.canaries, power.level, power.tight_bound, power.detection, power.needed)
+    return Power(power.canaries, power.level, power.tight_bound, power.detection, power.needed, power.simulations,
+                 power.detection_se)
 
 
 def family_verdicts(family: list[tuple[Verdict, OneRunAudit | None]]) -> list[Verdict]:
@@ -215,7 +216,8 @@ def family_verdicts(family: list[tuple[Verdict, OneRunAudit | None]]) -> list[Ve
         figure = f"ε_LB = {v.measured:.3g}"
         bound = (limit, limit_delta, "the claim" if limit == v.claimed else "group privacy")
         test = f"p = {p_values[i]:.2g} against Holm level {level:.2g} (family of {k})"
-        reach = (f"power: {power.detection:.0%} to detect 2ε = {2 * limit:.3g} with {power.canaries} coins; "
+        reach = (f"power: {power.detection:.0%} (± {power.detection_se or 0.0:.1%}, {power.simulations} simulations) to "
+                 f"detect 2ε = {2 * limit:.3g} with {power.canaries} coins; "
                  f"at most ε_LB ≈ {power.tight_bound:.3g} is certifiable against a tight mechanism")
         if rejected:
             status, text = VIOLATION, f"VIOLATION: {figure} exceeds {_against(v, bound)}; {test}"

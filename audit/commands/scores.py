@@ -77,6 +77,8 @@ def _summary(data: Any, results: Any, paths: dict[str, str]) -> str:
     fit = metrics.get("epsilon_gaussian_fit")
     if fit is not None:
         lines.append(f"  Gaussian-fit ε estimate {_interval(fit)} (an estimate, not a bound)")
+    elif data.kind == "canary" and "no Gaussian-fit estimate" in attack.notes:
+        lines.append("  no Gaussian-fit estimate at δ = 0: a Gaussian pair has no finite ε there")
     claim = experiment.claim
     if claim.is_private:
         stated = f"ε = {claim.epsilon:g}, δ = {claim.delta:g} per {claim.unit} ({claim.relation})"

@@ -158,6 +158,56 @@ class WeightedRoc:
         return self.curve_from(*self.member_fprs(np.ones(self.size) if weights is None else weights))
 
 
+class LeaveOneRunOutAccuracy:
+    """Accuracy of each target run at the threshold that is best on the *other* runs, as a
+    weighted statistic of the design: under bootstrap weights [runs, units] the thresholds are
+    re-fitted on the weighted other runs before the weighted accuracy is taken.
+
+    The threshold is part of the estimate: holding each target's threshold fixed at its fit on the
+    original data while the cells are resampled leaves out the threshold's own sampling variation,
+    and the interval under-covers (measured under a null of 16 runs × 200 units with a run effect:
+    81 % for a nominal 95 %). Re-fitting it in every resample puts that variation back.
+
+    A threshold predicts "member" for scores at or above it; the best one maximises the weighted
+    count of members above plus non-members below it (ties between thresholds go to the highest,
+    and predicting no member at all wins a tie with every threshold), computed for all targets at
+    once from each run's weighted cumulative counts over the distinct scores.
+    """
+
+    def __init__(self, scores: np.ndarray, truth: np.ndarray):
+        scores = np.asarray(scores, dtype=np.float64)
+        self.truth = np.asarray(truth).astype(bool)
+        self.runs = scores.shape[0]
+        # tie group of every cell in descending score order: group 0 holds the highest score
+        distinct = np.unique(scores)
+        self.groups = len(distinct)
+        self.group = (self.groups - 1 - np.searchsorted(distinct, scores)).astype(np.int64)
+        self.cell = (np.arange(self.runs)[:, None] * self.groups + self.group).ravel()
+
+    def correct(self, weights: np.ndarray) -> np.ndarray:
+        """correct[r, u]: does run r's prediction at its re-fitted threshold match the truth?"""
+        w = np.asarray(weights, dtype=np.float64)
+        size = self.runs * self.groups
+
+        def cumulative(mask: np.ndarray) -> np.ndarray:
+            per_group = np.bincount(self.cell, weights=(w * mask).ravel(), minlength=size).reshape(self.runs, self.groups)
+            return np.cumsum(per_group, axis=1)  # [run, g]: weight at or above group g's score
+
+        members, others = cumulative(self.truth), cumulative(~self.truth)
+        members_above = members.sum(0)[None, :] - members  # over the other runs
+        non_members_above = others.sum(0)[None, :] - others
+        non_members = non_members_above[:, -1]
+        correct = members_above + (non_members[:, None] - non_members_above)
+        best = np.argmax(correct, axis=1)
+        calls_members = correct[np.arange(self.runs), best] > non_members  # else: nobody is called a member
+        cut = np.where(calls_members, best, -1)
+        return (self.group <= cut[:, None]) == self.truth
+
+    def __call__(self, weights: np.ndarray) -> float:
+        w = np.asarray(weights, dtype=np.float64)
+        return float((w * self.correct(w)).sum() / w.sum())
+
+
 def comparison_roc(scores: np.ndarray, truth: np.ndarray, run_groups: np.ndarray | None = None) -> WeightedRoc:
     """The ROC of scores [runs, units] whose member and non-member cells are compared only within
     a group of runs (``run_groups``; one group when None) and never within a unit (see

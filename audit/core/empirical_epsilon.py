@@ -13,8 +13,8 @@ Both turn canary statistics into a statement about ε that can be set beside a c
 * :func:`gaussian_fit_epsilon` — Andrew, Kairouz, Oh, Oprea, McMahan, Suriyakumar 2024,
   "One-shot Empirical Privacy Estimation for Federated Learning" (§3): the statistics of
   inserted canaries and of held-out (never inserted) ones are modelled as two Gaussians and ε
-  is that of the Gaussian pair at δ. An *estimate*, not a bound; its bootstrap interval says
-  how well the canaries pin it down.
+  is that of the Gaussian pair at δ > 0. An *estimate*, not a bound; its exact noncentral-t
+  interval says how well the canaries pin it down.
 
 Reference values (``../shared/specs/peers.md`` §2): the one-run bound at m = 1000, r = v = 100,
 δ = 0, p = 0.05 is 3.493; r = 100, v = 90: 1.631; r = v = 1000: 5.809; m = 10⁴, r = 10³,
@@ -26,10 +26,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import ClassVar
 
 import numpy as np
 from scipy import stats
+from scipy.optimize import brentq
+from scipy.special import ndtr
 
 from audit.core.metrics import Estimate
 
@@ -124,16 +127,46 @@ class OneRunAudit:
 
 def guess_counts(scores: np.ndarray, inserted: np.ndarray,
                  guess_fractions: tuple[float, ...] = GUESS_FRACTIONS) -> tuple[tuple[int, int], ...]:
-    """(guesses, correct) at each abstention level: "in" for the k/2 highest scores, "out" for the
-    k/2 lowest, k = fraction · m (at least one of each)."""
+    """(guesses, correct) at each abstention level: "in" for the highest scores, "out" for the
+    lowest, k = ⌊fraction · m⌋ guesses in all (at least 2, at most m; k/2 on each side when no
+    scores tie, the extra one "in" when k is odd).
+
+    **Ties.** A guess must be a function of the scores alone (Steinke et al. 2023, §3: the guesses
+    are post-processing of the output). Among canaries with one score nothing tells them apart, so
+    "the k/2 highest" is not defined when a tied block straddles the cut, and breaking the tie by
+    the order of the rows lets the file order decide — a file sorted by truth would then credit
+    every tied guess. The guesses therefore cut only *between* distinct scores: the auditor guesses
+    "in" on the a highest and "out" on the b lowest canaries, where a and b are block boundaries
+    (no tied block is split), a + b ≤ k, a + b as large as possible, then a and b as even as
+    possible (then a ≥ b) — a rule that depends on the sorted scores only, so the counts are
+    invariant to the order of the rows. Where ties leave a + b < k, the level is still charged k
+    guesses: an auditor that guessed on the k − (a + b) canaries it skipped (say, at random among
+    the straddling block) would have at least as many right, so the tail bound for k guesses, which
+    holds for any post-processing that makes k guesses, holds for these counts too (conservative by
+    the skipped guesses, and exactly the old counts when no scores tie at the cut).
+    """
     m = len(scores)
-    ranked = inserted[np.argsort(-scores, kind="stable")]
+    if m < 2:
+        return ()
+    order = np.argsort(-scores, kind="stable")
+    descending, ranked = scores[order], inserted[order].astype(bool)
+    # cut positions i ∈ [0, m]: the top i canaries are exactly those scoring above some threshold
+    cuts = np.flatnonzero(np.r_[True, descending[1:] != descending[:-1], True])
+    members_above = np.r_[0, np.cumsum(ranked)]  # inserted among the top i (i at a cut: order-free)
+    outside = m - int(members_above[-1])  # canaries not inserted
     counts = []
     for fraction in guess_fractions:
-        half = min(max(1, int(fraction * m) // 2), m // 2)
-        if half == 0:
-            continue
-        counts.append((2 * half, int(ranked[:half].sum() + (~ranked[m - half:]).sum())))
+        budget = min(m, max(2, int(fraction * m)))
+        tops = cuts[cuts <= budget]
+        # for each top cut a, the largest bottom block b with a + b ≤ budget: the lowest cut
+        # position at or above m − (budget − a)
+        bottoms = m - cuts[np.searchsorted(cuts, np.maximum(tops, m - budget + tops), side="left")]
+        total = tops + bottoms
+        best = np.lexsort((-tops, np.abs(tops - bottoms), -total))[0]
+        a, b = int(tops[best]), int(bottoms[best])
+        below = m - b  # the bottom b start at position m − b
+        correct = int(members_above[a]) + (outside - (below - int(members_above[below])))
+        counts.append((budget, correct))
     return tuple(counts)
 
 
@@ -163,7 +196,8 @@ def one_run_audit(scores: np.ndarray, inserted: np.ndarray, delta: float = 0.0, 
     """Steinke et al.'s audit on canary scores (higher = more likely inserted).
 
     The auditor guesses "in" for the k₊ highest scores and "out" for the k₋ lowest, with
-    k₊ = k₋ = k/2 and abstains on the rest. Trying several k and keeping the best would bias
+    k₊ = k₋ = k/2 where no scores tie (:func:`guess_counts`: tied blocks are never split), and
+    abstains on the rest. Trying several k and keeping the best would bias
     the bound upward, so each k is tested at level alpha / (number of k tried) (Bonferroni):
     the reported bound holds with confidence 1 − alpha whichever k wins.
     """
@@ -244,44 +278,70 @@ def _shift(inserted: np.ndarray, held_out: np.ndarray) -> float:
     return float((inserted.mean() - held_out.mean()) / math.sqrt(max(pooled, 1e-300)))
 
 
-def _separate(inserted: np.ndarray, held_out: np.ndarray, delta: float) -> float:
-    return gaussian_pair_epsilon(delta, float(inserted.mean()), max(float(inserted.std(ddof=1)), 1e-150),
-                                 float(held_out.mean()), max(float(held_out.std(ddof=1)), 1e-150))
+#: quadrature nodes of the noncentral t distribution's cdf (its error is below 1e-5)
+NODES = 4000
 
 
-def gaussian_fit_epsilon(inserted: np.ndarray, held_out: np.ndarray, delta: float, confidence: float = 0.95,
-                         bootstrap: int = 200, seed: int = 0, variance: str = "pooled") -> Estimate:
-    """Andrew et al. 2024's estimate: fit N(μ₁, σ²) to the inserted canaries' statistics and
+def noncentral_t_cdf(t: float, dof: int, noncentrality: float) -> float:
+    """P[T ≤ t] for T = (Z + λ)/√(V/ν), Z ~ N(0, 1), V ~ χ²_ν: E_V[Φ(t·√(V/ν) − λ)], the
+    expectation over ν's χ distribution taken at its quantiles (midpoint rule on [0, 1]).
+    scipy's ``nct`` returns NaN once λ is in the tens (1,000 canaries at μ = 2 give λ ≈ 32)."""
+    return float(np.mean(ndtr(t * _chi_nodes(dof) - noncentrality)))
+
+
+@lru_cache(maxsize=64)
+def _chi_nodes(dof: int) -> np.ndarray:
+    return np.sqrt(stats.chi2.ppf((np.arange(NODES) + 0.5) / NODES, dof) / dof)
+
+
+def shift_interval(shift: float, inserted: int, held_out: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Exact interval for the standardised shift μ of two Gaussian samples with one variance.
+
+    The two-sample t statistic t = d·√(n₁n₀/(n₁ + n₀)) is noncentral t with ν = n₁ + n₀ − 2
+    degrees of freedom and noncentrality λ = μ·√(n₁n₀/(n₁ + n₀)) (Hedges & Olkin 1985, "Statistical
+    Methods for Meta-Analysis", §5.B); inverting its cdf in λ at each tail (Steiger & Fouladi 1997,
+    "Noncentrality interval estimation") gives an interval for μ whose coverage is exact when the
+    statistics are Gaussian — unlike a percentile bootstrap of d, which under-covers at a hundred
+    canaries (the estimate d is biased and skewed for small samples)."""
+    scale = math.sqrt(inserted * held_out / (inserted + held_out))
+    dof = inserted + held_out - 2
+    t = shift * scale
+    tail = (1.0 - confidence) / 2.0
+    nodes = _chi_nodes(dof)
+    reach = float(np.abs(t) * nodes.max()) + 40.0  # the cdf is 1 below −reach and 0 above: a bracket
+    # the cdf falls as λ grows: the lower end leaves tail above t, the upper end tail below
+    low = brentq(lambda lam: noncentral_t_cdf(t, dof, lam) - (1.0 - tail), -reach, reach, xtol=1e-10)
+    high = brentq(lambda lam: noncentral_t_cdf(t, dof, lam) - tail, -reach, reach, xtol=1e-10)
+    return low / scale, high / scale
+
+
+def gaussian_fit_epsilon(inserted: np.ndarray, held_out: np.ndarray, delta: float,
+                         confidence: float = 0.95) -> Estimate:
+    """Andrew et al. 2024's estimate (§3): fit N(μ₁, σ²) to the inserted canaries' statistics and
     N(μ₀, σ²) to the held-out ones; ε is that of the Gaussian pair at δ, a function of the
     standardised shift t = (μ₁ − μ₀)/σ alone (the ε of a Gaussian mechanism with μ-GDP, μ = |t|).
 
-    The interval comes from a percentile bootstrap of the *signed* shift t (both groups
-    resampled), mapped through ε(|t|): when the interval for t contains 0 — the canaries are
-    not told apart — the ε interval starts at 0. (Bootstrapping ε itself would not: ε ≥ 0 is
-    positive on every resample, so its percentile interval would exclude 0 even on null data.)
+    **Only at δ > 0.** A Gaussian pair with any shift is (ε, δ)-DP for no finite ε at δ = 0 (its
+    privacy loss is unbounded), so there is no estimate to report: a finite figure would be where
+    the numerical δ(ε) underflows, an artefact. ``delta`` ≤ 0 is refused.
 
-    ``variance="separate"`` fits each group its own σ, with a plain percentile bootstrap of ε;
-    with few canaries a chance variance ratio then inflates ε at small δ even on identically
-    distributed groups (the failure jax_privacy's PR #270 fixed), so it is an option only.
+    **Interval.** The exact noncentral-t interval for the shift (:func:`shift_interval`), mapped
+    through ε(|μ|): where it contains 0 — the canaries are not told apart — the ε interval starts
+    at 0. Its coverage of the true ε is measured by simulation in the benchmarks (0.95 within
+    binomial error at 100 and 1,000 canaries, μ ∈ {0.5, 1, 2}); it holds for Gaussian statistics,
+    the fit's own assumption, and is no worst case: the estimate is not a bound.
     """
     inserted = np.asarray(inserted, dtype=np.float64).ravel()
     held_out = np.asarray(held_out, dtype=np.float64).ravel()
     if len(inserted) < 2 or len(held_out) < 2:
         raise ValueError("need at least two inserted and two held-out canaries")
-    if variance not in ("pooled", "separate"):
-        raise ValueError("variance must be 'pooled' or 'separate'")
-    rng = np.random.default_rng(seed)
-    resamples = [(inserted[rng.integers(0, len(inserted), len(inserted))], held_out[rng.integers(0, len(held_out), len(held_out))])
-                 for _ in range(bootstrap)]
-    tail = (1.0 - confidence) / 2.0
-    if variance == "separate":
-        draws = [_separate(a, b, delta) for a, b in resamples]
-        return Estimate(_separate(inserted, held_out, delta), float(np.quantile(draws, tail)), float(np.quantile(draws, 1 - tail)))
+    if not delta > 0:
+        raise ValueError("a Gaussian pair is (ε, δ)-DP for no finite ε at δ = 0: the fit needs δ > 0")
 
     def epsilon_of(shift: float) -> float:
         return gaussian_pair_epsilon(delta, abs(shift), 1.0, 0.0, 1.0)
 
-    shifts = np.array([_shift(a, b) for a, b in resamples])
-    low, high = float(np.quantile(shifts, tail)), float(np.quantile(shifts, 1 - tail))
+    shift = _shift(inserted, held_out)
+    low, high = shift_interval(shift, len(inserted), len(held_out), confidence)
     smallest = 0.0 if low <= 0.0 <= high else min(abs(low), abs(high))
-    return Estimate(epsilon_of(_shift(inserted, held_out)), epsilon_of(smallest), epsilon_of(max(abs(low), abs(high))))
+    return Estimate(epsilon_of(shift), epsilon_of(smallest), epsilon_of(max(abs(low), abs(high))))

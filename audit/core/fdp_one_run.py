@@ -281,7 +281,8 @@ def fdp_audit_of_counts(canaries: int, tried: tuple[tuple[int, int], ...], delta
 def fdp_one_run_audit(scores: np.ndarray, inserted: np.ndarray, delta: float = 0.0, alpha: float = 0.05,
                       guess_fractions: tuple[float, ...] = GUESS_FRACTIONS) -> FdpOneRunAudit:
     """The f-DP audit of canary scores (higher = more likely inserted), with the guesses of
-    :func:`audit.core.empirical_epsilon.one_run_audit`: "in" for the k/2 highest scores, "out"
-    for the k/2 lowest, at each k of ``guess_fractions`` (Bonferroni over them)."""
+    :func:`audit.core.empirical_epsilon.one_run_audit`: "in" for the highest scores, "out" for
+    the lowest, k in all at each fraction of ``guess_fractions`` (Bonferroni over them), never
+    splitting a block of tied scores (:func:`audit.core.empirical_epsilon.guess_counts`)."""
     scores, inserted = canary_arrays(scores, inserted)
     return fdp_audit_of_counts(len(scores), guess_counts(scores, inserted, guess_fractions), delta, alpha)

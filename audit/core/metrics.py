@@ -113,21 +113,6 @@ def balanced_accuracy(scores, labels) -> float:
     return float(0.5 * (1.0 + np.max(tpr - fpr)))
 
 
-def best_accuracy_threshold(scores, labels) -> float:
-    """The threshold (predict member for score ≥ it) with the highest accuracy on (scores, labels)."""
-    scores, labels = np.asarray(scores, dtype=np.float64).ravel(), np.asarray(labels).astype(bool).ravel()
-    order = np.argsort(-scores, kind="stable")
-    sorted_scores, sorted_labels = scores[order], labels[order]
-    cuts = np.r_[np.flatnonzero(np.diff(sorted_scores) != 0), len(scores) - 1]
-    # predicting the top k+1 as members: correct = members among them + non-members below
-    members_above = np.cumsum(sorted_labels)[cuts]
-    non_members_below = (~labels).sum() - np.cumsum(~sorted_labels)[cuts]
-    correct = members_above + non_members_below
-    if (~labels).sum() >= correct.max():  # calling nobody a member beats every cut
-        return math.inf
-    return float(sorted_scores[cuts[int(np.argmax(correct))]])
-
-
 def epsilon_lower_bound(tp: int, fn: int, fp: int, tn: int, confidence: float = 0.95, delta: float = 0.0) -> float:
     """One-sided Clopper–Pearson lower bound on ε from an attack's confusion counts.
 

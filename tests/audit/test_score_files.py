@@ -86,16 +86,21 @@ def test_leaky_membership_scores_auc_interval_covers_the_theory(tmp_path, capsys
     assert auc["ci_low"] > 0.5
 
 
-def test_the_bound_uses_the_first_run_in_file_order(tmp_path, capsys):
-    """Only the first run's coins feed the one-run ε. Run 0 leaks strongly (μ = 4), the others
-    not at all: first in the file → ε_LB > 0; the same rows with a null run first → ε_LB = 0."""
+def test_the_bound_uses_the_run_with_the_smallest_id_whatever_the_row_order(tmp_path, capsys):
+    """Only one run's coins feed the one-run ε, the run with the smallest id. Run 'model-0' leaks
+    strongly (μ = 4), the others not at all: its rows first or last in the file → the same ε_LB > 1;
+    the leaky run renamed 'model-9' (now the largest id) → ε_LB = 0 from the null run 'model-1'."""
     frame = _membership_frame(seed=5, mu=4.0, tau=0.0, runs=4, units=400, leaky_runs=slice(0, 1))
     first = tmp_path / "leaky-first.csv"
     frame.to_csv(first, index=False)
     later = tmp_path / "leaky-later.csv"
     frame.sort_values("run", key=lambda run: run == "model-0", kind="stable").to_csv(later, index=False)
-    assert _attack(_run_json(capsys, first))["metrics"]["epsilon_one_run"]["value"] > 1.0
-    moved = _attack(_run_json(capsys, later))
+    leaky_first, leaky_later = _attack(_run_json(capsys, first)), _attack(_run_json(capsys, later))
+    assert leaky_first["metrics"]["epsilon_one_run"]["value"] > 1.0
+    assert leaky_later["metrics"] == leaky_first["metrics"]
+    renamed = tmp_path / "leaky-renamed.csv"
+    frame.assign(run=frame["run"].replace("model-0", "model-9")).to_csv(renamed, index=False)
+    moved = _attack(_run_json(capsys, renamed))
     assert moved["metrics"]["epsilon_one_run"]["value"] == 0.0 and "run 'model-1'" in moved["notes"]
 
 
@@ -293,8 +298,10 @@ def test_the_readme_command_reproduces_the_pipelines_figures_for_its_exported_ca
     """README, "Audit your own system": the client canaries of DP-FedAvg at ε = 8, exported from
     the default audit's attacks/dp-fedavg-eps8/client-canaries.npz, give through `scores` the
     figures that audit reported for them (results.json at d188bdf: AUC 0.879 [0.811, 0.947],
-    ε_LB 1.438 (Steinke) and 1.435 (f-DP), Gaussian fit 8.47 [6.33, 11.34]) — the same scores,
-    the same statistics."""
+    ε_LB 1.438 (Steinke) and 1.435 (f-DP), Gaussian fit 8.47) — the same scores, the same
+    statistics. The fit's interval is the exact noncentral-t one, [5.85, 11.29] (the audit then
+    reported a percentile bootstrap's [6.33, 11.34], which under-covers at a hundred canaries);
+    scipy's own noncentral t, inverted here, gives the same ends."""
     from tests.helpers import readme_commands, with_out
 
     (arguments,) = readme_commands(".venv/bin/dpfl-audit scores")
@@ -304,9 +311,42 @@ def test_the_readme_command_reproduces_the_pipelines_figures_for_its_exported_ca
     results, _, _ = load_results(out)
     (attack,) = results.experiments[0].attacks
     expected = {"auc": (0.879, 0.811, 0.947), "epsilon_one_run": (1.438,), "epsilon_one_run_fdp": (1.435,),
-                "epsilon_gaussian_fit": (8.47, 6.33, 11.34)}
+                "epsilon_gaussian_fit": (8.47, 5.85, 11.29)}
     for metric, figures in expected.items():
         estimate = attack.metrics[metric]
         measured = (estimate.value, estimate.ci_low, estimate.ci_high)[:len(figures)]
         assert measured == pytest.approx(figures, abs=0.006), metric
     assert results.experiments[0].claim.epsilon == 8.0 and results.experiments[0].claim.unit == "client"
+
+
+def _rr_canary_frame(seed: int, epsilon: float, count: int) -> pd.DataFrame:
+    """ε-randomised response on each canary's coin: ±1 scores, two tied blocks."""
+    rng = np.random.default_rng(seed)
+    inserted = rng.random(count) < 0.5
+    truthful = rng.random(count) < math.exp(epsilon) / (1 + math.exp(epsilon))
+    return pd.DataFrame({"canary": np.arange(count), "score": np.where(truthful == inserted, 1.0, -1.0),
+                         "inserted": inserted.astype(int)})
+
+
+@pytest.mark.parametrize("kind", ["canary", "membership"])
+def test_row_order_changes_no_figure_and_no_verdict(tmp_path, capsys, kind):
+    """The same rows shuffled, and sorted by truth (members/inserted first): every figure, interval,
+    verdict and power is the same. The tied scores — two values for the canaries, scores rounded
+    to one decimal for membership — are where the order of rows used to decide the bound (a file
+    sorted by truth turned an ε = 1 randomised response into ε_LB ≈ 4.6, a VIOLATION)."""
+    if kind == "canary":
+        frame, truth, claim = _rr_canary_frame(seed=3, epsilon=1.0, count=1000), "inserted", "1"
+    else:
+        frame, truth, claim = _membership_frame(seed=4, mu=0.5, tau=0.5), "member", "0.5"
+        frame["score"] = frame["score"].round(1)
+    documents = []
+    for name, ordered in (("shuffled", frame.sample(frac=1.0, random_state=1)),
+                          ("sorted", frame.sort_values(truth, ascending=False, kind="stable"))):
+        file = tmp_path / f"{name}.csv"
+        ordered.to_csv(file, index=False)
+        documents.append(_run_json(capsys, file, "--claim-epsilon", claim, "--delta", "0"))
+    (shuffled, by_truth) = [_attack(d) for d in documents]
+    assert shuffled["metrics"] == by_truth["metrics"] and shuffled["verdicts"] == by_truth["verdicts"]
+    assert documents[0]["experiments"][0]["soundness"] == documents[1]["experiments"][0]["soundness"]
+    if kind == "canary":  # the claim holds exactly: no violation either way
+        assert documents[1]["experiments"][0]["soundness"] != "violation"

@@ -91,7 +91,7 @@ def test_gaussian_fit_recovers_a_known_shift_and_covers_zero_on_null_data():
     covered = 0
     for seed in range(20):
         rng = np.random.default_rng(100 + seed)
-        null = gaussian_fit_epsilon(rng.normal(0, 1, 100), rng.normal(0, 1, 100), 1e-5, bootstrap=100, seed=seed)
+        null = gaussian_fit_epsilon(rng.normal(0, 1, 100), rng.normal(0, 1, 100), 1e-5)
         covered += null.low == 0.0
     assert covered >= 15  # a 95 % interval covering ε = 0: fewer than 15 of 20 has probability 0.3 %
     # invariant to an affine change of the statistic

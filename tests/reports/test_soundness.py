@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from audit.cli import main
+from audit.core import audit_power
 from audit.core.audit_power import gdp_delta, gdp_mu, one_run_power, tight_scores
 from audit.core.empirical_epsilon import OneRunAudit, one_run_audit
 from defenses.claims import PrivacyClaim
@@ -151,4 +152,21 @@ def test_power_is_the_rate_at_which_the_real_test_detects_a_mechanism_twice_as_l
         audit = one_run_audit(tight_scores(rng, inserted, 2 * epsilon, 0.0), inserted)
         hits += audit.p_value(epsilon, 0.0) <= level
     p = power.detection
-    assert abs(hits / n - p) <= 3 * math.sqrt(p * (1 - p) * (1 / n + 1 / 100))
+    assert abs(hits / n - p) <= 3 * math.sqrt(p * (1 - p) * (1 / n + 1 / power.simulations))
+
+
+def test_power_near_the_boundary_has_a_small_standard_error_and_does_not_flip_with_the_seed():
+    """The verdict compares the detection probability with 0.80, so where it is near 0.80 the
+    Monte-Carlo error must be small: 2,000 simulations there (standard error √(0.8·0.2/2000) ≈
+    0.009 ≤ 0.01). Two independent seeds agree within four combined standard errors, and far
+    from the boundary fewer simulations are spent."""
+    near = one_run_power(82, 1.0, 0.0, 0.05)
+    assert abs(near.detection - 0.8) < 0.1
+    assert near.simulations == 2000 and near.detection_se <= 0.01
+    other = one_run_power(82, 1.0, 0.0, 0.05, seed=1)
+    assert abs(near.detection - other.detection) <= 4 * math.hypot(near.detection_se, other.detection_se)
+    one_run_power.cache_clear()
+    audit_power._simulation.cache_clear()  # the simulated counts drawn afresh from the seed
+    assert one_run_power(82, 1.0, 0.0, 0.05) == near  # deterministic in its seed, recomputed
+    far = one_run_power(20000, 1.0, 0.0, 0.05)
+    assert far.detection == 1.0 and far.simulations < 2000
