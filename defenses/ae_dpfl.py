@@ -26,7 +26,7 @@ import torch
 from audit.core.seeding import numpy_rng, seed_torch, torch_generator
 from defenses.accounting import GaussianSchedule, calibrate_noise, compute_epsilon
 from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
-from defenses.claims import AdversaryClaim, gaussian_round_epsilon
+from defenses.claims import AdversaryClaim, gaussian_round_epsilon, server_notes
 from defenses.engine import chunk_size, divergence, optimizer_settings
 from defenses.evaluation import evaluate
 from defenses.flat import ParamLayout, parameters_of
@@ -99,7 +99,7 @@ class AEDPFL(Defense):
                            notes="post-processing of the noisy histograms"),
             AdversaryClaim("server", report.epsilon, delta, "zero-out", "the summed noisy vote histograms", report.label,
                            rounds=queries, noise_multiplier=sigma, round_epsilon=one_query,
-                           notes="an agent that abstains votes the zero vector: the histogram moves by ≤ 1 in ℓ2"),
+                           notes=server_notes("an agent that abstains votes the zero vector: the histogram moves by ≤ 1 in ℓ2")),
             AdversaryClaim.not_covered("local", "one agent's votes carry only its share σ_v/√N of the noise; secure "
                                                 "aggregation is what hides them", "one agent's noisy votes"),
         )

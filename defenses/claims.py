@@ -26,13 +26,22 @@ Participation against the server (:func:`participation_bound`): a client joins e
 probability q, so its count K of rounds is Binomial(T, q). Who takes part does not depend on
 the data, so if K ≤ k except with probability β and k rounds are (ε_k, δ − β)-DP, the whole run
 is (ε_k, δ)-DP for that observer (β is paid from δ; here β = δ/2). The server figure is the
-smaller of that and the figure for all T rounds (both are valid bounds).
+smaller of that and the figure for all T rounds (both are valid bounds). Every server figure
+assumes honest sampling (:data:`HONEST_SAMPLING`, stated by :func:`server_notes`): the server
+picks who takes part as the protocol says, independently of the data — a malicious server could
+put the target in every round.
+
+A mean divided by the *realised* number of participants |P_t| reveals |P_t|: a neighbour with one
+client more or fewer changes the scale of everything released, which the Gaussian analysis (noise
+on the sum, a public divisor) does not cover. It does cover neighbours that keep every client and
+zero one's contribution — the divisor is then the same on both sides (Kairouz, McMahan, Song,
+Thakkar, Thakurta, Xu 2021, §2). :func:`divided_by_realised_count` relabels such figures.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -48,6 +57,15 @@ RELATION_HELP = ("neighbouring relation: one unit added or removed, one unit's d
                  "replaced by data that contributes nothing (its participation known)")
 ADVERSARY_HELP = ("released: a third party seeing the released models (amplification by sampling applies); server: the "
                   "aggregator, which knows who took part; local: one upload alone")
+
+#: what every server figure assumes (:func:`server_notes`): the participation bound, and the
+#: claim that the server only learns who took part, both rest on the sampling being the protocol's
+HONEST_SAMPLING = ("assumes honest sampling: the server picks the participants as configured, independently of the "
+                   "data (a malicious server could pick the target every round)")
+
+#: why a figure of a mean divided by the realised |P_t| is for zero-out neighbours
+REALISED_COUNT_NOTE = ("the mean divides by the realized number of participants, which reveals it: the claim is for "
+                       "zero-out neighbours (a client's contribution zeroed, its participation known)")
 
 ADVERSARY_TEXT = {
     "released": "a third party that sees the released global models",
@@ -159,6 +177,27 @@ class PrivacyClaim:
                    adversaries=tuple(AdversaryClaim.not_covered(a, "no differential privacy") for a in ADVERSARIES))
 
 
+# --------------------------------------------------------------------------- shared caveats
+
+
+def server_notes(*parts: str) -> str:
+    """The notes of a server figure: ``parts`` (empty ones dropped) and, last, the honest-sampling
+    assumption every server figure rests on (:data:`HONEST_SAMPLING`), stated in one place."""
+    return "; ".join([part for part in parts if part] + [HONEST_SAMPLING])
+
+
+def divided_by_realised_count(adversaries: tuple[AdversaryClaim, ...]) -> tuple[tuple[AdversaryClaim, ...], str | None]:
+    """The figures of a defense whose released mean divides by the realised |P_t|: every add-remove
+    figure becomes zero-out (its ε is unchanged: a zeroed contribution moves the sum exactly as an
+    added or removed one does, and the divisor is then the same on both sides; Kairouz et al. 2021,
+    §2). Returns the figures and :data:`REALISED_COUNT_NOTE`, or None when no figure was add-remove
+    (replace-one under fixed-size sampling keeps |P_t| = m, and zero-out stays as it is)."""
+    if not any(a.relation == "add-remove" for a in adversaries):
+        return adversaries, None
+    relabelled = tuple(replace(a, relation="zero-out") if a.relation == "add-remove" else a for a in adversaries)
+    return relabelled, REALISED_COUNT_NOTE
+
+
 # --------------------------------------------------------------------------- participation and Gaussian rounds
 
 
@@ -219,7 +258,9 @@ def gaussian_adversaries(noise: GaussianRounds, delta: float, accountant: str, c
     released: the sampled Gaussian on the aggregate with amplification (add/remove under Poisson
     or full participation; replace-one, σ/2 per change of 2S, under fixed-size sampling — the
     relation dp-accounting analyses); server and local: plain Gaussian rounds, participation
-    known (:func:`known_participation_epsilon`), zero-out neighbours.
+    known (:func:`known_participation_epsilon`), zero-out neighbours, the server's notes stating
+    the honest sampling it assumes (:func:`server_notes`). A defense whose mean divides by the
+    realised |P_t| passes the result through :func:`divided_by_realised_count`.
     """
     label = accountant_label(accountant, conversion)
     out: list[AdversaryClaim] = []
@@ -252,11 +293,11 @@ def gaussian_adversaries(noise: GaussianRounds, delta: float, accountant: str, c
         epsilon, counted = known_participation_epsilon(multiplier, noise.rounds, noise.rate, delta, accountant, conversion)
         participation = (f"all {noise.rounds} rounds" if counted == noise.rounds else
                          f"at most {counted} of the {noise.rounds} rounds (more with probability ≤ δ/2, paid from δ)")
+        notes = f"Gaussian rounds with noise multiplier {multiplier:.4g}, participation known, {participation}"
         out.append(AdversaryClaim(
             adversary, epsilon, delta, "zero-out", observes, label, amplification=False, rounds=counted,
             noise_multiplier=multiplier, round_epsilon=gaussian_round_epsilon(multiplier, delta, accountant, conversion),
-            notes=f"Gaussian rounds with noise multiplier {multiplier:.4g}, participation known, {participation}"
-                  + (f"; {noise.server_note}" if adversary == "server" and noise.server_note else "")))
+            notes=server_notes(notes, noise.server_note) if adversary == "server" else notes))
     return tuple(out)
 
 

@@ -20,7 +20,13 @@ Noise: ``noise_multiplier`` σ sets σ_loc = σ·c/√n with n the number of cli
 summed noise has the same scale σc as DP-FedAvg's. Kairouz et al. analyse a round of exactly n
 clients; under Poisson sampling a round with fewer clients than expected would carry less noise
 than accounted, so ``validate`` requires a fixed number per round (fixed-size sampling, or every
-client every round). γ is chosen (``gamma: 0``) by the paper's heuristic: k standard deviations
+client every round), and a round whose realised number of real clients is not n is refused. Canary
+clients of an update-space audit (:meth:`defenses.engine.FederatedEngine.add_canaries`) round
+and upload their vector like a client but add no noise share: the n real shares already sum to
+the accounted σc, and each further share would make the audit run with more noise than the claim
+accounts (its ε lower bound biased low). For the same reason the sum is divided by the configured
+n, not by the count of uploads: a public constant, so the released mean is post-processing of the
+noisy sum whoever joined. γ is chosen (``gamma: 0``) by the paper's heuristic: k standard deviations
 of the aggregate must fit in the bit width, 1/γ = √(2^{2b} − n·k²) / (2k·√(c²n²/d′ + n·σ_loc²)).
 
 Accounting (spec 000 §2.5; Kairouz et al. Prop. 14 and Thm. 1), per round of n clients, for a
@@ -52,8 +58,9 @@ from audit.core.seeding import numpy_rng
 from defenses.accounting import accountant_label, rdp_to_epsilon
 from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
 from defenses.calibration import smallest_noise
-from defenses.claims import AdversaryClaim, participation_bound
+from defenses.claims import AdversaryClaim, participation_bound, server_notes
 from defenses.clipping import clip_rows
+from defenses.engine import canary_clients
 from defenses.noise import discrete_gaussian
 from defenses.rotation import padded_dimension, random_signs, rotate, unrotate
 from defenses.secure_aggregation import modular_sum, wrap
@@ -235,7 +242,7 @@ class DDGauss(Defense):
             AdversaryClaim("server", server if finite else None, delta, "zero-out", "the modular sum of every round it runs",
                            label, amplification=False, rounds=counted, noise_multiplier=sigma if finite else None,
                            round_epsilon=round_epsilon if finite else None,
-                           notes=f"participation known, {counted} of {rounds} rounds accounted"),
+                           notes=server_notes(f"participation known, {counted} of {rounds} rounds accounted")),
             AdversaryClaim.not_covered("local", "one upload carries only its own share σ_loc of the noise; secure "
                                                 "aggregation is what hides it", "one client's upload"),
         )
@@ -255,7 +262,15 @@ class DDGauss(Defense):
     # ---------------------------------------------------------------- the mechanism
 
     def _round_setting(self, ctx: RoundContext) -> DDGaussSetting:
-        return self.setting(ctx.training, ctx.num_clients)
+        """The round's setting, after checking that exactly the n accounted real clients take part:
+        σ_loc = σc/√n is set from n, so with fewer the summed noise would fall below σc."""
+        setting = self.setting(ctx.training, ctx.num_clients)
+        real = int((~canary_clients(ctx)).sum())
+        if real != setting.clients:
+            raise ValueError(f"ddgauss: round {ctx.round + 1} has {real} participating clients, but its noise (σ_loc = σc/√n) "
+                             f"and its claim are for exactly n = {setting.clients}; refusing to release an aggregate "
+                             "with less or more noise than accounted")
+        return setting
 
     def encode(self, updates: torch.Tensor, ctx: RoundContext, setting: DDGaussSetting) -> tuple[torch.Tensor, torch.Tensor]:
         """Clients' integer uploads in Z_{2^bits} (int64, [C, d′]) and their pre-clip norms."""
@@ -268,6 +283,7 @@ class DDGauss(Defense):
         uploads = torch.empty_like(scaled, dtype=torch.int64)
         floor = torch.floor(scaled)
         fraction = scaled - floor
+        canary = canary_clients(ctx)
         for i, client in enumerate(ctx.participants):
             rng = numpy_rng(ctx.seed, "round", ctx.round, "client", int(client), "rounding")
             for _ in range(1000):
@@ -277,10 +293,12 @@ class DDGauss(Defense):
                     break
             else:  # pragma: no cover - probability ≤ β^1000
                 raise RuntimeError("conditional rounding did not meet its norm bound")
-            noise_rng = numpy_rng(ctx.seed, "round", ctx.round, "client", int(client), "noise")
-            noise = torch.as_tensor(discrete_gaussian(noise_rng, setting.local_std / setting.gamma, setting.dim),
-                                    device=updates.device)
-            uploads[i] = wrap(rounded.to(torch.int64) + noise, self.params.bits)
+            upload = rounded.to(torch.int64)
+            if not canary[i]:  # the n real clients' shares make the accounted σc; a canary adds none
+                noise_rng = numpy_rng(ctx.seed, "round", ctx.round, "client", int(client), "noise")
+                upload = upload + torch.as_tensor(discrete_gaussian(noise_rng, setting.local_std / setting.gamma, setting.dim),
+                                                  device=updates.device)
+            uploads[i] = wrap(upload, self.params.bits)
         return uploads, norms
 
     def privatize(self, updates: torch.Tensor, ctx: RoundContext) -> tuple[torch.Tensor, dict]:
@@ -294,4 +312,5 @@ class DDGauss(Defense):
         total = modular_sum(uploads, self.params.bits).to(torch.float64) * setting.gamma
         signs = random_signs(setting.dim, ctx.server_generator("rotation")).to(uploads.device)
         decoded = unrotate(total, signs)[: ctx.layout.dim]
-        return (decoded / len(ctx.participants)).to(torch.float32)
+        # the configured n, a public constant (canary clients join beyond it and must not change the scale)
+        return (decoded / setting.clients).to(torch.float32)

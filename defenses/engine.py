@@ -95,6 +95,12 @@ def sample_canaries(count: int, rate: float, seed: int, round_index: int) -> np.
     return np.flatnonzero(numpy_rng(seed, "round", round_index, "canaries").random(count) < rate)
 
 
+def canary_clients(ctx: RoundContext) -> np.ndarray:
+    """Which participants of ``ctx`` are canary clients (a boolean per participant):
+    :meth:`FederatedEngine.add_canaries` gives them the ids N, N+1, ... after the N real clients."""
+    return np.asarray(ctx.participants) >= ctx.num_clients
+
+
 def initial_vector(model_factory: Callable[[], nn.Module], seed: int) -> tuple[nn.Module, ParamLayout, torch.Tensor]:
     """The initial global model of a run with this seed (the same draw :meth:`FederatedEngine.run` makes)."""
     seed_torch(seed, "torch")  # model init and dropout
@@ -187,8 +193,10 @@ class FederatedEngine:
 
         A canary uploads its direction scaled by the defense's :meth:`~Defense.canary_rows` (to
         the clip S, per tensor under per-tensor clipping), only in the job's ``canary_rounds``, and
-        then goes through the same privatisation and aggregation as every client. Canaries join
-        only rounds with at least one real participant (the hooks need a round to exist).
+        then goes through the same privatisation and aggregation as every client (a defense that
+        must tell them apart, as DDGauss, whose noise shares are set for its real clients, uses
+        :func:`canary_clients`). Canaries join only rounds with at least one real participant
+        (the hooks need a round to exist).
         """
         job = self.job
         directions = job.update_canaries

@@ -29,7 +29,7 @@ one whose released support depends on the data makes no finite claim.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -43,7 +43,7 @@ from defenses.accounting import (
     epsilon_trajectory,
 )
 from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
-from defenses.claims import GaussianRounds, gaussian_adversaries
+from defenses.claims import GaussianRounds, divided_by_realised_count, gaussian_adversaries
 from defenses.clipping import clip_rows, clip_rows_per_tensor
 from defenses.noise import gaussian_rows
 from defenses.training_job import RoundContext, TrainingConfig
@@ -167,19 +167,13 @@ class DPFedAvg(Defense):
     def privacy_claim(self, training, num_clients, rounds, delta, accounting) -> PrivacyClaim:
         reach = self.noise_reach(training, num_clients, rounds)
         adversaries = gaussian_adversaries(reach, delta, accounting.accountant, accounting.conversion)
-        released = adversaries[0]
         notes = ["client-level: neighbouring datasets differ in one client's data"]
-        if self.params.denominator == "realized" and released.relation == "add-remove":
-            # Dividing by the realized |P_t| releases it: a neighbour with one client more or fewer
-            # changes the scale of the noise in the model, which the Gaussian analysis (noise on the
-            # sum, the divisor public) does not cover. It does cover neighbours that keep every
-            # client and zero one's contribution (Kairouz et al. 2021, §2): the divisor is then the
-            # same on both sides.
-            released = replace(released, relation="zero-out")
-            adversaries = (released, *adversaries[1:])
-            notes.append("the mean divides by the realized number of participants, which reveals it: the claim is for "
-                         "zero-out neighbours (a client's contribution zeroed, its participation known); "
-                         "denominator: expected gives add/remove")
+        if self.params.denominator == "realized":
+            # dividing by the realized |P_t| releases it: zero-out neighbours (Kairouz et al. 2021, §2)
+            adversaries, relabelled = divided_by_realised_count(adversaries)
+            if relabelled:
+                notes.append(f"{relabelled}; denominator: expected gives add/remove")
+        released = adversaries[0]
         if self.params.clip_mode == "per_tensor":
             notes.append(f"per-tensor clipping: sensitivity S√L with L={len(self.layout.names)} tensors, "
                          f"accounted with noise multiplier σ/√L = {self.effective_noise_multiplier():.4g}")

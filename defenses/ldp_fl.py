@@ -13,7 +13,12 @@ Ranges (spec 004 §2.2): ``range_mode: fixed`` (c, r) for every scalar (MNIST (0
 ``range_source``: ``global_prev`` (default: the received global model — public), ``secure_minmax``
 (the round's clients' trained models under an ideal secure min/max — leaks a data-dependent
 range) or ``local`` (each client's own range — unsafe: a per-client range gives each client a
-distinctive pair of output values that links its items).
+distinctive pair of output values that links its items). Under ``center: zero`` the paper's
+r = max − min covers [min, max] only when min ≤ 0 ≤ max; a tensor on one side of zero (at the
+extreme a near-constant one, all weights ≈ 0.5 with width 1e-9) would be clipped to ±r and its
+average collapse towards 0, so r is widened to max(max − min, |max|, |min|), the smallest radius
+about 0 that holds the tensor: M is then unbiased on it (Sun et al. 2021, Eq. 4), and r is the
+paper's wherever the paper's range covers the tensor.
 
 What the server sees (``server_view``): ``unlinked`` — per-id multisets with no identities (each
 column of the k × d matrix permuted independently; the per-id mean is unchanged), or ``linked``
@@ -22,6 +27,11 @@ column of the k × d matrix permuted independently; the per-id mean is unchanged
 The claim is the paper's: ε per weight per report (pure LDP, Thm 1). Beside it: the linked
 per-round figure d·ε and the total m·d·ε (m = rounds a client takes part in), and whether the
 shuffling amplification of Feldman–McMillan–Talwar 2021 applies to the k reports of an id at all.
+Thm 1 holds for a range fixed independently of the reports' inputs. A ``secure_minmax`` or
+``local`` range is computed from the clients' trained models and is itself released — every
+report is c ± rA, so one report reveals r — with no noise of its own, so no observer gets a
+finite ε: the claim is "not covered" for every observer (the paper's per-weight ε stays beside
+it as ``paper_per_weight``).
 """
 
 from __future__ import annotations
@@ -34,7 +44,7 @@ import torch
 
 from audit.core.errors import UserInputError
 from defenses.base import DEFENSES, Defense, PrivacyClaim
-from defenses.claims import AdversaryClaim
+from defenses.claims import AdversaryClaim, server_notes
 from defenses.ldp import perturb, shuffle_amplification
 from defenses.release_probe import ReleaseProbe, engine_probe
 from defenses.training_job import RoundContext, TrainingConfig
@@ -73,7 +83,19 @@ class LDPFL(Defense):
         if training.aggregation != "uniform" or training.server_lr != 1.0:
             raise UserInputError("training.aggregation: ldp-fl averages the reported weights per id; use 'uniform' and server_lr 1")
 
+    def range_leak(self) -> str | None:
+        """Why the clipping range is a non-private release of the clients' data (None: it is public)."""
+        if self.params.range_mode != "adaptive" or self.params.range_source == "global_prev":
+            return None
+        whose = "each client's own trained model" if self.params.range_source == "local" else "the round's trained models"
+        return (f"the {self.params.range_source} range is computed from {whose} and released without noise (every report "
+                "is c ± rA, so one report reveals r); the per-weight ε does not cover that release")
+
     def calibrate(self, target_epsilon, delta, training, num_clients, accounting) -> LDPFL:
+        if self.range_leak():
+            raise UserInputError(f"defenses: ldp-fl with range_source '{self.params.range_source}' makes no finite claim "
+                                 "(its range is a non-private release); remove its 'epsilons' or use range_source "
+                                 "'global_prev' or range_mode 'fixed'")
         return self.with_params(epsilon=target_epsilon)
 
     # ---------------------------------------------------------------- the claim
@@ -97,23 +119,31 @@ class LDPFL(Defense):
             alternatives["shuffled_per_id_round"] = amplified
             notes.append(f"shuffling amplification applies per id and round: ε_c = {amplified:.4g} at δ = {self.params.shuffle_delta:g}, "
                          "still composing over ids and rounds")
-        if self.params.range_mode == "adaptive" and self.params.range_source != "global_prev":
-            notes.append(f"range_leak: the {self.params.range_source} range depends on the clients' data and is revealed by the "
-                         "reports' two values; ε does not cover it" + (" (unsafe: per-client ranges link a client's items)"
-                                                                      if self.params.range_source == "local" else ""))
+        leak = self.range_leak()
+        if leak:
+            notes.insert(0, f"range_leak: no finite ε: {leak}" + (" (unsafe: per-client ranges also link a client's items)"
+                                                                  if self.params.range_source == "local" else "")
+                         + f"; the paper's per-weight ε = {eps:g} is kept as the alternative paper_per_weight")
+            alternatives["paper_per_weight"] = eps
         if self.params.server_view == "linked":
             notes.append("server view 'linked': the server sees each client's full report with its identity (ablation)")
         mechanism = (f"{self.params.mechanism} on every scalar of the clipped local model, "
                      + (f"fixed range c = {self.params.center:g}, r = {self.params.radius:g}" if self.params.range_mode == "fixed"
                         else f"adaptive per-tensor range ({self.params.adaptive_center}, {self.params.range_source})"))
+        observers = (("released", "the global model after every round"),
+                     ("server", "per-id multisets of reports" if self.params.server_view == "unlinked"
+                      else "every client's reports, linked"),
+                     ("local", "one client's report of one weight"))
+        if leak:
+            adversaries = tuple(AdversaryClaim.not_covered(adversary, leak, observes) for adversary, observes in observers)
+            return PrivacyClaim(math.inf, 0.0, "weight", "per-weight ε-LDP (LDP-FL Thm 1)", mechanism, "; ".join(notes),
+                                alternatives, relation="none", adversary="local", adversaries=adversaries)
         # pure ε-LDP per report: post-processing keeps it for every observer of the reports
+        per_report = "ε per weight per report (any two values of one weight)"
         adversaries = tuple(
             AdversaryClaim(adversary, eps, 0.0, "replace-one", observes, "per-weight ε-LDP (LDP-FL Thm 1)", rounds=1,
-                           round_epsilon=eps, notes="ε per weight per report (any two values of one weight)")
-            for adversary, observes in (("released", "the global model after every round"),
-                                        ("server", "per-id multisets of reports" if self.params.server_view == "unlinked"
-                                         else "every client's reports, linked"),
-                                        ("local", "one client's report of one weight")))
+                           round_epsilon=eps, notes=server_notes(per_report) if adversary == "server" else per_report)
+            for adversary, observes in observers)
         return PrivacyClaim(eps, 0.0, "weight", "per-weight ε-LDP (LDP-FL Thm 1)", mechanism, "; ".join(notes), alternatives,
                             relation="replace-one", adversary="local", adversaries=adversaries)
 
@@ -144,7 +174,9 @@ class LDPFL(Defense):
                     values = models[:, part].to(torch.float64)
                     low, high = values.min(1).values, values.max(1).values
                 if self.params.adaptive_center == "zero":
-                    c, r = torch.zeros_like(low), high - low
+                    # the paper's r = max − min, widened where [−r, r] would not hold [min, max] (a tensor on
+                    # one side of zero): clipping it to ±r would pull its average towards 0
+                    c, r = torch.zeros_like(low), torch.maximum(high - low, torch.maximum(high.abs(), low.abs()))
                 else:
                     c, r = (high + low) / 2, (high - low) / 2
                 # A constant tensor (max = min, e.g. a freshly initialised norm layer) has no width: the

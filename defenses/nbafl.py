@@ -43,7 +43,12 @@ import torch
 from audit.core.errors import UserInputError
 from defenses.accounting import GaussianSchedule, accountant_label, compute_epsilon
 from defenses.base import DEFENSES, Defense, PrivacyClaim
-from defenses.claims import AdversaryClaim, gaussian_round_epsilon, known_participation_epsilon
+from defenses.claims import (
+    AdversaryClaim,
+    gaussian_round_epsilon,
+    known_participation_epsilon,
+    server_notes,
+)
 from defenses.clipping import clip_rows
 from defenses.noise import gaussian_rows
 from defenses.training_job import RoundContext, TrainingConfig
@@ -134,7 +139,8 @@ class NbAFL(Defense):
                    "(post-processing of the uploads)"))
         adversaries = (released,) + tuple(
             AdversaryClaim(adversary, epsilon, delta, "replace-one", observes, label, amplification=False, rounds=counted,
-                           noise_multiplier=multiplier, round_epsilon=round_epsilon, notes=per_upload)
+                           noise_multiplier=multiplier, round_epsilon=round_epsilon,
+                           notes=server_notes(per_upload) if adversary == "server" else per_upload)
             for adversary, observes in (("server", "every client's upload"), ("local", "one client's upload")))
         notes = ("sound headline: client-level, replace-one, from the enforced model clip ‖w‖ ≤ C (uploads differ by ≤ 2C); "
                  f"the paper's record-level ε = {self.params.epsilon:g} (its Theorem, as recalled — the sensitivity 2C/m it "

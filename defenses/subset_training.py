@@ -13,7 +13,9 @@ on: clients train a subset of the coordinates and exchange only what the algorit
   KB = ⌊r·n⌋·32·Round·C/8000 (:func:`table_kilobytes`, K = :func:`kept_count`).
 * **Accounting**: each round is a sampled Gaussian (Poisson rate C, multiplier σ) on the client
   level; the observers of the released models get the amplified ε, the server, which picks 𝕂,
-  none of the amplification.
+  none of the amplification. The mean divides by the realised |𝕂| (Alg. 1, 3), which reveals
+  it, so the figures are for zero-out neighbours (a client's contribution zeroed, its
+  participation known; Kairouz, McMahan, Song, Thakkar, Thakurta, Xu 2021, §2), as DP-FedAvg's.
 
 The algorithms: FL-TOP(-DP) in ``fl_top.py``, FL-BASIC(-DP) in ``fl_basic.py``, FL-STD(-DP) in
 ``fl_std.py``, FL-CS(-DP) in ``fl_cs.py``.
@@ -36,7 +38,7 @@ from defenses.accounting import (
     epsilon_trajectory,
 )
 from defenses.base import AccountingSettings, Defense, PrivacyClaim
-from defenses.claims import GaussianRounds, gaussian_adversaries
+from defenses.claims import GaussianRounds, divided_by_realised_count, gaussian_adversaries
 from defenses.clipping import clip_rows
 from defenses.local_training import (
     LocalObjective,
@@ -238,8 +240,11 @@ class SubsetFL(Defense):
                                training.sampling_rate(num_clients), training.sampling, num_clients,
                                "secure aggregation: the server sees only the sum, but it picks the participants 𝕂")
         adversaries = gaussian_adversaries(reach, delta, accounting.accountant, accounting.conversion)
+        # Alg. 1 and 3 average over the realised |𝕂| (:meth:`aggregate`), which reveals it: zero-out
+        adversaries, relabelled = divided_by_realised_count(adversaries)
         released = adversaries[0]
         notes = ["client-level; requires secure aggregation (each client's own noise is only Sσ/√|𝕂|)",
+                 *([relabelled] if relabelled else []),
                  "the amplified ε holds against observers of the released models; the server, which picks 𝕂, "
                  f"gets ε = {adversaries[1].epsilon:.4g}",
                  "the clip S is calibrated on public data" if not getattr(self.params, "clip", 0.0) else "fixed clip S",

@@ -36,7 +36,7 @@ import torch
 
 from audit.core.errors import UserInputError
 from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
-from defenses.claims import AdversaryClaim
+from defenses.claims import AdversaryClaim, server_notes
 from defenses.dp_sgd import DPSGDObjective, clip_and_sum
 from defenses.engine import FederatedEngine
 from defenses.harmonizer import epsilon as accounted_epsilon
@@ -148,13 +148,13 @@ class UDPFL(Defense):
         finite = math.isfinite(headline)
         gaussian = self.params.mechanism == "gaussian"
         one_step = accounted_epsilon(mechanism, 1.0, 1, delta, "sound", self.params.clip_norm, accounting.conversion)
+        every = "the client adds the noise to every local step, so every observer of its uploads gets the same record-level guarantee"
         adversaries = tuple(
             AdversaryClaim(adversary, headline if finite else None, delta, "add-remove" if finite else "none", observes,
                            label, amplification=True, rounds=rounds,
                            noise_multiplier=mechanism.parameter if gaussian else None,
                            round_epsilon=one_step if math.isfinite(one_step) else None,
-                           notes=("the client adds the noise to every local step, so every observer of its uploads gets "
-                                  "the same record-level guarantee" if finite else
+                           notes=((server_notes(every) if adversary == "server" else every) if finite else
                                   f"not covered: {verdict}"))
             for adversary, observes in (("released", "the global model after every round"),
                                         ("server", "every client's upload" if not self.params.shuffle else

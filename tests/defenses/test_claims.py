@@ -6,11 +6,16 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
+import numpy as np
 import pytest
+import torch
 from scipy import optimize, stats
 
-from defenses.base import AccountingSettings
+from audit.core.errors import UserInputError
+from defenses.accounting import GaussianSchedule, compute_epsilon
+from defenses.base import DEFENSES, AccountingSettings
 from defenses.claims import (
+    HONEST_SAMPLING,
     AdversaryClaim,
     PrivacyClaim,
     known_participation_epsilon,
@@ -19,7 +24,12 @@ from defenses.claims import (
 from defenses.dp_fedsam import DPFedSAMTopK, DPFedSAMTopKParams
 from defenses.fed_smp import FedSMPParams, FedSMPRandK, FedSMPTopK
 from defenses.fedavg import DPFedAvg, DPFedAvgParams
-from defenses.training_job import TrainingConfig
+from defenses.fl_basic import FLBasicDP, FLBasicDPParams
+from defenses.fl_cs import FLCSDP, FLCSDPParams
+from defenses.fl_std import FLStdDP, FLStdDPParams
+from defenses.fl_top import FLTopDP, FLTopDPParams
+from defenses.flat import ParamLayout
+from defenses.training_job import RoundContext, TrainingConfig
 
 ACCOUNTING = AccountingSettings()
 
@@ -122,3 +132,76 @@ def test_claims_round_trip_through_json():
     again = PrivacyClaim.from_dict(claim.as_dict())
     assert again == claim
     assert AdversaryClaim.not_covered("local", "why").as_dict()["epsilon"] is None
+
+
+def _released_statistic(defense, rows: torch.Tensor, clients: int, training: TrainingConfig) -> torch.Tensor:
+    """What the released models are computed from, for uploads ``rows`` of participants 0..len−1."""
+    ctx = RoundContext(0, np.arange(len(rows)), np.ones(len(rows), dtype=np.int64), clients, training, 0, "cpu",
+                       global_vector=torch.zeros(rows.shape[1]))
+    return defense.release_statistic(rows, ctx)
+
+
+LAYOUT = ParamLayout(("w", "b"), ((40, 10), (10,)))
+
+
+@pytest.mark.parametrize("defense", [
+    DPFedAvg(DPFedAvgParams(noise_multiplier=1.2), LAYOUT),
+    DPFedAvg(DPFedAvgParams(noise_multiplier=1.2, denominator="expected"), LAYOUT),
+    FLTopDP(FLTopDPParams(noise_multiplier=1.2), LAYOUT),
+    FLBasicDP(FLBasicDPParams(noise_multiplier=1.2), LAYOUT),
+    FLStdDP(FLStdDPParams(noise_multiplier=1.2), LAYOUT),
+    FLCSDP(FLCSDPParams(noise_multiplier=1.2), LAYOUT),
+], ids=lambda d: f"{d.name}-{getattr(d.params, 'denominator', 'realized')}")
+def test_the_relation_follows_the_divisor_the_code_uses(defense):
+    """The relation is read off the released statistic itself: append one participant whose upload is
+    zero. An add-remove neighbour differs from the other by such a participant (present or absent); a
+    zero-out neighbour has it in both. If the statistic changes, the divisor is the realised |P_t| and
+    the Gaussian analysis (noise on the sum, the divisor public) covers only zero-out neighbours
+    (Kairouz et al. 2021, §2): the claim must say zero-out, with the ε of the same sampled Gaussian
+    (the sum moves by ≤ S either way). With a public divisor (qN) it may say add-remove."""
+    clients, training = 20, TrainingConfig(rounds=30, client_rate=0.2)
+    rows = torch.ones(3, 5, dtype=torch.float64)
+    with_zero = torch.cat([rows, torch.zeros(1, 5, dtype=torch.float64)])
+    realised = not torch.allclose(_released_statistic(defense, rows, clients, training),
+                                  _released_statistic(defense, with_zero, clients, training))
+    assert realised == (getattr(defense.params, "denominator", "realized") == "realized")
+    claim = defense.privacy_claim(training, clients, 30, 1e-5, ACCOUNTING)
+    released = claim.against("released")
+    assert claim.relation == released.relation == ("zero-out" if realised else "add-remove")
+    assert claim.against("server").relation == "zero-out"
+    assert ("realized number of participants" in claim.notes) == realised
+    sampled = compute_epsilon(GaussianSchedule(1.2, 0.2, 30 + getattr(defense, "extra_rounds", 0), "poisson", clients), 1e-5)
+    assert released.epsilon == pytest.approx(sampled.epsilon, rel=1e-12)
+
+
+def test_fixed_size_rounds_keep_replace_one_in_the_fl_family():
+    """Under fixed-size sampling |P_t| = m every round: the divisor is public and the released figure stays
+    replace-one (σ/2 per change of 2S), as for DP-FedAvg."""
+    claim = FLTopDP(FLTopDPParams(noise_multiplier=2.0), LAYOUT).privacy_claim(
+        TrainingConfig(rounds=30, client_rate=0.25, sampling="fixed"), 20, 30, 1e-5, ACCOUNTING)
+    assert claim.relation == "replace-one" and claim.against("released").noise_multiplier == 1.0
+    assert "realized number of participants" not in claim.notes
+
+
+def test_every_server_figure_states_the_honest_sampling_it_assumes():
+    """The server picks the participants: each registered defense's covered server figure says that it
+    assumes honest sampling, in the one shared wording, under every sampling the defense accepts."""
+    import defenses.catalog  # noqa: F401  (registers every defense)
+
+    layout = ParamLayout(("w", "b"), ((64, 10), (10,)))
+    trainings = (TrainingConfig(rounds=30), TrainingConfig(rounds=30, client_rate=0.2),
+                 TrainingConfig(rounds=30, sampling="fixed", clients_per_round=5))
+    checked = set()
+    for name in DEFENSES.names():
+        defense = DEFENSES.get(name)(None, layout)
+        for training in trainings:
+            try:
+                defense.validate(training, 20)
+            except UserInputError:
+                continue
+            server = defense.privacy_claim(training, 20, 30, 1e-5, ACCOUNTING).against("server")
+            if server is not None and server.covered:
+                assert server.notes.endswith(HONEST_SAMPLING) and server.notes.count(HONEST_SAMPLING) == 1, (name, training)
+                checked.add(name)
+    assert {"dp-fedavg", "fl-top-dp", "fl-basic-dp", "fl-std-dp", "fl-cs-dp", "ddgauss", "nbafl", "ae-dpfl", "udp-fl",
+            "ldp-fl"} <= checked

@@ -161,6 +161,78 @@ def test_ddgauss_needs_a_fixed_number_of_clients_per_round():
     defense.validate(TrainingConfig(client_rate=1.0), 10)
 
 
+def _real_round(job, defense, clients: int):
+    """The engine's round context for the first ``clients`` clients of ``job``, with zero updates."""
+    ctx, updates = _round_context(job, defense)
+    ctx.participants, ctx.sizes, ctx.client_data = ctx.participants[:clients], ctx.sizes[:clients], ctx.client_data[:clients]
+    return ctx, torch.zeros_like(updates[:clients])
+
+
+def test_ddgauss_refuses_a_round_whose_realised_count_is_not_n(digits_job):
+    """σ_loc = σc/√n is set from the configured n: with n − 1 clients the summed noise would be σc·√((n−1)/n),
+    less than accounted, so such a round is refused rather than released; canary clients beyond the n
+    real ones do not count (they add no share)."""
+    job = digits_job(sampling="fixed", clients_per_round=4)
+    defense = _bound_ddgauss(job, noise_multiplier=1.0, clip=0.5)
+    for count in (3, 5):
+        ctx, updates = _real_round(job, defense, count)
+        with pytest.raises(ValueError, match="exactly n = 4"):
+            defense.privatize(updates, ctx)
+        with pytest.raises(ValueError, match="exactly n = 4"):
+            defense.aggregate(torch.zeros(count, padded_dimension(ctx.layout.dim), dtype=torch.int64), ctx)
+    ctx, updates = _real_round(job, defense, 4)
+    defense.aggregate(defense.privatize(updates, ctx)[0], ctx)
+
+
+def test_ddgauss_summed_noise_is_the_accounted_one_with_and_without_canaries(digits_job):
+    """With zero updates nothing is rounded, so the modular sum the server sees is the clients' noise alone.
+    The claim accounts it as variance (σ_srv·c)² per coordinate — σ_srv the server figure's noise
+    multiplier, per change c of one client (zero-out) — whoever joins the round. Canary clients added
+    by the engine's own injection (here with zero updates, so they only could add noise) must leave it
+    so. The d′ coordinates are independent, so with v the accounted variance N·s²/v ~ χ²_N (a sum of
+    discrete Gaussians of scale 2500 is Gaussian far within the tolerance): s² must lie in
+    [χ²_N(α/2), χ²_N(1 − α/2)]·v/N at α = 1e-6."""
+    from dataclasses import replace
+
+    from defenses.engine import FederatedEngine
+
+    clip, sigma = 0.5, 1.0
+    job = digits_job(sampling="fixed", clients_per_round=4)
+    # γ fixed and 40 bits: the sum (std σc/γ = 5000 in integer units) never wraps
+    defense = _bound_ddgauss(job, noise_multiplier=sigma, clip=clip, bits=40, gamma=1e-4)
+    claim = defense.privacy_claim(job.training, 8, job.training.rounds, job.delta, AccountingSettings())
+    server = claim.against("server")
+    assert server.relation == "zero-out"
+    accounted = (server.noise_multiplier * clip) ** 2
+    released = claim.against("released")  # replace-one under fixed-size sampling: σ/2 per change of 2c, the same noise
+    assert released.relation == "replace-one" and (released.noise_multiplier * 2 * clip) ** 2 == pytest.approx(accounted)
+
+    ctx, updates = _real_round(job, defense, 4)
+    dim = padded_dimension(ctx.layout.dim)
+    low, high = (stats.chi2.ppf(q, dim) / dim * accounted for q in (0.5e-6, 1 - 0.5e-6))
+    setting = defense.setting(job.training, 8)
+
+    def summed_variance(uploads: torch.Tensor) -> float:
+        total = modular_sum(uploads, defense.params.bits).to(torch.float64) * setting.gamma
+        return float((total ** 2).mean())
+
+    uploads, _ = defense.privatize(updates, ctx)
+    assert low <= summed_variance(uploads) <= high
+
+    canaries = replace(job, update_canaries=torch.zeros(16, ctx.layout.dim))
+    with_canaries, canary_ctx = FederatedEngine(defense, canaries).add_canaries(updates, ctx, {})
+    joined = len(canary_ctx.participants) - 4
+    assert joined > 0 and (canary_ctx.participants[4:] >= 8).all()
+    uploads, _ = defense.privatize(with_canaries, canary_ctx)
+    assert len(uploads) == 4 + joined
+    assert low <= summed_variance(uploads) <= high, f"{joined} canary clients changed the summed noise"
+    # the released mean is that sum over the configured n, whoever joined
+    decoded = defense.aggregate(uploads, canary_ctx).double()
+    signs = random_signs(setting.dim, canary_ctx.server_generator("rotation"))
+    total = unrotate(modular_sum(uploads, defense.params.bits).to(torch.float64) * setting.gamma, signs)
+    assert torch.allclose(decoded, (total[: ctx.layout.dim] / 4).float().double())
+
+
 def test_vote_histogram_sums_to_the_voters():
     predictions = torch.tensor([[0, 1, 2], [0, 2, 2], [1, 1, 2], [0, 0, 0]])
     histogram = vote_histogram(predictions, 3)

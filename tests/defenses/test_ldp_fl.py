@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from attacks.mechanism_audit import audit_two_point
+from audit.core.errors import UserInputError
 from defenses.base import AccountingSettings
+from defenses.claims import ADVERSARIES
 from defenses.flat import ParamLayout
 from defenses.ldp import (
     perturb,
@@ -202,3 +204,81 @@ def test_a_constant_tensor_keeps_its_value_under_an_adaptive_range(digits_job):
     mean = torch.stack(reports).mean()
     spread = 0.05 * two_point_magnitude(2.0) / math.sqrt(200 * len(ctx.participants) * (bias.stop - bias.start))
     assert abs(float(mean) - 0.3) < 5 * spread
+
+
+@pytest.mark.parametrize("source", ["secure_minmax", "local"])
+def test_a_data_dependent_range_makes_no_finite_claim(digits_job, source):
+    """Every two-point report is c ± rA, so |report − c| = rA reveals r exactly. With r computed from the
+    clients' trained models, a neighbour whose one client's model differs (here: scaled by 2, which widens
+    the range) moves every report's support: the two output distributions are disjoint, and no finite ε
+    holds for any observer of a report. The claim says so (∞, every observer not covered), keeping the
+    paper's per-weight ε as a labelled alternative, and refuses to be calibrated to an ε."""
+    job = digits_job()
+    defense = LDPFL(LDPFLParams(epsilon=1.0, range_mode="adaptive", range_source=source))
+    ctx, updates = _round_context(job, defense)
+    models = ctx.global_vector[None, :].double() + updates.double()
+    neighbour = models.clone()
+    neighbour[0] = 2 * neighbour[0]
+    part = ctx.layout.slices()[ctx.layout.names[0]]
+    magnitude = two_point_magnitude(1.0)
+    # whose reports: under secure_minmax another client's (1), whose own data did not change; under
+    # local the changed client's own (0), since each range is its owner's
+    who = 0 if source == "local" else 1
+    supports = []
+    for rows in (models, neighbour):
+        c, r = defense._ranges(rows, ctx)[0]
+        reports = perturb("two_point", rows[who, part], c[who], r[who], 1.0, torch.Generator().manual_seed(0))
+        assert torch.allclose((reports - c[who]).abs(), r[who] * magnitude)
+        supports.append({round(float(c[who] + sign * r[who] * magnitude), 9) for sign in (-1, 1)})
+    assert not supports[0] & supports[1]
+
+    claim = defense.bind(ctx.layout).privacy_claim(job.training, len(job.clients), 3, 1e-5, AccountingSettings())
+    assert math.isinf(claim.epsilon) and not claim.is_private and claim.unit == "weight"
+    assert {a.adversary for a in claim.adversaries} == set(ADVERSARIES) and not any(a.covered for a in claim.adversaries)
+    assert all("released without noise" in a.notes for a in claim.adversaries)
+    assert claim.alternatives["paper_per_weight"] == 1.0 and "range_leak" in claim.notes
+    with pytest.raises(UserInputError, match="no finite claim"):
+        defense.calibrate(1.0, 1e-5, job.training, len(job.clients), AccountingSettings())
+    # a public range (fixed, or the received global model's) keeps the per-weight ε for every observer
+    for public in (LDPFLParams(epsilon=1.0), LDPFLParams(epsilon=1.0, range_mode="adaptive")):
+        claim = LDPFL(public, ctx.layout).privacy_claim(job.training, len(job.clients), 3, 1e-5, AccountingSettings())
+        assert claim.epsilon == 1.0 and all(a.covered and a.epsilon == 1.0 for a in claim.adversaries)
+
+
+@pytest.mark.parametrize("source,width", [("global_prev", 1e-6), ("secure_minmax", 1e-9)])
+def test_a_near_constant_tensor_is_reported_without_bias(digits_job, source, width):
+    """A tensor of width ≪ its value (all weights ≈ 0.5) under center zero: the paper's r = max − min would
+    clip it to ±width and its average would collapse to ≈ 0. M is unbiased for an input inside
+    [c − r, c + r] (E[M(w)] = w, Sun et al. 2021, Eq. 4), so with a range that holds the tensor the
+    decoded average of R rounds of k clients' reports is the tensor's mean w̄ within 5 standard errors,
+    √(Σ Var/N²) with Var = r²A² − (w − c)² per report. The width is the smallest each source can carry:
+    the float32 global model near 0.5 (global_prev), the clients' float64 models (secure_minmax)."""
+    job = digits_job()
+    eps, rounds = 2.0, 100
+    defense = LDPFL(LDPFLParams(range_mode="adaptive", adaptive_center="zero", range_source=source, epsilon=eps))
+    ctx, updates = _round_context(job, defense)
+    bias = ctx.layout.slices()[ctx.layout.names[1]]
+    size = bias.stop - bias.start
+    spread = torch.linspace(0, 1, size, dtype=torch.float64)
+    ctx.global_vector = ctx.global_vector.clone()
+    updates = torch.zeros_like(updates)
+    if source == "global_prev":
+        ctx.global_vector[bias] = (0.5 + width * spread).float()
+    else:  # the clients' models differ from 0.5 by at most the width
+        ctx.global_vector[bias] = 0.5
+        updates[:, bias] = (width * spread).float()
+    models = ctx.global_vector[None, :].double() + updates.double()
+    values = models[:, bias]
+    assert 0 < float(values.max() - values.min()) <= 1.5 * width
+    c, r = defense._ranges(models, ctx)[1]
+    assert bool((c - r <= values.min()).all()) and bool((values.max() <= c + r).all()), "the range holds the tensor"
+    averages = []
+    for t in range(rounds):
+        ctx.round = t
+        uploads, _ = defense.privatize(updates, ctx)
+        averages.append(ctx.global_vector[bias].double() + defense.aggregate(uploads, ctx)[bias].double())
+    decoded = float(torch.stack(averages).mean())
+    count = rounds * len(ctx.participants) * size
+    inside = torch.minimum(torch.maximum(values, (c - r)[:, None]), (c + r)[:, None])  # the values, given the range holds them
+    variance = float((r[:, None] ** 2 * two_point_magnitude(eps) ** 2 - (inside - c[:, None]) ** 2).mean())
+    assert abs(decoded - float(values.mean())) <= 5 * math.sqrt(variance / count)
