@@ -5,10 +5,11 @@ defenses ("arms") the paper compares, the target ε values or fixed noise, the s
 own table and the qualitative claims. Each (arm, ε, seed) is one federated run on the *whole*
 candidate pool (no membership halving: this is about utility), stored in the run store, so an
 interrupted reproduction resumes. The output is ``reproduction.md`` (our numbers beside the
-paper's, and every claim checked in words: holds / does not hold, by how much, over how many
-seeds), ``reproduction.json`` and ``reproduction.csv``. Absolute numbers are not comparable with
-the paper's (other data, model and scale); the claims are the point, and a claim that does not
-reproduce is reported as such.
+paper's, and every claim checked in words at every ε it speaks of — holds / does not hold /
+undecided, by how much, with a paired interval over the seeds; the rule is
+:func:`audit.study.judge`'s), ``reproduction.json`` and ``reproduction.csv``. Absolute numbers
+are not comparable with the paper's (other data, model and scale); the claims are the point, and
+a claim that does not reproduce is reported as such.
 """
 
 from __future__ import annotations
@@ -227,7 +228,7 @@ def render(study: Study, results: Results, claims: list[ClaimCheck], elapsed: fl
         lines += ["", study.extra_tables(results, proxy).strip()]
     lines += ["", "## The paper's numbers", "", study.paper_tables.strip(), "", "## Claims", ""]
     for check in claims:
-        mark = {True: "HOLDS", False: "DOES NOT HOLD", None: "NOT EVALUATED"}[check.holds]
+        mark = {True: "HOLDS", False: "DOES NOT HOLD", None: "UNDECIDED" if check.evaluated else "NOT EVALUATED"}[check.holds]
         lines.append(f"- **{mark}** — {check.claim}: {check.detail}.")
     lines.append("")
     return "\n".join(lines)

@@ -98,12 +98,10 @@ def study(quick: bool, dataset: str, data_root: str | None) -> Study:
         table, matching, total = table1_bandwidth()
         checks = [ClaimCheck("Table 1's bandwidth cells follow ⌊r·n⌋·32·Round·C/8000 exactly", matching == total,
                              f"{'holds' if matching == total else 'does not hold'}: {matching} of {total} cells match to 0.01 KB")]
-        top_large = results.values(f"fl-top-{tag[large]}", None, "best_accuracy")
-        std = results.values("fl-std", None, "best_accuracy")
-        gap = float(np.mean(std) - np.mean(top_large))
-        checks.append(ClaimCheck(f"FL-TOP at r = {tag[large]} % is close to FL-STD (Table 1 at 10 %: 0.85 vs 0.86), with "
-                                 f"{1 / large:g}× less bandwidth", gap <= 0.02,
-                                 f"{'holds' if gap <= 0.02 else 'does not hold'}: FL-STD − FL-TOP = {100 * gap:+.2f} pt"))
+        # "close to": at most 2 pt below FL-STD (being above it is no loss), on the paired difference
+        checks.append(compare(results, f"fl-top-{tag[large]}", "fl-std", [None], "best_accuracy",
+                              f"FL-TOP at r = {tag[large]} % is close to FL-STD, at most 2 pt below (Table 1 at 10 %: 0.85 vs 0.86), "
+                              f"with {1 / large:g}× less bandwidth", margin=-0.02))
         checks.append(compare(results, f"fl-top-dp-{tag[small]}", f"fl-basic-dp-{tag[large]}", [None], "best_accuracy",
                               f"FL-TOP-DP at r = {tag[small]} % beats FL-BASIC-DP at r = {tag[large]} % (0.81 vs 0.79)", strict=True))
         for fraction in fractions:
@@ -113,7 +111,7 @@ def study(quick: bool, dataset: str, data_root: str | None) -> Study:
         checks.append(compare(results, f"fl-top-dp-{tag[small]}", "fl-std-dp", [None], "best_accuracy",
                               f"FL-TOP-DP at r = {tag[small]} % ≥ FL-STD-DP (0.81 vs 0.56)"))
         checks.append(ClaimCheck("Fig. 1: the Top-K weights grow larger under FL-TOP than under FL-STD", None,
-                                 "not evaluated by this reproduction (it compares accuracy and bandwidth)"))
+                                 "not evaluated by this reproduction (it compares accuracy and bandwidth)", evaluated=False))
         return checks
 
     def extra(results: Results, proxy: dict) -> str:

@@ -10,10 +10,8 @@ images per client (60k training images); here each client has 80.
 
 from __future__ import annotations
 
-import numpy as np
-
 from audit.reproductions.proxy import proxy_dataset
-from audit.study import Arm, ClaimCheck, Results, Study
+from audit.study import Arm, ClaimCheck, Relation, Results, Study, judge, level_step, paired_step
 from defenses.ldp import shuffle_amplification
 
 PAPER = "Sun, Qian, Chen, LDP-FL: Practical Private Aggregation in Federated Learning with Local Differential Privacy (IJCAI 2021)"
@@ -47,22 +45,18 @@ def study(quick: bool, dataset: str, data_root: str | None) -> Study:
     }
 
     def claims(results: Results) -> list[ClaimCheck]:
-        clean = float(np.mean(results.values("noise-free", None)))
-        by_eps = {e: float(np.mean(results.values("ldp-fl", e))) for e in EPSILONS}
-        checks = []
+        clean = results.by_seed("noise-free", None)
         close = [e for e in EPSILONS if e >= 0.5]
-        worst = min(by_eps[e] for e in close)
-        holds = clean - worst <= 0.02
-        checks.append(ClaimCheck("accuracy within 2 points of noise-free for ε ≥ 0.5 (MNIST: 95.36–96.39 vs 97.26)", holds,
-                                 f"{'holds' if holds else 'does not hold'}: noise-free {100 * clean:.2f} %, worst of ε ≥ 0.5 "
-                                 f"{100 * worst:.2f} %"))
-        holds = by_eps[0.1] < 0.30
-        checks.append(ClaimCheck("ε = 0.1 collapses to near chance (MNIST: 13.84 %)", holds,
-                                 f"{'holds' if holds else 'does not hold'}: {100 * by_eps[0.1]:.2f} %"))
-        ordered = all(by_eps[a] <= by_eps[b] + 0.005 for a, b in zip(EPSILONS, EPSILONS[1:]))
-        checks.append(ClaimCheck("accuracy does not decrease with ε (Table 1)", ordered,
-                                 ("holds" if ordered else "does not hold") + ": "
-                                 + ", ".join(f"ε={e:g}: {100 * by_eps[e]:.2f} %" for e in EPSILONS)))
+        # every ε ≥ 0.5 at most 2 pt below noise-free (the paper's MNIST row: 0.87 to 1.90 pt below);
+        # the noise-free runs (one per seed) stand beside every ε
+        checks = [judge("accuracy at most 2 points below noise-free at every ε ≥ 0.5 (MNIST: 95.36–96.39 vs 97.26)",
+                        [paired_step(f"ε={e:g}", results.by_seed("ldp-fl", e), clean) for e in close], Relation("≥", -0.02))]
+        checks.append(judge("ε = 0.1 collapses to near chance, below 30 % (MNIST: 13.84 %)",
+                            [level_step("ε=0.1", results.by_seed("ldp-fl", 0.1))], Relation("<", 0.30), level=True))
+        # "does not decrease": every step of ε, a tie allowed, no tolerance (a decrease on average is a decrease)
+        checks.append(judge("accuracy does not decrease with ε, at any step (Table 1)",
+                            [paired_step(f"ε={b:g} vs ε={a:g}", results.by_seed("ldp-fl", b), results.by_seed("ldp-fl", a))
+                             for a, b in zip(EPSILONS, EPSILONS[1:])], Relation("≥")))
         dim = result.proxy["dim"]  # filled in by reproduce() before the claims are checked
         linked = dim * 1.0
         checks.append(ClaimCheck("the per-weight ε protects a client's model (the paper's reading of ε = 1)", False,

@@ -20,13 +20,14 @@ def _run(arm, epsilon, seed, accuracy, norm=0.5):
 
 def test_compare_verdicts():
     results = Results([_run("a", 1, 0, 0.80), _run("a", 1, 1, 0.82), _run("b", 1, 0, 0.79), _run("b", 1, 1, 0.83)])
-    check = compare(results, "a", "b", [1])
-    assert check.holds and "held in 1 of 2" in check.detail and "within seed-to-seed variation" in check.detail
-    tied = Results([_run("a", 1, 0, 0.8), _run("b", 1, 0, 0.8)])
+    check = compare(results, "a", "b", [1])  # +1 and −1 pt: a tie on average, which "≥" allows
+    assert check.holds and "the claimed way in 1 of 2 pairs" in check.detail and "within seed noise" in check.detail
+    tied = Results([_run("a", 1, s, 0.8) for s in (0, 1)] + [_run("b", 1, s, 0.8) for s in (0, 1)])
     assert compare(tied, "a", "b", [1]).holds and not compare(tied, "a", "b", [1], strict=True).holds
     assert not compare(results, "b", "a", [1], margin=0.01).holds
     assert compare(results, "a", "missing", [1]).holds is None
-    norms = Results([_run("a", 1, 0, 0.8, norm=0.2), _run("b", 1, 0, 0.8, norm=0.4)])
+    assert compare(Results([_run("a", 1, 0, 0.9), _run("b", 1, 0, 0.1)]), "a", "b", [1]).holds is None  # one seed: undecided
+    norms = Results([_run("a", 1, s, 0.8, norm=0.2) for s in (0, 1)] + [_run("b", 1, s, 0.8, norm=0.4) for s in (0, 1)])
     assert smaller(norms, "a", "b", [1], "update_norm_mean", "a smaller").holds
 
 
