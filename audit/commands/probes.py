@@ -85,7 +85,7 @@ def _conformance_defenses(args: argparse.Namespace) -> tuple[list, list[dict[str
     chosen, shown = [], []
     for name in names:
         cls = DEFENSES.get(name, "conformance: defense")
-        params = from_mapping(cls.Params, overrides[name], f"--param ({name})")
+        params: Any = from_mapping(cls.Params, overrides[name], f"--param ({name})")
         chosen.append(cls(params))
         shown.append(overrides[name])
     return chosen, shown
@@ -115,10 +115,16 @@ def command_conformance(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2, ensure_ascii=False))
     else:
-        print(f"conformance: {result['task']}; {result['trials']} coupled trials per input; every interval and bound "
-              f"at {100 * result['level']:.4g} % (α = {result['alpha']:g} over {result['family_size']} tests), δ = {result['delta']:g}")
+        print(f"conformance: {result['task']}, {result['participation']}; {result['trials']} coupled trials per input")
+        skipped = ("" if result["epsilon_tests"] else f" (none can fire: {result['trials']} trials show at most "
+                                                      f"ε_LB = {result['epsilon_ceiling']:.3g})")
+        print(f"{result['family_size']} tests, each at α/K = {1 - result['level']:.2g} (α = {result['alpha']:g} over the family), "
+              f"δ = {result['delta']:g}: {result['sigma_tests']} σ tests (χ² interval and KS shortfall, per round and "
+              f"pooled), {result['epsilon_tests']} ε tests{skipped}")
         for entry in result["defenses"]:
             print(f"{entry['defense']:<20} {entry['status'].upper() if entry['status'] == VIOLATES else entry['status']}")
+            if entry.get("probed") and entry["probed"] != result["participation"]:
+                print(f"    {'probed':<19} {entry['probed']}")
             for check in entry["adversaries"]:
                 print(f"    {check['adversary']:<9} {check['status']:<9} {check['detail']}")
             for adversary, why in entry["not_covered"].items():
