@@ -172,7 +172,10 @@ def test_every_defense_runs_end_to_end(tmp_path):
         assert {a["attack"] for a in experiment["attacks"]} == default - results_of_skipped
         assert experiment["soundness"] in {"consistent", "inconclusive", "no claim", "not covered", "vacuous"}, (experiment["label"],
                                                                                      experiment["soundness_text"])
-    shapes = json.loads(next((tmp_path / "out" / "runs").glob("fl-top-*/manifest.json")).read_text())["layout"]["shapes"]
+    # a membership run of FL-TOP (side runs of the run attacks store no layout); sorted: the file
+    # system's listing order is arbitrary
+    manifests = [json.loads(path.read_text()) for path in sorted((tmp_path / "out" / "runs").glob("fl-top-*/manifest.json"))]
+    shapes = next(m for m in manifests if "layout" in m)["layout"]["shapes"]
     dim = sum(int(np.prod(shape)) for shape in shapes)
     kept = int(0.05 * dim)  # the default keep_fraction r = 5 %: K = ⌊r·n⌋ floats of 32 bits
     bandwidth = {e["defense"]: (e["diagnostics"]["bits_up_per_client_round"]["value"],
