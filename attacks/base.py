@@ -44,6 +44,7 @@ from audit.core.fdp_one_run import FdpOneRunAudit, fdp_audit_of_counts
 from audit.core.metrics import Estimate, thin_curve
 from audit.core.registry import Registry
 from audit.core.seeding import numpy_rng
+from defenses.claims import PrivacyClaim
 from defenses.evaluation import logits_of
 
 UNITS = ("auto", "record", "client")
@@ -163,8 +164,14 @@ class AttackResult:
     relation: str = "add-remove"
     #: ε figure → the one-run counts behind it (their p-value against any claim; reports.soundness)
     evidence: dict[str, OneRunAudit] = field(default_factory=dict)
-    #: what the scores were read from where an audit offers a choice ("final model", "all iterates")
+    #: what the scores were read from where an audit offers a choice ("final model", "all iterates", ...)
     observation: str | None = None
+    #: the observer the result speaks of ("released", "server", "local") and the claim its verdicts
+    #: compare with — that observer's figure (None: the experiment's headline claim)
+    adversary: str | None = None
+    claim: PrivacyClaim | None = None
+    #: the test statistic each canary is scored by, named for the reader
+    statistic: str | None = None
 
     @property
     def name(self) -> str:

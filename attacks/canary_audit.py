@@ -35,6 +35,7 @@ from audit.core.seeding import numpy_rng
 
 if TYPE_CHECKING:
     from defenses.base import Defense
+    from defenses.claims import PrivacyClaim
     from defenses.flat import ParamLayout
     from defenses.training_job import TrainingConfig
 
@@ -66,6 +67,8 @@ class CanaryInjection:
     records_y: torch.Tensor | None = None
     record_clients: np.ndarray | None = None  # client (position in the run's client list) of each canary record
     directions: torch.Tensor | None = None  # canary clients' unit update directions [m, d]
+    dirac_coords: np.ndarray | None = None  # Dirac canary clients: the coordinate of each [m]
+    dirac_values: np.ndarray | None = None  # and its raw update there, sign included [m] (before clipping)
 
 
 @dataclass
@@ -77,6 +80,9 @@ class CanaryRun:
     initial: torch.Tensor  # initial global model, flat
     params: dict[str, torch.Tensor]
     iterates: torch.Tensor | None = None  # global model after each round [rounds, d] (when the audit needs them)
+    server_view: dict[str, torch.Tensor] | None = None  # what the run recorded of the server's view
+    metrics: list[dict] | None = None  # the run's per-round metrics
+    claim: PrivacyClaim | None = None  # the run's own claim (its population includes canary clients)
 
 
 class CanaryAudit(Attack):
@@ -96,6 +102,19 @@ class CanaryAudit(Attack):
 
     def needs_iterates(self) -> bool:
         """Whether the audit reads every round's global model of its runs."""
+        return False
+
+    def run_count(self, dim: int) -> int:
+        """Audit runs for a model of ``dim`` parameters (``params.runs`` where the audit has it)."""
+        return int(getattr(self.params, "runs", 1))
+
+    def refused(self, defense: Defense, training: TrainingConfig) -> str | None:
+        """Why the audit cannot run with this defense and training (None: it can), beyond
+        :meth:`not_applicable` — known only once the defense and its training are set."""
+        return None
+
+    def needs_records(self) -> bool:
+        """Whether the audit reads its runs' server view, metrics and own claim."""
         return False
 
     def injection(self, context: CanaryContext, run: int) -> CanaryInjection:

@@ -3,6 +3,7 @@
 from attacks import (  # noqa: F401  (each module registers its attacks)
     attribute_inference,
     canary_queries,
+    dirac_canaries,
     gradient_inversion,
     lira,
     model_inversion,

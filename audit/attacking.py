@@ -23,6 +23,7 @@ from audit.planning import Experiment, Plan, canary_context, canary_relation
 from audit.store import RunStore
 from audit.targets import membership_experiment, target_run
 from audit.training import divergence_reason, progress_bar, trained_claim, warn
+from defenses.claims import PrivacyClaim
 from defenses.engine import initial_vector
 from defenses.training_job import TrainingDiverged
 from reports.soundness import measurement_delta
@@ -47,7 +48,12 @@ def evaluate_canaries(plan: Plan, store: RunStore, experiment: Experiment, audit
         if audit.needs_iterates():  # every round's global model, in round order
             models = store.load_tensors(rid, "global_models")
             iterates = torch.stack([models[f"round_{t:04d}"].cpu() for t in range(1, experiment.training.rounds + 1)])
-        runs.append(CanaryRun(audit.injection(context, i), layout.flatten(params).cpu(), initial, params, iterates))
+        run = CanaryRun(audit.injection(context, i), layout.flatten(params).cpu(), initial, params, iterates)
+        if audit.needs_records():
+            run.server_view = store.load_tensors(rid, "server_view")
+            run.metrics = store.load_metrics(rid)
+            run.claim = PrivacyClaim.from_dict(store.load_manifest(rid)["claim"])
+        runs.append(run)
     results = audit.evaluate(context, runs, model)
     for result in results:
         result.relation = relation

@@ -114,8 +114,8 @@ def _rounds_recorded(selection, total: int) -> int:
     return len(set(selection))
 
 
-def _canary_trainings(plan: Plan) -> int:
-    return sum(int(getattr(audit.params, "runs", 1)) for audit in plan.canary_audits)
+def _canary_trainings(plan: Plan, dim: int) -> int:
+    return sum(audit.run_count(dim) for audit in plan.canary_audits)
 
 
 def _run_examples(experiment: Experiment, records: float, clients: int) -> float:
@@ -141,7 +141,7 @@ def estimate(plan: Plan) -> Estimate:
     clients = config.partition.clients
     runs = config.membership.runs
     records = float(np.mean([sum(len(c) for c in run) for run in plan.clients])) if plan.clients else 0.0
-    others = _canary_trainings(plan) + sum(1 for a in plan.attacks if a.kind == "run")
+    others = _canary_trainings(plan, params) + sum(1 for a in plan.attacks if a.kind == "run")
     examples = stored = held = 0.0
     for experiment in plan.experiments:
         total = experiment.training.rounds
@@ -153,7 +153,7 @@ def estimate(plan: Plan) -> Estimate:
         per_run = (kept + uploads) * params * _BYTES
         stored += (runs + others) * per_run
         # canary runs that keep every round's global model (all-iterates audits)
-        stored += sum(int(getattr(a.params, "runs", 1)) for a in plan.canary_audits if a.needs_iterates()) * total * params * _BYTES
+        stored += sum(a.run_count(params) for a in plan.canary_audits if a.needs_iterates()) * total * params * _BYTES
         held = max(held, runs * per_run)  # the runs of an experiment may train together
     data = float(task.pool.features.numel() + task.test.features.numel()) * _BYTES
     return Estimate(len(plan.experiments) * (runs + others), examples, examples * per_example,

@@ -91,8 +91,9 @@ def attack_records(results: list[AttackResult], claim: PrivacyClaim) -> list[Att
     for result in results:
         metrics = {name: Estimate(*(_finite(x) for x in (e.value, e.low, e.high))) for name, e in result.metrics.items()}
         epsilon_kind = dict(result.epsilon_kind)
+        # a result that speaks of one observer is held to that observer's figure
         raw.append((result, metrics, epsilon_kind,
-                    attack_verdicts(claim, result.unit, metrics, epsilon_kind,  # type: ignore[arg-type]
+                    attack_verdicts(result.claim or claim, result.unit, metrics, epsilon_kind,  # type: ignore[arg-type]
                                     result.relation, result.evidence)))
     decided = iter(family_verdicts([pair for *_, pairs in raw for pair in pairs]))
     return [AttackRecord(
@@ -101,7 +102,8 @@ def attack_records(results: list[AttackResult], claim: PrivacyClaim) -> list[Att
         roc=Roc(list(result.roc[0]), list(result.roc[1])), kind=result.kind,  # type: ignore[arg-type]
         figures=[Figure(**f) for f in result.figures],
         verdicts=[next(decided) for _ in pairs],
-        observation=result.observation) for result, metrics, epsilon_kind, pairs in raw]  # type: ignore[arg-type]
+        observation=result.observation, adversary=result.adversary,  # type: ignore[arg-type]
+        statistic=result.statistic) for result, metrics, epsilon_kind, pairs in raw]
 
 
 def _mean_curves(entries: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, list[float]]:

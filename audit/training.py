@@ -7,14 +7,14 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from attacks.canary_audit import CanaryAudit
+from attacks.canary_audit import CanaryAudit, CanaryInjection
 from audit import provenance
 from audit.core.schema import to_mapping
 from audit.core.seeding import derive_seed
@@ -29,6 +29,7 @@ from audit.planning import (
 )
 from audit.store import RunStore
 from defenses.claims import PrivacyClaim
+from defenses.dirac_rows import DiracRows
 from defenses.engine import chunk_size
 from defenses.flat import ParamLayout
 from defenses.run_batch import train_together
@@ -185,15 +186,25 @@ def trained_claim(plan: Plan, store: RunStore, experiment: Experiment) -> Privac
     return PrivacyClaim.from_dict(store.load_manifest(ids[0])["claim"]) if ids else experiment.claim
 
 
+def dirac_rows(injection: CanaryInjection, relation: str, dim: int, device: str) -> DiracRows:
+    """The Dirac canary clients of a run: under zero-out every canary takes part and a held-out
+    one's raw update is zero; otherwise only the inserted ones exist."""
+    assert injection.dirac_coords is not None and injection.dirac_values is not None
+    keep = np.ones(len(injection.inserted), dtype=bool) if relation == "zero-out" else injection.inserted.astype(bool)
+    values = np.where(injection.inserted, injection.dirac_values, 0.0)[keep]
+    return DiracRows(torch.as_tensor(injection.dirac_coords[keep], dtype=torch.long, device=device),
+                     torch.as_tensor(values, dtype=torch.float32, device=device), dim)
+
+
 def train_canary_runs(plan: Plan, store: RunStore, experiment: Experiment, audit: CanaryAudit, quiet: bool = False) -> None:
     """An audit's runs: membership run i's clients plus the inserted canaries (records joined to
     clients' data, or canary clients), with a seed of their own."""
-    reason = audit.not_applicable(experiment.defense)
+    reason = audit.not_applicable(experiment.defense) or audit.refused(experiment.defense, experiment.training)
     if reason is not None:
         plan.skipped.setdefault(experiment.key, []).append({"attack": audit.label, "reason": reason})
         return
     context = canary_context(plan, experiment)
-    ids = [canary_run_id(plan, experiment, audit, i) for i in range(audit.params.runs)]
+    ids = [canary_run_id(plan, experiment, audit, i) for i in range(audit.run_count(context.layout.dim))]
     plan.canary_ids[(experiment.key, audit.label)] = ids
     bar = progress_bar(len(ids), f"{audit.label} {experiment.label}", quiet)
     limit = joint_run_limit(plan, experiment)
@@ -221,6 +232,9 @@ def train_canary_runs(plan: Plan, store: RunStore, experiment: Experiment, audit
             directions = injection.directions[torch.as_tensor(chosen)]
         job = _job(plan, experiment, clients, derive_seed(plan.config.seed, "canary-run", audit.label, i), pool_x, pool_y,
                    directions, record=canary_record(plan, audit), canary_rounds=audit.canary_rounds())
+        if injection.dirac_coords is not None:
+            job = replace(job, dirac_canaries=dirac_rows(injection, canary_relation(experiment, audit), context.layout.dim,
+                                                         plan.config.device))
         members = np.concatenate([np.asarray(c) for c in base]) if base else np.array([], dtype=np.int64)
         group.append(PendingRun(rid, i, job, np.sort(members),
                                 {"canaries": {"audit": audit.label, "kind": audit.name, "index": i,

@@ -111,6 +111,18 @@ class Defense:
         """Turn the C×d matrix of raw client updates into what the clients upload."""
         return updates, {}
 
+    def dirac_canaries_refused(self, training: TrainingConfig) -> str | None:
+        """Why Dirac canary clients at scale (:mod:`defenses.dirac_rows`) cannot go through this
+        defense's own privatisation, None when they can. A defense takes them when its
+        :meth:`privatize` and :meth:`aggregate` handle :class:`~defenses.dirac_rows.DiracRows`
+        (clip, noise and sum them like dense rows)."""
+        return "its privatisation handles dense uploads only (the dense client-canaries and gradient-canaries audits apply)"
+
+    def divisor(self, ctx: RoundContext) -> float | None:
+        """What :meth:`aggregate` divides the round's sum by (None: not a sum over a public
+        divisor); the Dirac canary audit standardises the released steps with it."""
+        return None
+
     def release_probe(self, job: TrainingJob) -> ReleaseProbe | None:
         """This defense's round as the conformance audit drives it (:mod:`defenses.release_probe`):
         the engine's privatise → release path for round-based defenses; a defense that trains

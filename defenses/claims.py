@@ -171,6 +171,17 @@ class PrivacyClaim:
         """The inverse of :meth:`as_dict` (ε null → ∞, by the field's ``null_means``)."""
         return from_json(cls, data)
 
+    def for_observer(self, adversary: str) -> PrivacyClaim | None:
+        """The claim as ``adversary`` is promised it: that observer's figure as the headline (None
+        when the claim does not name the observer)."""
+        figure = self.against(adversary)
+        if figure is None:
+            return None
+        epsilon = float(figure.epsilon) if figure.covered and figure.epsilon is not None else math.inf
+        return PrivacyClaim(epsilon, figure.delta, self.unit, figure.accountant or self.accountant, self.mechanism,
+                            figure.notes, relation=figure.relation if figure.covered else "none",
+                            adversary=adversary, adversaries=(figure,))
+
     @classmethod
     def non_private(cls, notes: str = "") -> PrivacyClaim:
         return cls(math.inf, 0.0, "none", "none", "no noise", notes,

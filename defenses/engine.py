@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from audit.core.seeding import numpy_rng, philox_rng, seed_torch
+from defenses.dirac_rows import DiracRows
 from defenses.evaluation import evaluate
 from defenses.flat import ParamLayout, parameters_of
 from defenses.local_training import TRAINERS, LocalSchedule, OptimizerSettings
@@ -219,6 +220,20 @@ class FederatedEngine:
                       client_data=list(ctx.client_data) + [empty] * len(chosen))
         return torch.cat([updates, rows]), ctx
 
+    def dirac_round(self, ctx: RoundContext, row: dict[str, Any]) -> tuple[RoundContext, np.ndarray]:
+        """This round's Dirac canary clients (:attr:`TrainingJob.dirac_canaries`): each joins
+        like a client — Poisson at the clients' sampling rate, from its own stream — and counts in
+        |P_t|. Returns the context carrying them and which canaries (positions) joined."""
+        canaries = self.job.dirac_canaries
+        assert canaries is not None
+        chosen = sample_canaries(len(canaries), self.job.training.sampling_rate(len(self.job.clients)), self.job.seed,
+                                 ctx.round)
+        row["canary_participants"] = int(len(chosen))
+        index = torch.as_tensor(chosen, dtype=torch.long)
+        rows = DiracRows(canaries.coords[index.to(canaries.coords.device)], canaries.values[index.to(canaries.values.device)],
+                         canaries.dim)
+        return replace(ctx, canaries=rows), chosen
+
     def start(self) -> RunState:
         """Initialise the run: the initial global model, the bound defense, its ε trajectory."""
         job, training = self.job, self.job.training
@@ -233,7 +248,13 @@ class FederatedEngine:
         defense.validate(training, len(job.clients))
         trajectory = defense.epsilon_trajectory(training, len(job.clients), job.delta, job.accounting)
         test_x, test_y = defense.test_split(job)
-        return RunState(model, layout, global_vector, members, trajectory, test_x, test_y)
+        state = RunState(model, layout, global_vector, members, trajectory, test_x, test_y)
+        if job.dirac_canaries is not None:
+            reason = defense.dirac_canaries_refused(training)
+            if reason is not None:
+                raise ValueError(f"{defense.name} cannot take Dirac canary clients: {reason}")
+            state.dirac_uploads = torch.full((training.rounds, len(job.dirac_canaries)), math.nan)
+        return state
 
     def begin_round(self, state: RunState, t: int) -> tuple[RoundContext | None, dict[str, Any]]:
         """Round ``t``'s participants and context (None when the Poisson sample is empty)."""
@@ -254,6 +275,15 @@ class FederatedEngine:
             participants = ctx.participants
             if job.update_canaries is not None:
                 updates, ctx = self.add_canaries(updates, ctx, row)
+            if job.dirac_canaries is not None:
+                ctx, joined = self.dirac_round(ctx, row)
+                assert ctx.canaries is not None and state.dirac_uploads is not None
+                # the same hooks as the real clients' rows: clipping, noise (a share of σS/√|P_t|)
+                canary_uploads, _ = defense.privatize(ctx.canaries, ctx)
+                ctx = replace(ctx, canaries=canary_uploads)
+                state.dirac_uploads[t, torch.as_tensor(joined, dtype=torch.long)] = \
+                    canary_uploads.own_uploads().detach().float().cpu()
+                row["divisor"] = defense.divisor(ctx)
             uploads, diagnostics = defense.privatize(updates, ctx)
             step = defense.aggregate(uploads, ctx)
             state.global_vector = state.global_vector + training.server_lr * step
@@ -296,8 +326,13 @@ class FederatedEngine:
 
     def outcome(self, state: RunState) -> TrainingOutcome:
         job, training = self.job, self.job.training
-        claim = self.defense.privacy_claim(training, len(job.clients), training.rounds, job.delta, job.accounting)
+        # Dirac canary clients are clients of the run: a figure that depends on the population (the
+        # server's view of one upload, σS/√|P_t|) is the one for the population the run had
+        population = len(job.clients) + (len(job.dirac_canaries) if job.dirac_canaries is not None else 0)
+        claim = self.defense.privacy_claim(training, population, training.rounds, job.delta, job.accounting)
         final = {n: v.clone() for n, v in state.layout.unflatten(state.global_vector).items()}
+        if state.dirac_uploads is not None:  # what a server that sees each upload reads of each canary
+            state.server_view["dirac/uploads"] = state.dirac_uploads
         return TrainingOutcome(final, state.layout, state.metrics, claim, state.server_view, state.global_models)
 
     def run(self, on_round: Callable[[int, int, dict[str, Any]], None] | None = None) -> TrainingOutcome:

@@ -45,6 +45,7 @@ from defenses.accounting import (
 from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
 from defenses.claims import GaussianRounds, divided_by_realised_count, gaussian_adversaries
 from defenses.clipping import clip_rows, clip_rows_per_tensor
+from defenses.dirac_rows import DiracRows
 from defenses.noise import gaussian_rows
 from defenses.training_job import RoundContext, TrainingConfig
 
@@ -211,18 +212,43 @@ class DPFedAvg(Defense):
         """Transform the noisy uploads (e.g. keep only a top-k support)."""
         return noisy
 
-    def clip(self, updates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def clip(self, updates: torch.Tensor | DiracRows) -> tuple[torch.Tensor | DiracRows, torch.Tensor, torch.Tensor]:
+        if isinstance(updates, DiracRows):  # one coordinate: its flat and its per-tensor norm are |value|
+            return updates.clipped(self.params.clip)
         if self.params.clip_mode == "flat":
             return clip_rows(updates, self.params.clip)
         return clip_rows_per_tensor(updates, self.params.clip, list(self.layout.slices().values()))
 
-    def privatize(self, updates: torch.Tensor, ctx: RoundContext) -> tuple[torch.Tensor, dict]:
+    def upload_noise_std(self, ctx: RoundContext) -> float:
+        """The std of each upload's noise under client placement: S·σ/√|P_t|, so that the sum of
+        the |P_t| uploads carries N(0, S²σ²) — Dirac canary clients count in |P_t| and add shares."""
+        return self.params.clip * self.params.noise_multiplier / math.sqrt(ctx.participant_count)
+
+    def dirac_canaries_refused(self, training: TrainingConfig) -> str | None:
+        """DP-FedAvg and the variants that only change local training clip, noise and sum Dirac
+        rows exactly as dense ones; a variant that transforms each dense upload (sparsifies it
+        before clipping, masks or filters it after the noise) does not take them."""
+        if type(self).pre_clip is not DPFedAvg.pre_clip or type(self).post_noise is not DPFedAvg.post_noise \
+                or self.masks_noise():
+            return "it transforms each dense upload before clipping or after the noise"
+        if training.sampling == "fixed":
+            return "fixed-size sampling draws m of the clients, so canary clients would change who else is sampled"
+        return None
+
+    def privatize(self, updates: torch.Tensor | DiracRows, ctx: RoundContext) -> tuple[torch.Tensor | DiracRows, dict]:
+        if isinstance(updates, DiracRows):
+            clipped_rows, _, _ = self.clip(updates)
+            assert isinstance(clipped_rows, DiracRows)
+            if self.params.noise_placement == "client":
+                clipped_rows = clipped_rows.with_gaussian_noise(self.upload_noise_std(ctx), ctx.canary_generator("noise"))
+            return clipped_rows, {}
         sparse, kept = self.pre_clip(updates, ctx)
         clipped, norms, was_clipped = self.clip(sparse)
+        assert isinstance(clipped, torch.Tensor)
         diagnostics = {"clip_fraction": float(was_clipped.double().mean()), "clip_input_norms": norms}
         noisy = clipped
         if self.params.noise_placement == "client":
-            std = self.params.clip * self.params.noise_multiplier / math.sqrt(len(ctx.participants))
+            std = self.upload_noise_std(ctx)
             generators = [ctx.client_generator(int(c), "noise") for c in ctx.participants]
             noise = gaussian_rows(len(ctx.participants), updates.shape[1], std, generators, updates.device)
             if kept is not None and self.masks_noise():
@@ -230,11 +256,17 @@ class DPFedAvg(Defense):
             noisy = clipped + noise
         return self.post_noise(clipped, noisy, ctx), diagnostics
 
+    def divisor(self, ctx: RoundContext) -> float:
+        """|P_t| as realised (Dirac canary clients included), or the expected qN."""
+        if self.params.denominator == "expected":
+            return ctx.training.sampling_rate(ctx.num_clients) * ctx.num_clients
+        return float(ctx.participant_count)
+
     def aggregate(self, uploads: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
         total = uploads.sum(0)
+        if ctx.canaries is not None:  # the Dirac canary clients' uploads (noise shares included)
+            total = total + ctx.canaries.total().to(total)
         if self.params.noise_placement == "aggregate":
             std = self.params.clip * self.params.noise_multiplier
             total = total + gaussian_rows(1, uploads.shape[1], std, [ctx.server_generator("noise")], uploads.device)[0]
-        denominator = (ctx.training.sampling_rate(ctx.num_clients) * ctx.num_clients
-                       if self.params.denominator == "expected" else len(ctx.participants))
-        return total / denominator
+        return total / self.divisor(ctx)

@@ -23,6 +23,7 @@ from torch import nn
 from audit.core.seeding import torch_generator
 from defenses.accounting import AccountingSettings
 from defenses.claims import PrivacyClaim
+from defenses.dirac_rows import DiracRows
 from defenses.flat import ParamLayout
 from defenses.local_training import LocalSchedule
 
@@ -117,6 +118,11 @@ class TrainingJob:
     update_canaries: torch.Tensor | None = None
     #: the 1-based rounds (first, last) canary clients join (None: every round)
     canary_rounds: tuple[int, int] | None = None
+    #: Dirac canary clients at scale (:mod:`defenses.dirac_rows`): canary k's raw update is
+    #: ``values[k]`` on coordinate ``coords[k]`` (0 for a held-out canary of a zero-out design);
+    #: each round a canary joins like a client and its update goes through the defense's own
+    #: clipping, noise and aggregation (:meth:`defenses.engine.FederatedEngine.dirac_round`)
+    dirac_canaries: DiracRows | None = None
 
 
 @dataclass
@@ -144,6 +150,19 @@ class RoundContext:
     schedule: LocalSchedule | None = None
     lr: float = 0.0
     chunk_size: int = 0
+    #: the Dirac canary clients taking part this round, after the real ``participants`` (they
+    #: count in :attr:`participant_count`); privatised by the same defense hooks as dense rows
+    canaries: DiracRows | None = None
+
+    @property
+    def participant_count(self) -> int:
+        """|P_t|: the real participants and the Dirac canary clients of this round."""
+        return len(self.participants) + (len(self.canaries) if self.canaries is not None else 0)
+
+    def canary_generator(self, purpose: str) -> torch.Generator:
+        """The stream of this round's Dirac canary clients (one for the block: their noise is
+        drawn jointly, :meth:`defenses.dirac_rows.DiracRows.with_gaussian_noise`)."""
+        return torch_generator(self.seed, "round", self.round, "dirac-canaries", purpose)
 
     def client_generator(self, client: int, purpose: str) -> torch.Generator:
         return torch_generator(self.seed, "round", self.round, "client", int(client), purpose)
@@ -176,6 +195,8 @@ class RunState:
     metrics: list[dict[str, Any]] = field(default_factory=list)
     server_view: dict[str, torch.Tensor] = field(default_factory=dict)
     global_models: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: each Dirac canary's upload at its own coordinate per round [T, K] (NaN: it did not take part)
+    dirac_uploads: torch.Tensor | None = None
 
 
 class TrainingDiverged(RuntimeError):

@@ -170,8 +170,12 @@ class AttackRecord:
     kind: Literal["membership", "canary", "run"]
     figures: list[Figure]
     verdicts: list[Verdict]
-    observation: Literal["final model", "all iterates"] | None = field(default=None, metadata={
-        **_OPTIONAL, "help": "what the audit's statistic reads: the final model, or every round's global model (the server)"})
+    observation: Literal["final model", "all iterates", "each upload", "aggregate, participation known"] | None = field(
+        default=None, metadata={**_OPTIONAL, "help": "what the audit's statistic reads: the final model, every round's "
+                                                      "global model, each canary's own upload, or the aggregate of the rounds it joined"})
+    adversary: Literal["released", "server", "local"] | None = field(default=None, metadata={
+        **_OPTIONAL, "help": "the observer whose claim the verdicts compare with (null: the headline claim)"})
+    statistic: str | None = field(default=None, metadata={**_OPTIONAL, "help": "the test statistic each canary is scored by"})
 
 
 @dataclass(frozen=True)

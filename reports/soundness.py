@@ -31,8 +31,9 @@ as private as the claim implies"; with k of them at 95 % each, one false VIOLATI
 implied (ε, δ): Steinke et al.'s binomial (:class:`audit.core.empirical_epsilon.OneRunAudit`) and
 the f-DP analysis of Mahloujifar et al. 2024 (:class:`audit.core.fdp_one_run.FdpOneRunAudit`) —
 two tests of the same claim on the same counts, both in the family, so that the correction pays
-for reading whichever is tighter. :func:`family_verdicts` applies Holm's step-down correction
-(Holm 1979) at α = 5 % over the experiment's family, and only a rejection is a VIOLATION. A bound
+for reading whichever is tighter. :func:`family_verdicts` applies Holm's weighted step-down
+correction (Holm 1979) at α = 5 % over the experiment's family — each test weighted by the power
+its design has, fixed before the data are seen — and only a rejection is a VIOLATION. A bound
 that is not rejected is **consistent** only if the audit had power — the probability of
 detecting a mechanism twice as leaky as the bound, simulated with the design's coins and the
 figure's own test (:mod:`audit.core.audit_power`), reaches 80 % — otherwise **inconclusive**,
@@ -50,7 +51,7 @@ from dataclasses import replace
 
 from audit.core.audit_power import POWER_TARGET, one_run_power
 from audit.core.empirical_epsilon import OneRunAudit
-from audit.core.multiplicity import holm
+from audit.core.multiplicity import weighted_holm
 from defenses.claims import PrivacyClaim
 from reports.document import EpsilonKind, Estimate, Power, Status, Verdict
 
@@ -65,6 +66,8 @@ VACUOUS: Status = "vacuous"
 
 #: the family-wise error rate of an experiment's violation verdicts
 FAMILY_ALPHA = 0.05
+#: the least share of the family's α weight a test gets, however little power its design has
+WEIGHT_FLOOR = 0.05
 
 #: precedence when one experiment collects many verdicts (the first present wins)
 PRECEDENCE: tuple[Status, ...] = (VIOLATION, ESTIMATE_ABOVE, CONSISTENT, INCONCLUSIVE, NOT_COVERED, VACUOUS, NO_CLAIM,
@@ -197,25 +200,45 @@ def _power(evidence: OneRunAudit, limit: float, limit_delta: float, level: float
                  power.detection_se)
 
 
+def design_weight(evidence: OneRunAudit, limit: float, limit_delta: float) -> float:
+    """A test's weight in its experiment's family: the power its design has at the family's α to
+    detect twice the bound it tests (:func:`audit.core.audit_power.one_run_power`: coins, claim
+    and test only — nothing the audit observed), at least :data:`WEIGHT_FLOOR`."""
+    prior = one_run_power(evidence.canaries, limit, limit_delta, FAMILY_ALPHA, method=evidence.method).detection
+    return max(WEIGHT_FLOOR, float(prior))
+
+
 def family_verdicts(family: list[tuple[Verdict, OneRunAudit | None]]) -> list[Verdict]:
-    """Holm's step-down correction over the lower bounds with p-values (each verdict with its
-    counts), then power for each: VIOLATION where rejected, else consistent when the audit would
-    detect twice the bound's ε with probability ≥ 80 %, else inconclusive. Verdicts without a
-    p-value pass through unchanged."""
+    """Holm's weighted step-down correction (Holm 1979, §5) over the lower bounds with p-values
+    (each verdict with its counts), then power for each: VIOLATION where rejected, else consistent
+    when the audit would detect twice the bound's ε with probability ≥ 80 % at the level the
+    figure is tested at, else inconclusive. Verdicts without a p-value pass through unchanged.
+
+    The weights are each test's design power (:func:`design_weight`): fixed before the data are
+    seen, so the family-wise error stays at most α, while α goes where a violation can be
+    detected — 10⁵ Dirac canaries against a claim rather than 100 canaries that could not
+    certify it — instead of being split evenly among tests most of which cannot reject."""
     tested = [i for i, (v, e) in enumerate(family) if v.p_value is not None and v.bound is not None and e is not None]
     k = len(tested)
     p_values = {i: float(family[i][0].p_value or 0.0) for i in tested}  # not None: filtered above
-    decisions = dict(zip(tested, holm([p_values[i] for i in tested], FAMILY_ALPHA)))
+    weights = []
+    for i in tested:
+        v, evidence = family[i]
+        assert v.bound is not None and v.bound_delta is not None and evidence is not None
+        weights.append(design_weight(evidence, v.bound, v.bound_delta))
+    decisions = dict(zip(tested, weighted_holm([p_values[i] for i in tested], weights, FAMILY_ALPHA))) if k else {}
+    first_levels = {i: FAMILY_ALPHA * w / sum(weights) for i, w in zip(tested, weights)}
     decided = [v for v, _ in family]
     for i in tested:
         v, evidence = family[i]
         assert v.bound is not None and v.bound_delta is not None and evidence is not None
         limit, limit_delta = v.bound, v.bound_delta
         rejected, level = decisions[i]
-        power = _power(evidence, limit, limit_delta, FAMILY_ALPHA / k)
+        power = _power(evidence, limit, limit_delta, first_levels[i])
         figure = f"ε_LB = {v.measured:.3g}"
         bound = (limit, limit_delta, "the claim" if limit == v.claimed else "group privacy")
-        test = f"p = {p_values[i]:.2g} against Holm level {level:.2g} (family of {k})"
+        share = first_levels[i] / FAMILY_ALPHA
+        test = f"p = {p_values[i]:.2g} against Holm level {level:.2g} (family of {k}, weight {share:.0%})"
         reach = (f"power: {power.detection:.0%} (± {power.detection_se or 0.0:.1%}, {power.simulations} simulations) to "
                  f"detect 2ε = {2 * limit:.3g} with {power.canaries} coins; "
                  f"at most ε_LB ≈ {power.tight_bound:.3g} is certifiable against a tight mechanism")

@@ -2,7 +2,10 @@
 rejective multiple test procedure", Scand. J. Statist. 6(2)).
 
 k hypotheses with p-values p₍₁₎ ≤ … ≤ p₍ₖ₎: p₍ᵢ₎ is compared with α/(k − i + 1), and rejection
-stops at the first that exceeds its level. The probability of rejecting any true hypothesis is at
+stops at the first that exceeds its level. The weighted procedure (:func:`weighted_holm`, Holm
+1979 §5) orders the hypotheses by p/w and compares each with α·w/(the weight not yet rejected):
+with fixed weights — chosen before the data are seen — it controls the family-wise error as the
+plain one does, and spends α where the tests can detect something. The probability of rejecting any true hypothesis is at
 most α, whatever the dependence between the tests — which is why both the soundness verdicts of
 an experiment (correlated ε figures of one set of runs) and the regressions of one ``check``
 (correlated metrics of one pair of audits) use it.
@@ -23,4 +26,27 @@ def holm(p_values: Sequence[float], alpha: float = 0.05) -> list[tuple[bool, flo
         level = alpha / (k - rank)
         rejecting = rejecting and p_values[i] <= level
         out[i] = (rejecting, level)
+    return out
+
+
+def weighted_holm(p_values: Sequence[float], weights: Sequence[float], alpha: float = 0.05) -> list[tuple[bool, float]]:
+    """Holm's weighted step-down procedure (Holm 1979, §5): hypotheses in order of p/w (ties by
+    input position), the j-th compared with α·w₍ⱼ₎ / Σ_{i ≥ j} w₍ᵢ₎; rejection stops at the first
+    that exceeds its level. Returns, in input order, whether each is rejected and its level. Equal
+    weights give :func:`holm` exactly. The weights must not depend on the data (only then is the
+    family-wise error at most α)."""
+    k = len(p_values)
+    if len(weights) != k or any(not w > 0 for w in weights):
+        raise ValueError("weights must be positive, one per p-value")
+    if len(set(weights)) <= 1:
+        return holm(p_values, alpha)
+    order = sorted(range(k), key=lambda j: (p_values[j] / weights[j], j))
+    remaining = float(sum(weights))
+    out: list[tuple[bool, float]] = [(False, alpha)] * k
+    rejecting = True
+    for i in order:
+        level = alpha * weights[i] / remaining
+        rejecting = rejecting and p_values[i] <= level
+        out[i] = (rejecting, level)
+        remaining -= weights[i]
     return out
