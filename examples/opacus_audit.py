@@ -17,6 +17,13 @@ own accountant reports the same figure after it.
 dpfl-audit then measures what the models leak (:func:`audit.own_training.audit_training`): LiRA and
 RMIA on the membership runs, and Steinke, Nasr and Jagielski's (2023) one-run audit with mislabelled
 canaries; an ε lower bound above the claim would say the claim (or its implementation) is wrong.
+
+``--gradient-canaries COINS`` audits the optimiser itself instead, white box
+(:func:`audit.own_training.gradient_canary_audit`; Nasr et al. 2023, "Tight Auditing of
+Differentially Private Machine Learning"): ``train`` hands its DPOptimizer to ``attach``, which
+inserts Dirac per-example gradients before Opacus clips and reads every step's noisy gradient.
+``--noise-bug F`` plants a bug to catch: the optimiser adds F times the noise while the claim and
+Opacus's accountant keep the honest σ.
 """
 
 from __future__ import annotations
@@ -61,15 +68,32 @@ def mlp(input_shape: tuple[int, ...]) -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(int(np.prod(input_shape)), HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
 
 
-def make_train(noise_multiplier: float = NOISE_MULTIPLIER, epochs: int = EPOCHS,
-               learning_rate: float = LEARNING_RATE) -> Callable[[torch.Tensor, torch.Tensor, int], nn.Module]:
-    """A ``train(features, labels, seed)`` with these DP-SGD settings."""
+def plant_noise_bug(optimizer, factor: float) -> None:
+    """The bug ``--noise-bug`` plants: Opacus draws noise of std ``factor``·σ·C, while its accountant
+    (which reads ``optimizer.noise_multiplier`` after the noise) and the claim keep the honest σ."""
+    honest, add_noise = optimizer.noise_multiplier, optimizer.add_noise
+
+    def buggy() -> None:
+        optimizer.noise_multiplier = honest * factor
+        try:
+            add_noise()
+        finally:
+            optimizer.noise_multiplier = honest
+
+    optimizer.add_noise = buggy
+
+
+def make_train(noise_multiplier: float = NOISE_MULTIPLIER, epochs: int = EPOCHS, learning_rate: float = LEARNING_RATE,
+               noise_bug: float = 1.0) -> Callable[..., nn.Module]:
+    """A ``train(features, labels, seed, attach=None)`` with these DP-SGD settings; ``attach`` (dpfl-audit's
+    gradient canaries) is called with the DPOptimizer. ``noise_bug`` ≠ 1 plants :func:`plant_noise_bug`."""
     from opacus import PrivacyEngine
     from opacus.data_loader import DPDataLoader
 
     expected = claimed_epsilon(noise_multiplier, epochs)
 
-    def train(features: torch.Tensor, labels: torch.Tensor, seed: int) -> nn.Module:
+    def train(features: torch.Tensor, labels: torch.Tensor, seed: int,
+              attach: Callable[[object], None] | None = None) -> nn.Module:
         init_seed, sampling_seed, noise_seed = (int(s) for s in np.random.SeedSequence(seed).generate_state(3, np.uint64))
         with torch.random.fork_rng(devices=[]):  # the initialisation from the seed, the caller's RNG untouched
             torch.manual_seed(init_seed)
@@ -86,6 +110,10 @@ def make_train(noise_multiplier: float = NOISE_MULTIPLIER, epochs: int = EPOCHS,
             private, optimizer, loader = engine.make_private(
                 module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=noise_multiplier,
                 max_grad_norm=MAX_GRAD_NORM, poisson_sampling=True, noise_generator=torch.Generator().manual_seed(noise_seed))
+            if noise_bug != 1.0:
+                plant_noise_bug(optimizer, noise_bug)
+            if attach is not None:
+                attach(optimizer)
             private.train()
             for _ in range(epochs):
                 for x, y in loader:
@@ -118,7 +146,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pool", type=int, help="cap the candidate pool at this many records (default: all)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument("--gradient-canaries", type=int, default=0, metavar="COINS",
+                        help="audit the optimiser white box with this many Dirac gradient canaries instead (≥ 10000 "
+                             "recommended; default: off)")
+    parser.add_argument("--noise-bug", type=float, default=1.0, metavar="F",
+                        help="plant a bug: Opacus adds F·σ noise, the claim keeps σ (default: %(default)s, no bug)")
     args = parser.parse_args(argv)
+    if not 0 < args.noise_bug <= 1:
+        parser.error(f"--noise-bug: must lie in (0, 1] (1: no bug), got {args.noise_bug}")
+    if args.gradient_canaries < 0:
+        parser.error(f"--gradient-canaries: must be 0 (off) or a number of coins ≥ 4, got {args.gradient_canaries}")
 
     import opacus
 
@@ -129,11 +166,15 @@ def main(argv: list[str] | None = None) -> int:
                          mechanism="DP-SGD with Opacus PrivacyEngine.make_private: Poisson sampling, per-example clipping "
                                    f"to {MAX_GRAD_NORM}, Gaussian noise")
     _, pool, test = dataset_pool("digits", args.pool, args.seed)
-    results = audit_training(make_train(args.noise, args.epochs), pool.features, pool.labels, claim,
+    train_function = make_train(args.noise, args.epochs, noise_bug=args.noise_bug)
+    print(f"claimed ε (opacus RDP accountant, δ = {DELTA:g}): {epsilon:.3f}"
+          + (f"; planted bug: the optimiser adds {args.noise_bug:g}·σ noise" if args.noise_bug != 1 else ""))
+    if args.gradient_canaries:
+        return gradient_canaries(train_function, pool, test, claim, args)
+    results = audit_training(train_function, pool.features, pool.labels, claim,
                              models=args.models, canaries=args.canaries, test=(test.features, test.labels),
                              seed=args.seed, out=args.out, progress=not args.quiet, name="opacus-dp-sgd", dataset="digits")
     experiment = results.experiments[0]
-    print(f"claimed ε (opacus RDP accountant, δ = {DELTA:g}): {epsilon:.3f}")
     print(f"test accuracy: {experiment.utility.test_accuracy.value:.3f}")
     for record in experiment.attacks:
         figures = [f"AUC {record.metrics['auc'].value:.3f}"]
@@ -141,6 +182,28 @@ def main(argv: list[str] | None = None) -> int:
                     if metric in record.metrics]
         print(f"{record.attack:<16} " + ", ".join(figures))
     print(f"verdict: {experiment.soundness} — {experiment.soundness_text}")
+    print(f"written: {args.out}/results.json, {args.out}/report.html")
+    return 0
+
+
+def gradient_canaries(train_function, pool, test, claim, args) -> int:
+    """``--gradient-canaries``: the white-box audit of the optimiser and what it shows."""
+    from audit.own_training import gradient_canary_audit
+
+    audit = gradient_canary_audit(train_function, pool.features, pool.labels, claim, noise_multiplier=args.noise,
+                                  sample_rate=SAMPLE_RATE, coins=args.gradient_canaries, seed=args.seed,
+                                  test=(test.features, test.labels), out=args.out, progress=not args.quiet,
+                                  name="opacus-dp-sgd-gradient-canaries", dataset="digits")
+    print(f"gradient canaries: {audit.scores.size} coins over {audit.runs} run(s) of {audit.steps} steps, "
+          f"{audit.per_run} per run of {audit.parameters} coordinates, {int(audit.inserted.sum())} inserted")
+    print("statistic: mixture log-likelihood ratio of z_t = s·ĝ_t[j]·B/(σ·C) over every step (μ = 1/σ, q)")
+    print(", ".join(f"{figure} {a.epsilon:.3f}" for figure, a in audit.evidence.items()))
+    if audit.power is not None:
+        more = f" (about {audit.power.needed} coins would reach 80 %)" if audit.power.needed else ""
+        print(f"power (f-DP test): {audit.power.detection:.0%} to detect 2ε{more}; tight bound {audit.power.tight_bound:.3f}")
+    print(f"held-out readings: standard deviation {audit.held_out_spread:.3f} (about 1 or more with the claimed noise; less: less noise than claimed)")
+    print(audit.explanation)
+    print(f"verdict: {audit.status} — {audit.sentence}")
     print(f"written: {args.out}/results.json, {args.out}/report.html")
     return 0
 
