@@ -206,7 +206,7 @@ OPERATING_POINTS = (("tpr_at_fpr_0.1%", 0.001), ("tpr_at_fpr_1%", 0.01))
 
 def membership_metrics(scores: np.ndarray, truth: np.ndarray, seed: int, confidence: float = 0.95,
                        delta: float = 0.0, coins: tuple[np.ndarray, np.ndarray] | None = None, bootstrap: int = REPLICATES,
-                       run_groups: np.ndarray | None = None
+                       run_groups: np.ndarray | None = None, accuracy: bool = True
                        ) -> tuple[dict[str, Estimate], tuple[list[float], list[float]], dict[str, OneRunAudit]]:
     """Metrics over the (target, unit) scores, their intervals, a ROC curve for plots, and the
     one-run ε bounds with their counts (ε figure → evidence; empty without ``coins``).
@@ -215,7 +215,8 @@ def membership_metrics(scores: np.ndarray, truth: np.ndarray, seed: int, confide
     ``run_groups`` (:func:`audit.core.cluster_bootstrap.comparison_roc`): leave-one-out scores of
     one unit see each other's truth. Intervals come from
     :func:`audit.core.cluster_bootstrap.two_way_intervals`: scores of one unit across runs and of
-    one run across units are correlated, so no interval treats the pairs as independent. ``coins`` = (scores, inserted) of independent inclusion coins whose
+    one run across units are correlated, so no interval treats the pairs as independent. ``accuracy``
+    False leaves out the leave-one-run-out accuracy (canary audits report none). ``coins`` = (scores, inserted) of independent inclusion coins whose
     guesses may use any output but none of those coins' truth (target runs scored from other
     runs' membership only, or canaries); the one-run count on them gives two valid ε lower bounds
     at ``delta`` (the δ the claim allows for this unit, :func:`reports.soundness.measurement_delta`):
@@ -225,7 +226,7 @@ def membership_metrics(scores: np.ndarray, truth: np.ndarray, seed: int, confide
     truth = truth.astype(bool)
     rng = numpy_rng(seed, "metrics", "two-way-bootstrap")
     extra = {}
-    if scores.shape[0] >= 2:
+    if accuracy and scores.shape[0] >= 2:
         extra["accuracy"] = LeaveOneRunOutAccuracy(scores, truth)  # thresholds re-fitted in every resample
     intervals = two_way_intervals(scores, truth, rng, confidence, tuple(f for _, f in OPERATING_POINTS), bootstrap, extra,
                                   run_groups)

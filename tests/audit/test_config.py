@@ -50,7 +50,7 @@ def test_yaml_numbers_and_defaults():
     assert config.defenses[0].delta == 1e-6 and config.defenses[0].epsilons == [1.0, 2.5]
     default = AuditConfig()
     assert default.dataset.name == "digits" and default.partition.clients == 20
-    assert [d.name for d in default.defenses] == ["fedavg", "dp-fedavg"] and default.defenses[1].epsilons == [1.0, 8.0]
+    assert [d.name for d in default.defenses] == ["fedavg", "dp-fedavg"] and default.defenses[1].epsilons == [1.0, 4.0]
     assert default.membership.runs == 16 and default.membership.unit == "auto"
     assert [a.name for a in default.attacks] == ["lira", "rmia", "shokri", "loss-threshold", "record-canaries", "client-canaries",
                                                    "gradient-inversion", "attribute-inference"]
