@@ -53,7 +53,7 @@ def test_yaml_numbers_and_defaults():
     assert [d.name for d in default.defenses] == ["fedavg", "dp-fedavg"] and default.defenses[1].epsilons == [1.0, 4.0]
     assert default.membership.runs == 16 and default.membership.unit == "auto"
     assert [a.name for a in default.attacks] == ["lira", "rmia", "shokri", "loss-threshold", "record-canaries", "client-canaries",
-                                                   "gradient-inversion", "attribute-inference"]
+                                                   "dirac-canaries", "gradient-inversion", "attribute-inference"]
 
 
 def test_presets_and_merge(tmp_path):
