@@ -38,7 +38,13 @@ from audit.core.cluster_bootstrap import (
     comparison_roc,
     two_way_intervals,
 )
-from audit.core.empirical_epsilon import OneRunAudit, one_run_audit
+from audit.core.empirical_epsilon import (
+    GUESS_FRACTIONS,
+    OneRunAudit,
+    canary_arrays,
+    guess_counts,
+    one_run_audit,
+)
 from audit.core.errors import UserInputError
 from audit.core.fdp_one_run import FdpOneRunAudit, fdp_audit_of_counts
 from audit.core.metrics import Estimate, thin_curve
@@ -206,7 +212,8 @@ OPERATING_POINTS = (("tpr_at_fpr_0.1%", 0.001), ("tpr_at_fpr_1%", 0.01))
 
 def membership_metrics(scores: np.ndarray, truth: np.ndarray, seed: int, confidence: float = 0.95,
                        delta: float = 0.0, coins: tuple[np.ndarray, np.ndarray] | None = None, bootstrap: int = REPLICATES,
-                       run_groups: np.ndarray | None = None, accuracy: bool = True
+                       run_groups: np.ndarray | None = None, accuracy: bool = True,
+                       levels: dict[str, tuple[float, ...]] | None = None
                        ) -> tuple[dict[str, Estimate], tuple[list[float], list[float]], dict[str, OneRunAudit]]:
     """Metrics over the (target, unit) scores, their intervals, a ROC curve for plots, and the
     one-run ε bounds with their counts (ε figure → evidence; empty without ``coins``).
@@ -238,17 +245,24 @@ def membership_metrics(scores: np.ndarray, truth: np.ndarray, seed: int, confide
         metrics["accuracy"] = intervals["accuracy"]
     evidence: dict[str, OneRunAudit] = {}
     if coins is not None and len(coins[0]) >= 2:
-        evidence = one_run_bounds(coins[0], coins[1], delta, 1.0 - confidence)
+        evidence = one_run_bounds(coins[0], coins[1], delta, 1.0 - confidence, levels)
         metrics.update((name, audit.as_estimate()) for name, audit in evidence.items())
     return metrics, thin_curve(*comparison_roc(scores, truth, run_groups).curve()), evidence
 
 
-def one_run_bounds(scores: np.ndarray, inserted: np.ndarray, delta: float = 0.0, alpha: float = 0.05) -> dict[str, OneRunAudit]:
+def one_run_bounds(scores: np.ndarray, inserted: np.ndarray, delta: float = 0.0, alpha: float = 0.05,
+                   levels: dict[str, tuple[float, ...]] | None = None) -> dict[str, OneRunAudit]:
     """The one-run ε lower bounds of independent coins' scores, by figure name (:data:`ONE_RUN_FIGURES`):
-    Steinke et al.'s count and the f-DP analysis of the same guesses, so the two figures differ
-    only in how the counts are analysed."""
-    steinke = one_run_audit(scores, inserted, delta=delta, alpha=alpha)
-    return {"epsilon_one_run": steinke, "epsilon_one_run_fdp": fdp_audit_of_counts(steinke.canaries, steinke.tried, delta, alpha)}
+    Steinke et al.'s count and the f-DP analysis of the guesses at the same abstention levels, so
+    the two figures differ only in how the counts are analysed. ``levels`` (figure name → guess
+    fractions) replaces the default levels of a figure by ones its design fixed in advance
+    (:func:`audit.core.audit_power.preregistered_fraction`)."""
+    levels = levels or {}
+    steinke = one_run_audit(scores, inserted, delta, alpha, levels.get("epsilon_one_run", GUESS_FRACTIONS))
+    fractions = levels.get("epsilon_one_run_fdp", GUESS_FRACTIONS)
+    tried = steinke.tried if fractions == steinke.fractions else guess_counts(*canary_arrays(scores, inserted), fractions)
+    return {"epsilon_one_run": steinke,
+            "epsilon_one_run_fdp": fdp_audit_of_counts(steinke.canaries, tried, delta, alpha, fractions)}
 
 
 def gdp_note(evidence: dict[str, OneRunAudit]) -> str:

@@ -159,8 +159,9 @@ def gaussian_shape_note(held_out: np.ndarray) -> str:
 
 
 def canary_result(attack: str, unit: str, statistics: np.ndarray, inserted: np.ndarray, delta: float, seed: int,
-                  notes: str, confidence: float = 0.95) -> AttackResult:
-    """Metrics and the ε figures of a canary audit; statistics/inserted are [runs, canaries]."""
+                  notes: str, confidence: float = 0.95, levels: dict[str, tuple[float, ...]] | None = None) -> AttackResult:
+    """Metrics and the ε figures of a canary audit; statistics/inserted are [runs, canaries];
+    ``levels``: abstention levels fixed in advance per ε figure (:func:`attacks.base.one_run_bounds`)."""
     statistics = np.asarray(statistics, dtype=np.float64)
     if not np.isfinite(statistics).all():
         statistics = np.nan_to_num(statistics, nan=0.0, posinf=1e300, neginf=-1e300)
@@ -171,7 +172,7 @@ def canary_result(attack: str, unit: str, statistics: np.ndarray, inserted: np.n
     evidence = {}
     if truth.any() and (~truth).any():
         metrics, roc, evidence = membership_metrics(statistics, truth, seed, confidence, delta, coins=(flat, truth.ravel()),
-                                                    accuracy=False)
+                                                    accuracy=False, levels=levels)
         if "epsilon_one_run" in evidence:
             audit = evidence["epsilon_one_run"]
             notes += f"; one-run audit: {audit.correct} of {audit.guesses} guesses right{gdp_note(evidence)}"

@@ -55,6 +55,7 @@ from attacks.canary_audit import (
     CanaryRun,
     canary_result,
 )
+from audit.core.audit_power import preregistered_fraction
 from audit.core.errors import UserInputError
 from audit.core.gaussian_canary_statistics import mixture_log_likelihood_ratio, standardised_sum
 from audit.core.seeding import numpy_rng
@@ -79,6 +80,20 @@ class DiracCanaryParams:
         "min": 1.0, "max": 1e6, "help": "U/S: a canary's raw update is ±U on its coordinate, U = amplitude × the clip"})
     observers: list[Literal["final model", "all iterates", "server"]] = field(
         default_factory=lambda: list(OBSERVERS), metadata={"min_length": 1, "help": "whose view to read (a result each)"})
+
+
+def preregistered_levels(claim: PrivacyClaim | None, coins: int) -> dict[str, tuple[float, ...]]:
+    """Per ε figure, the one abstention level the design's power analysis picks against the
+    observer's claim (:func:`audit.core.audit_power.preregistered_fraction`: coins, claim and test
+    only, nothing observed); empty where the claim gives no finite (ε, δ > 0) to plan against."""
+    if claim is None or not claim.is_private or not claim.delta > 0:
+        return {}
+    out = {}
+    for name, method in (("epsilon_one_run", "steinke"), ("epsilon_one_run_fdp", "fdp")):
+        fraction = preregistered_fraction(coins, float(claim.epsilon), float(claim.delta), method)
+        if fraction is not None:
+            out[name] = (fraction,)
+    return out
 
 
 @ATTACKS.register("dirac-canaries")
@@ -162,7 +177,11 @@ class DiracCanaries(CanaryAudit):
         if scores is None:
             scores = np.zeros(inserted.shape)
             notes += f"; no statistic: {missing}"
-        result = canary_result(self.label, self.unit, scores, inserted, delta, context.seed, notes)
+        levels = preregistered_levels(claim, inserted.size)
+        if levels:
+            notes += ("; abstention levels fixed in advance by the design's power against the claim (each tested at the "
+                      "full α): " + ", ".join(f"{name} {fractions[0]:.1%} of the coins" for name, fractions in levels.items()))
+        result = canary_result(self.label, self.unit, scores, inserted, delta, context.seed, notes, levels=levels)
         result.variant = "" if observation == "final model" else observation.split(",")[0].replace(" ", "-")
         result.observation, result.adversary, result.claim = observation, adversary, claim
         result.statistic = STATISTICS[observation]

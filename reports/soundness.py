@@ -195,7 +195,7 @@ def _against(v: Verdict, bound: tuple[float, float, str]) -> str:
 
 
 def _power(evidence: OneRunAudit, limit: float, limit_delta: float, level: float) -> Power:
-    power = one_run_power(evidence.canaries, limit, limit_delta, level, method=evidence.method)
+    power = one_run_power(evidence.canaries, limit, limit_delta, level, method=evidence.method, fractions=evidence.fractions)
     return Power(power.canaries, power.level, power.tight_bound, power.detection, power.needed, power.simulations,
                  power.detection_se)
 
@@ -204,7 +204,8 @@ def design_weight(evidence: OneRunAudit, limit: float, limit_delta: float) -> fl
     """A test's weight in its experiment's family: the power its design has at the family's α to
     detect twice the bound it tests (:func:`audit.core.audit_power.one_run_power`: coins, claim
     and test only — nothing the audit observed), at least :data:`WEIGHT_FLOOR`."""
-    prior = one_run_power(evidence.canaries, limit, limit_delta, FAMILY_ALPHA, method=evidence.method).detection
+    prior = one_run_power(evidence.canaries, limit, limit_delta, FAMILY_ALPHA, method=evidence.method,
+                          fractions=evidence.fractions).detection
     return max(WEIGHT_FLOOR, float(prior))
 
 

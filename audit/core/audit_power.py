@@ -157,10 +157,23 @@ def _critical_count(method: str, canaries: int, guesses: int, epsilon: float, de
     return high
 
 
+#: the abstention levels the simulations count at: the audit's default ones and the finer ones a
+#: design may pre-register (:func:`preregistered_fraction`)
+FRACTION_GRID = (0.005, 0.01) + GUESS_FRACTIONS
+#: the fewest guesses a pre-registered level may make
+MIN_PREREGISTERED_GUESSES = 100
+
+
+def level_budgets(canaries: int, fractions: tuple[float, ...]) -> list[int]:
+    """Guesses at each abstention level, as :func:`guess_counts` makes them."""
+    return [min(canaries, max(2, int(fraction * canaries))) for fraction in fractions]
+
+
 class _Simulation:
     """Simulated audits of one design (``canaries`` coins) against a tight and a twice-as-leaky
     mechanism, drawn in batches from one stream keyed by (seed, canaries, ε, δ) and shared by
-    every test and level asked about it (both methods see the same counts)."""
+    every test and level asked about it (both methods see the same counts), counted at every
+    level of :data:`FRACTION_GRID`."""
 
     def __init__(self, canaries: int, epsilon: float, delta: float, seed: int):
         self.canaries, self.epsilon, self.delta = canaries, epsilon, delta
@@ -175,26 +188,27 @@ class _Simulation:
             for epsilon, out in ((self.epsilon, self.tight), (2.0 * self.epsilon, self.leaky)):
                 scores = tight_scores(self.rng, inserted, epsilon, self.delta)
                 # Gaussian scores (δ > 0) have no ties; randomised response's two values do
-                out.append(simulated_counts(scores, inserted) if self.delta > 0
-                           else [c for _, c in guess_counts(scores, inserted)])
+                out.append(simulated_counts(scores, inserted, FRACTION_GRID) if self.delta > 0
+                           else [c for _, c in guess_counts(scores, inserted, FRACTION_GRID)])
         return np.array(self.tight[:simulations]), np.array(self.leaky[:simulations])
 
 
-def simulated_counts(scores: np.ndarray, inserted: np.ndarray) -> list[int]:
+def simulated_counts(scores: np.ndarray, inserted: np.ndarray,
+                     fractions: tuple[float, ...] = GUESS_FRACTIONS) -> list[int]:
     """The correct counts :func:`guess_counts` gives for scores *without ties*, found by
     partitioning at the abstention levels' cut ranks instead of sorting all scores (the power
     simulation's cost at 10⁵ coins). Without ties the top a and bottom b canaries of a level are
     the a highest and b lowest scores whatever the sort, so the counts are exactly guess_counts'
     (a = ⌈k/2⌉, b = ⌊k/2⌋); a tie at a cut rank falls back to guess_counts' tie rule."""
     m = len(scores)
-    budgets = [min(m, max(2, int(fraction * m))) for fraction in GUESS_FRACTIONS]
+    budgets = level_budgets(m, fractions)
     tops = [budget - budget // 2 for budget in budgets]
     bottoms = [budget // 2 for budget in budgets]
     ranks = sorted({m - a for a in tops if 0 < a < m} | {b - 1 for b in bottoms if 0 < b <= m})
     parted = np.partition(scores, ranks) if ranks else np.sort(scores)
     cut_values = parted[ranks]
     if ranks and (np.isin(scores, cut_values).sum() != np.unique(cut_values).size):  # a tie at a cut
-        return [c for _, c in guess_counts(scores, inserted)]
+        return [c for _, c in guess_counts(scores, inserted, fractions)]
     members, outside = int(inserted.sum()), int(m - inserted.sum())
     counts = []
     for a, b in zip(tops, bottoms):
@@ -220,7 +234,8 @@ def _simulation(canaries: int, epsilon: float, delta: float, seed: int) -> _Simu
 
 @lru_cache(maxsize=256)
 def one_run_power(canaries: int, epsilon: float, delta: float, level: float, seed: int = 0,
-                  simulations: int = MAX_SIMULATIONS, method: str = "steinke") -> Power:
+                  simulations: int = MAX_SIMULATIONS, method: str = "steinke",
+                  fractions: tuple[float, ...] = GUESS_FRACTIONS) -> Power:
     """Power of the one-run audit with ``canaries`` independent coins against an (ε, δ) claim,
     its violation test (``method``: "steinke" or "fdp") run at ``level``. Deterministic in ``seed``.
 
@@ -229,18 +244,22 @@ def one_run_power(canaries: int, epsilon: float, delta: float, level: float, see
     the detection probability against :data:`POWER_TARGET`, so its Monte-Carlo error matters only
     near that boundary: audits are simulated in batches of :data:`BATCH` until the estimate lies
     :data:`STOP_AT` boundary standard errors from the target, or ``simulations`` (by default
-    2,000: a standard error ≤ 0.009 at the boundary) are done."""
+    2,000: a standard error ≤ 0.009 at the boundary) are done. ``fractions``: the abstention
+    levels the audit tries (a subset of :data:`FRACTION_GRID`; Bonferroni over them)."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if canaries < 2 or not math.isfinite(epsilon) or not 0 <= delta < 1:
         return Power(canaries, level, 0.0, 0.0, None)
+    if not set(fractions) <= set(FRACTION_GRID):
+        raise ValueError(f"fractions must be levels of {FRACTION_GRID}, got {fractions}")
     simulation = _simulation(canaries, epsilon, delta, seed)
-    guesses = [g for g, _ in guess_counts(np.arange(canaries, dtype=np.float64), np.arange(canaries) % 2 == 0)]
+    columns = [FRACTION_GRID.index(f) for f in fractions]
+    guesses = level_budgets(canaries, fractions)
     critical = np.array([_critical_count(method, canaries, g, epsilon, delta, level / len(guesses)) for g in guesses])
     done = 0
     while True:
         done = min(simulations, done + BATCH)
-        tight, leaky = simulation.counts(done)
+        tight, leaky = (counts[:, columns] for counts in simulation.counts(done))
         detection = float(np.mean((leaky >= critical[None, :]).any(axis=1)))
         boundary_se = math.sqrt(POWER_TARGET * (1 - POWER_TARGET) / done)
         if done >= simulations or abs(detection - POWER_TARGET) > STOP_AT * boundary_se:
@@ -248,9 +267,37 @@ def one_run_power(canaries: int, epsilon: float, delta: float, level: float, see
     smoothed = (detection * done + 0.5) / (done + 1)  # never 0 at an estimate of 0 or 1
     # median bound at the claim: each abstention level's bound is monotone in its count, so its
     # median is the bound at the median count; the audit reports the best level
-    alpha = 0.05 / len(GUESS_FRACTIONS)
+    alpha = 0.05 / len(fractions)
     medians = np.median(tight, axis=0)
     tight_bound = max(_bound(method, canaries, g, int(c), delta, alpha) for g, c in zip(guesses, medians))
     rng = np.random.default_rng([seed, canaries, *_float_key(epsilon), *_float_key(delta), 1])
     needed = None if detection >= POWER_TARGET else _needed(method, canaries, epsilon, delta, level, rng)
     return Power(canaries, level, tight_bound, detection, needed, done, math.sqrt(smoothed * (1 - smoothed) / done))
+
+
+@lru_cache(maxsize=256)
+def preregistered_fraction(canaries: int, epsilon: float, delta: float, method: str, seed: int = 0) -> float | None:
+    """The single abstention level an audit of ``canaries`` coins against the claim (ε, δ) should
+    use: among the levels of :data:`FRACTION_GRID` with ≥ :data:`MIN_PREREGISTERED_GUESSES`
+    guesses, the one most likely to call a mechanism twice as leaky a violation at 5 %, and among
+    those within 0.02 of the best, the one whose bound is largest at the median of simulated audits
+    of the exactly tight mechanism. It depends on the design and the claim only — never on the
+    scores — so the audit may test that one level at the full α instead of trying six at α/6
+    (Steinke, Nasr, Jagielski 2023 fix the number of guesses in advance): the Bonferroni factor's
+    price, about 0.05 in ε at 10⁵ coins and ε = 1, is not paid. None where no level qualifies or
+    the claim is not finite."""
+    if canaries < 2 or not math.isfinite(epsilon) or not 0 < delta < 1 or method not in METHODS:
+        return None
+    tight, leaky = _simulation(canaries, epsilon, delta, seed).counts(BATCH)
+    medians = np.median(tight, axis=0)
+    candidates = []
+    for column, (fraction, guesses) in enumerate(zip(FRACTION_GRID, level_budgets(canaries, FRACTION_GRID))):
+        if guesses < MIN_PREREGISTERED_GUESSES:
+            continue
+        critical = _critical_count(method, canaries, guesses, epsilon, delta, 0.05)
+        detection = float(np.mean(leaky[:, column] >= critical))
+        candidates.append((detection, _bound(method, canaries, guesses, int(medians[column]), delta, 0.05), fraction))
+    if not candidates:
+        return None
+    best = max(c[0] for c in candidates)
+    return max((c for c in candidates if c[0] >= best - 0.02), key=lambda c: (c[1], c[2]))[2]

@@ -107,6 +107,8 @@ class OneRunAudit:
     alpha: float
     delta: float
     tried: tuple[tuple[int, int], ...] = ()
+    #: the abstention levels tried (fractions of the canaries), for the power simulation
+    fractions: tuple[float, ...] = GUESS_FRACTIONS
 
     def as_estimate(self) -> Estimate:
         return Estimate(self.epsilon, self.epsilon, math.inf)
@@ -206,7 +208,7 @@ def one_run_audit(scores: np.ndarray, inserted: np.ndarray, delta: float = 0.0, 
     tried = guess_counts(scores, inserted, guess_fractions)
     epsilon, guesses, correct = strongest_level(
         tried, alpha, lambda g, c, level: one_run_epsilon_lower_bound(m, g, c, delta, level))
-    return OneRunAudit(epsilon, m, guesses, correct, alpha, delta, tried)
+    return OneRunAudit(epsilon, m, guesses, correct, alpha, delta, tried, tuple(guess_fractions))
 
 
 # --------------------------------------------------------------------------- Gaussian pairs (Andrew et al. 2024)

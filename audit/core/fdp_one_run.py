@@ -270,12 +270,12 @@ class FdpOneRunAudit(OneRunAudit):
 
 
 def fdp_audit_of_counts(canaries: int, tried: tuple[tuple[int, int], ...], delta: float = 0.0,
-                        alpha: float = 0.05) -> FdpOneRunAudit:
+                        alpha: float = 0.05, fractions: tuple[float, ...] = GUESS_FRACTIONS) -> FdpOneRunAudit:
     """The f-DP bounds of (guesses, correct) counts, each abstention level at alpha / len(tried)."""
     mu = strongest_level(tried, alpha, lambda g, c, level: gdp_mu_lower_bound(canaries, g, c, level))[0]
     epsilon, guesses, correct = strongest_level(
         tried, alpha, lambda g, c, level: fdp_epsilon_lower_bound(canaries, g, c, delta, level))
-    return FdpOneRunAudit(epsilon, canaries, guesses, correct, alpha, delta, tried, mu=mu)
+    return FdpOneRunAudit(epsilon, canaries, guesses, correct, alpha, delta, tried, tuple(fractions), mu=mu)
 
 
 def fdp_one_run_audit(scores: np.ndarray, inserted: np.ndarray, delta: float = 0.0, alpha: float = 0.05,
@@ -285,4 +285,4 @@ def fdp_one_run_audit(scores: np.ndarray, inserted: np.ndarray, delta: float = 0
     the lowest, k in all at each fraction of ``guess_fractions`` (Bonferroni over them), never
     splitting a block of tied scores (:func:`audit.core.empirical_epsilon.guess_counts`)."""
     scores, inserted = canary_arrays(scores, inserted)
-    return fdp_audit_of_counts(len(scores), guess_counts(scores, inserted, guess_fractions), delta, alpha)
+    return fdp_audit_of_counts(len(scores), guess_counts(scores, inserted, guess_fractions), delta, alpha, guess_fractions)

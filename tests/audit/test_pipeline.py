@@ -38,8 +38,9 @@ def test_outputs_exist_and_rows_are_tidy(smoke_runs):
     assert float(dp["epsilon"]) <= 8.0 and dp["unit"] == "client" and "rdp-improved" in dp["accountant"]
     document = json.loads((out / "results.json").read_text())
     assert document["schema_version"] and len(document["experiments"]) == 2
-    # 8 membership runs each, one run per canary audit, one side run on diabetes for attribute inference
-    assert len(list((out / "runs").iterdir())) == 16 + 2 * 2 + 2
+    # 8 membership runs each, one run per canary audit, one side run on diabetes for attribute inference,
+    # and the private configuration's 2 Dirac canary runs (fedavg makes no claim to audit)
+    assert len(list((out / "runs").iterdir())) == 16 + 2 * 2 + 2 + 2
     for experiment in document["experiments"]:  # the default report: LiRA, Shokri, a threshold and two canary audits
         names = {a["attack"] for a in experiment["attacks"]}
         assert {"lira-online", "lira-offline", "rmia-online", "rmia-offline", "shokri", "loss-threshold", "record-canaries",
