@@ -65,7 +65,7 @@ def default_experiments() -> list[dict]:
     return [experiment("fedavg", "fedavg", accuracy=(0.94, 0.93, 0.95), auc=(0.59, 0.56, 0.62), soundness="no claim"),
             experiment("dp-fedavg-eps1", "dp-fedavg", label="dp-fedavg (ε=1)", epsilon=1.0, accuracy=(0.15, 0.1, 0.2),
                        auc=(0.504, 0.47, 0.54)),
-            experiment("dp-fedavg-eps8", "dp-fedavg", label="dp-fedavg (ε=8)", epsilon=8.0, accuracy=(0.62, 0.58, 0.66),
+            experiment("dp-fedavg-eps4", "dp-fedavg", label="dp-fedavg (ε=4)", epsilon=4.0, accuracy=(0.62, 0.58, 0.66),
                        auc=(0.507, 0.47, 0.54))]
 
 
@@ -234,17 +234,17 @@ def test_max_and_min_use_the_chosen_number_and_fail_without_it():
     experiments = default_experiments()
     experiments[1]["attacks"][0]["metrics"]["auc"] = estimate(0.55, None, None)
     outcomes = outcomes_of([
-        {"kind": "max", "experiment": "dp-fedavg (ε=8)", "attack": "lira-online", "metric": "auc", "value": 0.53, "use": "ci_high"},
+        {"kind": "max", "experiment": "dp-fedavg (ε=4)", "attack": "lira-online", "metric": "auc", "value": 0.53, "use": "ci_high"},
         {"kind": "max", "experiment": "dp-fedavg-eps1", "attack": "lira-online", "metric": "auc", "value": 0.6, "use": "ci_high"},
         {"kind": "min", "attack": "none", "metric": "test_accuracy", "value": 0.6, "defense": "dp-fedavg"},
     ], experiments)
     by_rule = [(o.target, o.verdict, o.value) for o in outcomes]
-    assert by_rule == [("dp-fedavg-eps8/lira-online/auc", FAIL, 0.54),  # experiment matched by label
+    assert by_rule == [("dp-fedavg-eps4/lira-online/auc", FAIL, 0.54),  # experiment matched by label
                        ("dp-fedavg-eps1/lira-online/auc", FAIL, None),  # no interval: cannot vouch for it
                        ("dp-fedavg-eps1/utility/test_accuracy", FAIL, 0.15),
-                       ("dp-fedavg-eps8/utility/test_accuracy", PASS, 0.62)]
+                       ("dp-fedavg-eps4/utility/test_accuracy", PASS, 0.62)]
     assert "no ci_high (no interval)" in outcomes[1].sentence
-    assert [o.rule for o in outcomes] == ["lira-online auc ci_high ≤ 0.53 on dp-fedavg (ε=8)",
+    assert [o.rule for o in outcomes] == ["lira-online auc ci_high ≤ 0.53 on dp-fedavg (ε=4)",
                                           "lira-online auc ci_high ≤ 0.6 on dp-fedavg-eps1",
                                           "utility test_accuracy ≥ 0.6 on dp-fedavg", "utility test_accuracy ≥ 0.6 on dp-fedavg"]
 
@@ -254,10 +254,10 @@ def test_no_violation_fails_on_violations_and_on_warnings_only_when_asked():
     experiments[1]["soundness"], experiments[1]["soundness_text"] = "violation", "record-canaries: VIOLATION: ε_LB = 3 > 1"
     experiments[2]["soundness"] = "estimate above claim"
     default = outcomes_of([{"kind": "no-violation"}], experiments)
-    assert [(o.target, o.verdict) for o in default] == [("fedavg", PASS), ("dp-fedavg-eps1", FAIL), ("dp-fedavg-eps8", PASS)]
+    assert [(o.target, o.verdict) for o in default] == [("fedavg", PASS), ("dp-fedavg-eps1", FAIL), ("dp-fedavg-eps4", PASS)]
     assert "ε_LB = 3 > 1" in default[1].sentence
     strict = outcomes_of([{"kind": "no-violation", "warnings": "fail", "defense": "dp-fedavg"}], experiments)
-    assert [(o.target, o.verdict) for o in strict] == [("dp-fedavg-eps1", FAIL), ("dp-fedavg-eps8", FAIL)]
+    assert [(o.target, o.verdict) for o in strict] == [("dp-fedavg-eps1", FAIL), ("dp-fedavg-eps4", FAIL)]
 
 
 @pytest.mark.parametrize("rule, reason", [
