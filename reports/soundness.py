@@ -220,15 +220,28 @@ def family_verdicts(family: list[tuple[Verdict, OneRunAudit | None]]) -> list[Ve
     detected — 10⁵ Dirac canaries against a claim rather than 100 canaries that could not
     certify it — instead of being split evenly among tests most of which cannot reject."""
     tested = [i for i, (v, e) in enumerate(family) if v.p_value is not None and v.bound is not None and e is not None]
-    k = len(tested)
     p_values = {i: float(family[i][0].p_value or 0.0) for i in tested}  # not None: filtered above
-    weights = []
+    # one test per distinct hypothesis: figures with the same counts, analysis and limit (two
+    # observers whose statistics rank the canaries alike, as the final model and every iterate do
+    # under full participation) are one test and reject together — counted twice they would only
+    # halve each other's level
+    groups: dict[tuple, list[int]] = {}
     for i in tested:
         v, evidence = family[i]
         assert v.bound is not None and v.bound_delta is not None and evidence is not None
+        key = (evidence.method, evidence.canaries, evidence.tried, evidence.fractions, evidence.delta, v.bound, v.bound_delta,
+               p_values[i])
+        groups.setdefault(key, []).append(i)
+    members = list(groups.values())
+    k = len(members)
+    weights = []
+    for group in members:
+        v, evidence = family[group[0]]
+        assert v.bound is not None and v.bound_delta is not None and evidence is not None
         weights.append(design_weight(evidence, v.bound, v.bound_delta))
-    decisions = dict(zip(tested, weighted_holm([p_values[i] for i in tested], weights, FAMILY_ALPHA))) if k else {}
-    first_levels = {i: FAMILY_ALPHA * w / sum(weights) for i, w in zip(tested, weights)}
+    group_decisions = weighted_holm([p_values[g[0]] for g in members], weights, FAMILY_ALPHA) if k else []
+    decisions = {i: decision for group, decision in zip(members, group_decisions) for i in group}
+    first_levels = {i: FAMILY_ALPHA * w / sum(weights) for group, w in zip(members, weights) for i in group}
     decided = [v for v, _ in family]
     for i in tested:
         v, evidence = family[i]
@@ -239,7 +252,7 @@ def family_verdicts(family: list[tuple[Verdict, OneRunAudit | None]]) -> list[Ve
         figure = f"ε_LB = {v.measured:.3g}"
         bound = (limit, limit_delta, "the claim" if limit == v.claimed else "group privacy")
         share = first_levels[i] / FAMILY_ALPHA
-        test = f"p = {p_values[i]:.2g} against Holm level {level:.2g} (family of {k}, weight {share:.0%})"
+        test = f"p = {p_values[i]:.2g} against Holm level {level:.2g} (family of {k} distinct tests, weight {share:.0%})"
         reach = (f"power: {power.detection:.0%} (± {power.detection_se or 0.0:.1%}, {power.simulations} simulations) to "
                  f"detect 2ε = {2 * limit:.3g} with {power.canaries} coins; "
                  f"at most ε_LB ≈ {power.tight_bound:.3g} is certifiable against a tight mechanism")

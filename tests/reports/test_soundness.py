@@ -91,10 +91,10 @@ def test_what_a_claim_implies_depends_on_the_designs_neighbouring_relation():
 
 # ---------------------------------------------------------------- family and power (issue 17, items 3 and 5)
 
-def _tested(p_value: float) -> tuple[Verdict, OneRunAudit]:
+def _tested(p_value: float, correct: int = 8) -> tuple[Verdict, OneRunAudit]:
     v = Verdict(metric="epsilon_one_run", unit="client", kind="lower_bound", measured=0.5, claimed=1.0, bound=1.0,
                 bound_delta=DELTA, status="inconclusive", text="", p_value=p_value)
-    return v, OneRunAudit(0.5, 100, 10, 8, 0.05, DELTA, ((10, 8),))
+    return v, OneRunAudit(0.5, 100, 10, correct, 0.05, DELTA, ((10, correct),))
 
 
 @pytest.mark.parametrize("p_values, rejected", [
@@ -106,12 +106,21 @@ def _tested(p_value: float) -> tuple[Verdict, OneRunAudit]:
     ([0.001, 0.9, 0.024], [True, False, True]),
 ])
 def test_holm_rejects_exactly_what_the_step_down_procedure_rejects(p_values, rejected):
-    decided = family_verdicts([_tested(p) for p in p_values])
+    decided = family_verdicts([_tested(p, correct) for p, correct in zip(p_values, (6, 7, 8))])  # three distinct tests
     assert [v.status == "violation" for v in decided] == rejected
     assert all(v.family == 3 for v in decided)
     order = sorted(range(3), key=lambda i: p_values[i])
     for rank, i in enumerate(order):
         assert decided[i].level == pytest.approx(0.05 / (3 - rank))
+
+
+def test_one_test_read_by_two_observers_counts_once():
+    """Two figures with the same counts, analysis and limit (two observers whose statistics rank the
+    canaries alike) are one test: with a third, distinct one the family has two members, and the
+    pair is decided together."""
+    decided = family_verdicts([_tested(0.02), _tested(0.02), _tested(0.6, 6)])
+    assert [v.family for v in decided] == [2, 2, 2]
+    assert decided[0].status == decided[1].status == "violation" and decided[0].level == pytest.approx(0.025)
 
 
 def test_power_decides_between_consistent_and_inconclusive():
