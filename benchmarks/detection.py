@@ -20,6 +20,8 @@ Measured, per cell (variant × claimed ε, over ``--seeds`` seeds, each seed a f
 * **median ε_LB / ε** — per seed the best rigorous bound, the largest ``measured`` of the
   ``lower_bound`` verdicts on the released-model observers (``final model``, ``all iterates``),
   over the claim's released ε; its median and range over the seeds;
+* **fit above ε** — the seeds where a Gaussian-fit estimate's interval lies wholly above the claim
+  (Andrew et al. 2024's estimate: a warning the report prints, not a test and not a VIOLATION);
 * beside them the design's power against 2ε (``power.detection`` of the best-powered released
   bound: the yardstick the verdicts use) and the variant's true ε where it can be derived (exact
   μ-GDP composition at full participation: T rounds with noise multipliers σ_t compose to
@@ -186,6 +188,8 @@ def audit_figures(experiment: dict[str, Any]) -> dict[str, Any]:
     attacks = _dirac_attacks(experiment)
     skipped = [s["reason"] for s in experiment.get("skipped_attacks", []) if str(s.get("attack", "")).startswith("dirac-canaries")]
     violating = sorted({a["observation"] for a in attacks for v in a["verdicts"] if v["status"] == "violation"})
+    # a warning, not a test: a Gaussian-fit interval wholly above the claim (Andrew et al. 2024)
+    fit_above = any(v["status"] == "estimate above claim" for a in attacks for v in a["verdicts"])
     bounds = [v for a in attacks if a.get("adversary") == RELEASED for v in a["verdicts"]
               if v.get("kind") == "lower_bound" and v.get("measured") is not None and math.isfinite(v["measured"])]
     best = max(bounds, key=lambda v: v["measured"], default=None)
@@ -196,6 +200,7 @@ def audit_figures(experiment: dict[str, Any]) -> dict[str, Any]:
         "skipped": skipped[0] if skipped and not attacks else "",
         "violation": bool(violating),
         "violating_observers": violating,
+        "estimate_above_claim": fit_above,
         "best_released_lower_bound": best["measured"] if best is not None else None,
         "best_metric": best["metric"] if best is not None else None,
         "best_observer": next(a["observation"] for a in attacks if any(v is best for v in a["verdicts"]))
@@ -250,10 +255,12 @@ def cells(records: list[dict[str, Any]], variants: Sequence[Variant]) -> list[di
             powers = [r["power_2eps"] for r in ran if r["power_2eps"] is not None]
             truths = [r["true_epsilon"] for r in mine if r["true_epsilon"] is not None]
             violations = sum(r["violation"] for r in ran)
+            above = sum(r["estimate_above_claim"] for r in ran)
             out.append({
                 "variant": variant.label, "defense": variant.defense, "bug": variant.bug, "epsilon": epsilon,
                 "seeds": len(mine), "audits": len(ran), "violations": violations,
                 "violation_rate": violations / len(ran) if ran else None,
+                "estimates_above_claim": above,
                 "median_ratio": _median(ratios), "min_ratio": min(ratios, default=None), "max_ratio": max(ratios, default=None),
                 "median_power_2eps": _median(powers),
                 # σ is calibrated to the claim alone, so every seed has the same true ε
@@ -276,7 +283,8 @@ def _percent(value: float | None) -> str:
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     """The matrix as text: one line per cell."""
-    head = ("variant", "ε", "true ε", "VIOLATION", "ε_LB/ε median [range]", "power 2ε", "violating observers")
+    head = ("variant", "ε", "true ε", "VIOLATION", "ε_LB/ε median [range]", "power 2ε", "fit above ε",
+            "violating observers")
     lines = []
     for c in rows:
         ratio = "–" if c["median_ratio"] is None else \
@@ -284,7 +292,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         violations = f"{c['violations']}/{c['audits']} ({_percent(c['violation_rate'])})"
         observers = ", ".join(f"{o} {n}" for o, n in c["violating_observers"].items()) or "–"
         lines.append((c["variant"], f"{c['epsilon']:g}", _number(c["true_epsilon"]), violations, ratio,
-                      _percent(c["median_power_2eps"]), observers))
+                      _percent(c["median_power_2eps"]), f"{c['estimates_above_claim']}/{c['audits']}", observers))
     return _columns(head, lines)
 
 
@@ -310,7 +318,7 @@ def _columns(head: Sequence[str], lines: list[Sequence[str]]) -> str:
 
 
 def run_matrix(design: str, seeds: Sequence[int], epsilons: Sequence[float], variants: Sequence[Variant],
-               work: Path, log: Callable[[str], None]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+               work: Path, log: Callable[[str], None], tag: str = "matrix") -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """All variants × ε of one seed in one configuration (each experiment is its own Holm family,
     so grouping them changes no verdict, and a seed's membership design is shared); returns the
     records and the seeds that failed with why."""
@@ -318,7 +326,7 @@ def run_matrix(design: str, seeds: Sequence[int], epsilons: Sequence[float], var
     for seed in seeds:
         started = time.perf_counter()
         results, error = run_audit(design_config(design, seed, [entry(v, epsilons) for v in variants]),
-                                   work / f"{design}-seed{seed}")
+                                   work / f"{design}-{tag}-seed{seed}")
         if results is None:
             failures.append({"seed": seed, "error": error})
             log(f"seed {seed}: {error}")
@@ -407,7 +415,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="dpfl-detection-") as scratch:
         work = args.work or Path(scratch)
         if honest_mode or not args.skip_matrix:
-            records, failures = run_matrix(design, seeds, args.epsilons, variants, work, log)
+            records, failures = run_matrix(design, seeds, args.epsilons, variants, work, log,
+                                           "honest" if honest_mode else "matrix")
             report.update(cells=cells(records, variants), audits=records, failures=failures)
             print(format_table(report["cells"]), flush=True)
         if not honest_mode and not args.skip_defenses:

@@ -34,7 +34,8 @@ def _verdict(metric, measured, claimed, status="inconclusive", kind="lower_bound
             **({"power": power} if power is not None else {})}
 
 
-def _experiment(label, epsilon, final, iterates, server, statuses=("inconclusive", "inconclusive", "inconclusive")):
+def _experiment(label, epsilon, final, iterates, server, statuses=("inconclusive", "inconclusive", "inconclusive"),
+                fit="inconclusive"):
     """An experiment of results.json with the three Dirac observers; ``final``/``iterates``/``server``
     are the measured one-run bounds (the f-DP one 0.01 above), ``statuses`` their verdicts."""
     claimed, server_claim = epsilon * 0.99995, 4064.0
@@ -44,7 +45,7 @@ def _experiment(label, epsilon, final, iterates, server, statuses=("inconclusive
         return {"attack": name, "observation": observation, "adversary": adversary, "verdicts": [
             _verdict("epsilon_one_run", measured, claim, status, power=power),
             _verdict("epsilon_one_run_fdp", measured + 0.01, claim, power={"detection": 0.5, "tight_bound": 0.5 * claim}),
-            _verdict("epsilon_gaussian_fit", 100.0, claim, kind="estimate"),  # an estimate never counts
+            _verdict("epsilon_gaussian_fit", 100.0, claim, fit, kind="estimate"),  # an estimate is never a bound
         ]}
 
     return {"key": f"{label}-eps{epsilon:g}", "label": f"{label} (ε={epsilon:g})", "target_epsilon": epsilon,
@@ -67,7 +68,8 @@ def test_cells_count_violations_and_take_the_best_released_bound(detection):
     records = []
     # honest: no violation; the server's bound (8.5) is larger but held to its own figure — not counted
     for seed, (final, iterates) in enumerate([(1.9, 1.5), (1.7, 2.1), (2.0, 1.0)]):
-        records += detection.seed_records(_results(_experiment("dp-fedavg", 4.0, final, iterates, 8.5)), seed, variants)
+        fit = "estimate above claim" if seed == 1 else "inconclusive"  # a warning, not a VIOLATION
+        records += detection.seed_records(_results(_experiment("dp-fedavg", 4.0, final, iterates, 8.5, fit=fit)), seed, variants)
     # halved: a violation by the final model in seed 0, by the server alone in seed 1, none in seed 2
     statuses = [("violation", "inconclusive", "inconclusive"), ("inconclusive",) * 2 + ("violation",), ("inconclusive",) * 3]
     for seed, status in enumerate(statuses):
@@ -77,6 +79,7 @@ def test_cells_count_violations_and_take_the_best_released_bound(detection):
     honest, broken = detection.cells(records, variants)
 
     assert (honest["violations"], honest["audits"], honest["violation_rate"]) == (0, 3, 0.0)
+    assert honest["estimates_above_claim"] == 1
     # best released bound per seed: 1.91, 2.11, 2.01 (the f-DP one, 0.01 above) over the claim 3.9998
     assert honest["median_ratio"] == pytest.approx(2.01 / (4 * 0.99995))
     assert honest["max_ratio"] == pytest.approx(2.11 / (4 * 0.99995))
@@ -84,13 +87,14 @@ def test_cells_count_violations_and_take_the_best_released_bound(detection):
     assert honest["median_power_2eps"] == pytest.approx(0.9)
 
     assert (broken["violations"], broken["audits"]) == (2, 3) and broken["violation_rate"] == pytest.approx(2 / 3)
+    assert broken["estimates_above_claim"] == 0
     assert broken["violating_observers"] == {"each upload": 1, "final model": 1}
     assert broken["median_ratio"] == pytest.approx(5.51 / (4 * 0.99995))
     assert broken["true_epsilon"] == pytest.approx(8.36, abs=0.01)  # μ doubled
 
     table = detection.format_table([honest, broken]).splitlines()
     assert table[0].split()[:4] == ["variant", "ε", "true", "ε"]
-    assert "0/3 (0%)" in table[1] and "0.503 [0.478, 0.528]" in table[1]
+    assert "0/3 (0%)" in table[1] and "0.503 [0.478, 0.528]" in table[1] and " 1/3 " in table[1]
     assert table[2].startswith("halved-noise") and "2/3 (67%)" in table[2] and "8.36" in table[2]
     assert table[2].endswith("each upload 1, final model 1")
 
