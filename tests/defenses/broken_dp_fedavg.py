@@ -1,8 +1,12 @@
 """Deliberately broken DP-FedAvg implementations that keep the honest claim — what an end-to-end
 audit must catch (``dpfl-audit run`` names them as ``tests.defenses.broken_dp_fedavg:Class``).
 
-Each is a bug of a kind found in real DP code: noise scaled wrongly while the accountant is told
-the configured σ, and a clipping step that misses a client.
+Each is a bug of a kind found in real DP code, the accountant still told the configured σ and S:
+noise halved (:class:`HalvedNoise`), halved or cut to 0.8 from a later round on (schedule bugs:
+:class:`NoiseHalvedFromMidRun`, :class:`NoiseShrunkAfterFirstRound`), divided by |P_t| instead
+of √|P_t| (:class:`NoiseOverCountNotItsRoot`), clipping at 3·S (:class:`ClipsAtThreeTimesTheBound`)
+and a clipping step that misses one client a round (:class:`OneClientUnclippedAfterFirstRound`).
+Each acts on dense rows and on Dirac canary rows alike (the hooks both go through).
 """
 
 from __future__ import annotations
