@@ -140,9 +140,8 @@ class DiracCanaries(CanaryAudit):
         rng = numpy_rng(context.seed, "canaries", self.label, run, "coordinates")
         coords = rng.permutation(dim)[:count]
         signs = rng.choice([-1.0, 1.0], size=count)
-        clip = context.defense.canary_norm(torch.empty(0))
         return CanaryInjection(self.inclusion(context, run, count), dirac_coords=coords,
-                               dirac_values=signs * self.params.amplitude * clip)
+                               dirac_values=signs * self.params.amplitude * self._clip(context))
 
     # ------------------------------------------------------------------ statistics
 
@@ -218,18 +217,20 @@ class DiracCanaries(CanaryAudit):
             taken = ~np.isnan(uploads)
             if observation == "each upload":
                 counts = np.array([float(r.get("participants", 0)) + float(r.get("canary_participants", 0))
-                                   for r in run.metrics])[:, None]
-                clip = context.defense.canary_norm(torch.empty(0))
+                                   for r in run.metrics])
                 # one upload's noise is S·σ/√|P_t|: reading z = s·u·√|P_t|/(σS), shift μ_t = √|P_t|/σ
-                weights = np.sqrt(counts) / sigma
-                z = signs[None, :] * np.nan_to_num(uploads) * weights / clip
-                numerator = np.where(taken, weights * z, 0.0).sum(axis=0)
-                scale = np.sqrt(np.where(taken, weights ** 2, 0.0).sum(axis=0))
-                scores.append(np.where(scale > 0, numerator / np.maximum(scale, 1e-300), 0.0))
+                shifts = np.sqrt(counts) / sigma
+                z = (signs[None, :] * np.nan_to_num(uploads) * shifts[:, None] / self._clip(context)).T
+                scores.append(standardised_sum(z, taken.T, shifts))
             else:
                 readings = self._iterate_readings(context, run, coords, signs, sigma)
                 scores.append(standardised_sum(readings, taken.T))
         return self._result(context, runs, inserted, np.stack(scores), observation, server_claim, "")
+
+    @staticmethod
+    def _clip(context: CanaryContext) -> float:
+        """S: the largest contribution a client can make (:meth:`Defense.canary_norm`)."""
+        return context.defense.canary_norm(torch.empty(0))
 
     @staticmethod
     def _coords_signs(run: CanaryRun) -> tuple[np.ndarray, np.ndarray]:
@@ -237,8 +238,8 @@ class DiracCanaries(CanaryAudit):
         assert injection.dirac_coords is not None and injection.dirac_values is not None
         return injection.dirac_coords, np.sign(injection.dirac_values)
 
-    @staticmethod
-    def _iterate_readings(context: CanaryContext, run: CanaryRun, coords: np.ndarray, signs: np.ndarray,
+    @classmethod
+    def _iterate_readings(cls, context: CanaryContext, run: CanaryRun, coords: np.ndarray, signs: np.ndarray,
                           sigma: float) -> np.ndarray:
         """z_{k,t} = s_k·(w_t − w_{t−1})_{j_k}·D_t/(η_g·σ·S): [K, T], N(0, 1) plus the real
         clients' drift for a held-out canary, shifted by 1/σ in a round an inserted one joined."""
@@ -247,7 +248,6 @@ class DiracCanaries(CanaryAudit):
         models = torch.cat([run.initial[None, :], run.iterates]).to(torch.float64)
         deltas = (models[1:] - models[:-1])[:, torch.as_tensor(coords)].numpy()  # [T, K]
         divisors = np.array([float(r.get("divisor") or 1.0) for r in run.metrics])[:, None]
-        clip = context.defense.canary_norm(torch.empty(0))
-        z = deltas * divisors / (context.training.server_lr * sigma * clip)
+        z = deltas * divisors / (context.training.server_lr * sigma * cls._clip(context))
         return (signs[None, :] * z).T
 

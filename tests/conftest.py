@@ -19,6 +19,17 @@ torch.set_num_threads(min(2, os.cpu_count() or 1))
 settings.register_profile("deterministic", derandomize=True)
 settings.load_profile("deterministic")
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op thread for a module of tiny models (``pytestmark = pytest.mark.usefixtures(
+    "one_torch_thread")``): a second thread only adds synchronisation, which on a loaded machine
+    costs more than the matrix products themselves. Restored afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def digits():
     return load_dataset("digits")

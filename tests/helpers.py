@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -60,3 +63,14 @@ def with_out(arguments: list[str], out: Path) -> list[str]:
     """``arguments`` with the value of ``--out`` replaced by ``out``."""
     position = arguments.index("--out")
     return [*arguments[:position + 1], str(out), *arguments[position + 2:]]
+
+
+def load_script(path: Path, name: str) -> ModuleType:
+    """A script outside the package (a benchmark, an example) imported as module ``name``; it is
+    registered in ``sys.modules`` first, where dataclasses look their module up."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -32,15 +32,20 @@ from __future__ import annotations
 import numpy as np
 
 
-def standardised_sum(readings: np.ndarray, taken: np.ndarray | None = None) -> np.ndarray:
-    """Σ_t z_t / √n over the last axis: ``readings`` [..., T] the standardised signed readings,
-    ``taken`` [..., T] (bool) the steps the canary took part in (None: all). A canary that took
-    part in no step scores 0 (its readings carry no information about it)."""
+def standardised_sum(readings: np.ndarray, taken: np.ndarray | None = None,
+                     weights: np.ndarray | None = None) -> np.ndarray:
+    """Σ_t w_t·z_t / √(Σ_t w_t²) over the last axis, over the steps the canary took part in:
+    ``readings`` [..., T] the standardised signed readings, ``taken`` [..., T] (bool; None: all),
+    ``weights`` (broadcast to the readings; None: all 1, giving Σ z_t / √n) the shift each step's
+    reading has when the canary is inserted — the log-likelihood ratio of shifts μ_t is
+    Σ μ_t·z_t up to a constant, N(√Σμ_t², 1) against N(0, 1). A canary that took part in no
+    step scores 0 (its readings carry no information about it)."""
     z = np.asarray(readings, dtype=np.float64)
     mask = np.ones(z.shape, dtype=bool) if taken is None else np.asarray(taken, dtype=bool)
-    count = mask.sum(axis=-1)
-    total = np.where(mask, z, 0.0).sum(axis=-1)
-    return np.where(count > 0, total / np.sqrt(np.maximum(count, 1)), 0.0)
+    w = np.broadcast_to(np.ones(1) if weights is None else np.asarray(weights, dtype=np.float64), z.shape)
+    total = np.where(mask, w * z, 0.0).sum(axis=-1)
+    scale = np.sqrt(np.where(mask, w * w, 0.0).sum(axis=-1))
+    return np.where(scale > 0, total / np.maximum(scale, 1e-300), 0.0)
 
 
 def mixture_log_likelihood_ratio(readings: np.ndarray, mu: float, rate: float) -> np.ndarray:

@@ -16,17 +16,11 @@ from audit.core.errors import UserInputError
 
 pytest.importorskip("opacus")
 # the linear model's input needs no gradient; Opacus's per-example hooks do not need one either
-pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+pytestmark = [pytest.mark.filterwarnings("ignore:Full backward hook is firing"),
+              pytest.mark.usefixtures("one_torch_thread")]  # tiny models: one thread is the fastest
 
 BATCH, CLIP = 4, 0.5
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _optimizer(sigma: float, noise_seed: int = 7):

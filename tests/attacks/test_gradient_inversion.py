@@ -41,13 +41,8 @@ from audit.cli import main
 from audit.core.datasets import load_dataset
 from audit.core.seeding import torch_generator
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: one thread is the fastest
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ DP-SGD is not, the same seed gives the same audit, bad input is one line."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 from pathlib import Path
 
@@ -16,7 +15,9 @@ import torch
 from audit.core.errors import UserInputError
 from audit.external import stated_claim
 from audit.own_training import dataset_pool, gradient_canary_audit
-from tests.helpers import readme_commands, with_out
+from tests.helpers import load_script, readme_commands, with_out
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: one thread is the fastest
 
 pytest.importorskip("opacus")
 
@@ -25,21 +26,10 @@ ROOT = Path(__file__).resolve().parents[2]
 SIGMA, EPOCHS, POOL, COINS = 2.0, 5, 96, 2000
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: a second intra-op thread only adds synchronisation on a loaded machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture(scope="module")
 def example():
-    spec = importlib.util.spec_from_file_location("opacus_audit_example", ROOT / "examples" / "opacus_audit.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "examples" / "opacus_audit.py", "opacus_audit_example")
 
 
 @pytest.fixture(scope="module")

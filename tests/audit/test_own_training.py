@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import html
-import importlib.util
 import io
 import json
 import math
@@ -23,7 +22,9 @@ from audit.external import stated_claim
 from audit.own_training import audit_training, dataset_pool
 from defenses.accounting import GaussianSchedule, compute_epsilon
 from reports.results import load_results
-from tests.helpers import readme_commands, with_out
+from tests.helpers import load_script, readme_commands, with_out
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: one thread is the fastest
 
 ROOT = Path(__file__).resolve().parents[2]
 POOL = 400  # records of the candidate pool (digits, stratified)
@@ -55,15 +56,6 @@ def _memorising(tmp_path: Path):
     return script, namespace["train"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """These models are tiny (an MLP on 8×8 digits): a second intra-op thread only adds
-    synchronisation, which on a loaded machine costs more than the matrix products themselves."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture(scope="module")
 def split():
@@ -76,9 +68,7 @@ def opacus_run(tmp_path_factory):
     """examples/opacus_audit.py run by the README's command, small: 4 membership models and a canary run of 5 DP-SGD epochs
     (σ = 1, q = 1/16, T = 80), 100 canaries."""
     pytest.importorskip("opacus")
-    spec = importlib.util.spec_from_file_location("opacus_audit_example", ROOT / "examples" / "opacus_audit.py")
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
+    example = load_script(ROOT / "examples" / "opacus_audit.py", "opacus_audit_example")
     out = tmp_path_factory.mktemp("opacus") / "out"
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):

@@ -7,14 +7,14 @@ broken variants acting on Dirac canary rows as on dense rows."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+
+from tests.helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "detection.py"
@@ -22,11 +22,7 @@ SCRIPT = ROOT / "benchmarks" / "detection.py"
 
 @pytest.fixture(scope="module")
 def detection():
-    spec = importlib.util.spec_from_file_location("detection_benchmark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "detection_benchmark")
 
 
 def _verdict(metric, measured, claimed, status="inconclusive", kind="lower_bound", power=None):

@@ -4,8 +4,6 @@ clients batched with vmap as the engine runs them."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,17 +12,14 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from audit.core.models import build_model
 from defenses.local_training import LocalObjective
+from tests.helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def roofline():
-    spec = importlib.util.spec_from_file_location("dpfl_bench_roofline", ROOT / "benchmarks" / "roofline.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "benchmarks" / "roofline.py", "dpfl_bench_roofline")
 
 
 def test_lenet_analytical_count_is_the_conv_formula(roofline):

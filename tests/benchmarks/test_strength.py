@@ -11,14 +11,12 @@ LiRA must find the members better than chance â€” its whole AUC interval above Â
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import shared_data
+from tests.helpers import load_script, shared_data
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "strength.py"
@@ -29,11 +27,7 @@ NAMES = {"lira-online", "lira-offline", "lira-per-example-online", "lira-per-exa
 
 
 def _strength():
-    spec = importlib.util.spec_from_file_location("strength_benchmark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "strength_benchmark")
 
 
 @pytest.fixture(scope="module")
