@@ -50,6 +50,7 @@ from audit.core.fdp_one_run import FdpOneRunAudit, fdp_audit_of_counts
 from audit.core.metrics import Estimate, thin_curve
 from audit.core.registry import Registry
 from audit.core.seeding import numpy_rng
+from audit.core.upload_conformance import UploadConformance
 from defenses.claims import PrivacyClaim
 from defenses.evaluation import logits_of
 
@@ -178,6 +179,8 @@ class AttackResult:
     claim: PrivacyClaim | None = None
     #: the test statistic each canary is scored by, named for the reader
     statistic: str | None = None
+    #: the canaries' uploads tested against the claimed clip and noise (server view; None: not tested)
+    conformance: UploadConformance | None = None
 
     @property
     def name(self) -> str:

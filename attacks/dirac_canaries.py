@@ -34,6 +34,11 @@ coordinate carries little of the real clients' signal.
   standardised sum of the canary's own uploads at j over the rounds it joined, each with the
   per-upload noise S·σ/√|P_t|; where the server sees only the aggregate, the standardised sum
   of the iterate readings over the rounds the canary joined (``aggregate, participation known``).
+  Where it sees each upload, the uploads are also tested against the claimed mechanism itself
+  (:mod:`audit.core.upload_conformance`): held-out canaries' uploads for the noise the server's
+  figure accounts, inserted ones for the clip, every round — a bug that touches a few canaries
+  (one client a round left unclipped) cannot move a one-run count over 10⁵ coins, but one upload
+  of ±U where ±S belongs is beyond any Gaussian noise.
 
 The server's figure is the run's own: canary clients are clients, so its population is N + K
 and a figure that depends on it (one upload's noise σS/√|P_t|) is the one for N + K.
@@ -59,6 +64,7 @@ from audit.core.audit_power import preregistered_fraction
 from audit.core.errors import UserInputError
 from audit.core.gaussian_canary_statistics import mixture_log_likelihood_ratio, standardised_sum
 from audit.core.seeding import numpy_rng
+from audit.core.upload_conformance import upload_conformance
 from defenses.claims import PrivacyClaim
 
 OBSERVERS = ("final model", "all iterates", "server")
@@ -205,7 +211,7 @@ class DiracCanaries(CanaryAudit):
         if not sigma:
             return self._result(context, runs, inserted, None, observation, server_claim,
                                 "the claim accounts no Gaussian noise multiplier to standardise with")
-        scores = []
+        scores, blocks = [], []
         for run in runs:
             coords, signs = self._coords_signs(run)
             assert run.server_view is not None and run.metrics is not None
@@ -222,10 +228,20 @@ class DiracCanaries(CanaryAudit):
                 shifts = np.sqrt(counts) / sigma
                 z = (signs[None, :] * np.nan_to_num(uploads) * shifts[:, None] / self._clip(context)).T
                 scores.append(standardised_sum(z, taken.T, shifts))
+                blocks.append(uploads)
             else:
                 readings = self._iterate_readings(context, run, coords, signs, sigma)
                 scores.append(standardised_sum(readings, taken.T))
-        return self._result(context, runs, inserted, np.stack(scores), observation, server_claim, "")
+        result = self._result(context, runs, inserted, np.stack(scores), observation, server_claim, "")
+        accounted = claim.against("server")
+        if blocks and accounted is not None and accounted.covered and accounted.noise_multiplier:
+            # the least per-upload noise std the server's figure accounts: its multiplier per change
+            # one client can make (the clip S, zero-out neighbours) times S
+            clip = self._clip(context)
+            result.conformance = upload_conformance(blocks, list(inserted), clip, accounted.noise_multiplier * clip)
+            if result.conformance is not None:
+                result.notes += f"; uploads against the claimed clip and noise: {result.conformance.describe()}"
+        return result
 
     @staticmethod
     def _clip(context: CanaryContext) -> float:

@@ -46,6 +46,7 @@ from reports.soundness import (
     attack_verdicts,
     experiment_sentence,
     experiment_verdict,
+    conformance_verdict,
     family_verdicts,
 )
 
@@ -92,9 +93,11 @@ def attack_records(results: list[AttackResult], claim: PrivacyClaim) -> list[Att
         metrics = {name: Estimate(*(_finite(x) for x in (e.value, e.low, e.high))) for name, e in result.metrics.items()}
         epsilon_kind = dict(result.epsilon_kind)
         # a result that speaks of one observer is held to that observer's figure
-        raw.append((result, metrics, epsilon_kind,
-                    attack_verdicts(result.claim or claim, result.unit, metrics, epsilon_kind,  # type: ignore[arg-type]
-                                    result.relation, result.evidence)))
+        pairs: list = attack_verdicts(result.claim or claim, result.unit, metrics, epsilon_kind,  # type: ignore[arg-type]
+                                      result.relation, result.evidence)
+        if result.conformance is not None:  # the uploads against the claimed mechanism: one more test of the family
+            pairs.append((conformance_verdict(result.claim or claim, result.conformance), result.conformance))
+        raw.append((result, metrics, epsilon_kind, pairs))
     decided = iter(family_verdicts([pair for *_, pairs in raw for pair in pairs]))
     return [AttackRecord(
         attack=result.name, unit=result.unit, notes=result.notes, metrics=metrics,

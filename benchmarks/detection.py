@@ -16,7 +16,9 @@ Measured, per cell (variant × claimed ε, over ``--seeds`` seeds, each seed a f
 
 * **VIOLATION rate** — the share of seeds whose audit calls any of its figures a VIOLATION:
   the detection rate of a broken variant, the false-violation rate of the honest ``dp-fedavg``
-  (at most 5 % if the audit is sound: the family-wise error of Holm's procedure);
+  (at most 5 % if the audit is sound: the family-wise error of Holm's procedure); split by what
+  caught it — an ε lower bound above the claim, or the test of the canaries' uploads against the
+  claimed clip and noise (:mod:`audit.core.upload_conformance`, the server's view);
 * **median ε_LB / ε** — per seed the best rigorous bound, the largest ``measured`` of the
   ``lower_bound`` verdicts on the released-model observers (``final model``, ``all iterates``),
   over the claim's released ε; its median and range over the seeds;
@@ -188,6 +190,9 @@ def audit_figures(experiment: dict[str, Any]) -> dict[str, Any]:
     attacks = _dirac_attacks(experiment)
     skipped = [s["reason"] for s in experiment.get("skipped_attacks", []) if str(s.get("attack", "")).startswith("dirac-canaries")]
     violating = sorted({a["observation"] for a in attacks for v in a["verdicts"] if v["status"] == "violation"})
+    # what caught it: an ε lower bound above the claim, or the uploads' test against the claimed mechanism
+    caught = {kind: any(v["status"] == "violation" and v.get("kind") == kind for a in attacks for v in a["verdicts"])
+              for kind in ("lower_bound", "conformance")}
     # a warning, not a test: a Gaussian-fit interval wholly above the claim (Andrew et al. 2024)
     fit_above = any(v["status"] == "estimate above claim" for a in attacks for v in a["verdicts"])
     bounds = [v for a in attacks if a.get("adversary") == RELEASED for v in a["verdicts"]
@@ -200,6 +205,8 @@ def audit_figures(experiment: dict[str, Any]) -> dict[str, Any]:
         "skipped": skipped[0] if skipped and not attacks else "",
         "violation": bool(violating),
         "violating_observers": violating,
+        "violation_by_bound": caught["lower_bound"],
+        "violation_by_mechanism_test": caught["conformance"],
         "estimate_above_claim": fit_above,
         "best_released_lower_bound": best["measured"] if best is not None else None,
         "best_metric": best["metric"] if best is not None else None,
@@ -255,11 +262,14 @@ def cells(records: list[dict[str, Any]], variants: Sequence[Variant]) -> list[di
             powers = [r["power_2eps"] for r in ran if r["power_2eps"] is not None]
             truths = [r["true_epsilon"] for r in mine if r["true_epsilon"] is not None]
             violations = sum(r["violation"] for r in ran)
+            by_bound = sum(r.get("violation_by_bound", False) for r in ran)
+            by_mechanism = sum(r.get("violation_by_mechanism_test", False) for r in ran)
             above = sum(r["estimate_above_claim"] for r in ran)
             out.append({
                 "variant": variant.label, "defense": variant.defense, "bug": variant.bug, "epsilon": epsilon,
                 "seeds": len(mine), "audits": len(ran), "violations": violations,
                 "violation_rate": violations / len(ran) if ran else None,
+                "violations_by_bound": by_bound, "violations_by_mechanism_test": by_mechanism,
                 "estimates_above_claim": above,
                 "median_ratio": _median(ratios), "min_ratio": min(ratios, default=None), "max_ratio": max(ratios, default=None),
                 "median_power_2eps": _median(powers),
@@ -283,15 +293,16 @@ def _percent(value: float | None) -> str:
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     """The matrix as text: one line per cell."""
-    head = ("variant", "ε", "true ε", "VIOLATION", "ε_LB/ε median [range]", "power 2ε", "fit above ε",
-            "violating observers")
+    head = ("variant", "ε", "true ε", "VIOLATION", "by ε_LB", "by uploads test", "ε_LB/ε median [range]", "power 2ε",
+            "fit above ε", "violating observers")
     lines = []
     for c in rows:
         ratio = "–" if c["median_ratio"] is None else \
             f"{c['median_ratio']:.3f} [{c['min_ratio']:.3f}, {c['max_ratio']:.3f}]"
         violations = f"{c['violations']}/{c['audits']} ({_percent(c['violation_rate'])})"
         observers = ", ".join(f"{o} {n}" for o, n in c["violating_observers"].items()) or "–"
-        lines.append((c["variant"], f"{c['epsilon']:g}", _number(c["true_epsilon"]), violations, ratio,
+        lines.append((c["variant"], f"{c['epsilon']:g}", _number(c["true_epsilon"]), violations,
+                      f"{c['violations_by_bound']}/{c['audits']}", f"{c['violations_by_mechanism_test']}/{c['audits']}", ratio,
                       _percent(c["median_power_2eps"]), f"{c['estimates_above_claim']}/{c['audits']}", observers))
     return _columns(head, lines)
 

@@ -21,7 +21,7 @@ from audit.core.atomic import dumps, write_text
 from audit.core.typed_json import json_schema
 from defenses.claims import PrivacyClaim
 
-SCHEMA_VERSION = "2.2"
+SCHEMA_VERSION = "2.3"
 #: the published JSON Schema of results.json (:func:`results_schema`; ``python -m reports.document`` rewrites it)
 SCHEMA_FILE = Path(__file__).with_name("schema") / "results.schema.json"
 
@@ -29,6 +29,8 @@ SCHEMA_FILE = Path(__file__).with_name("schema") / "results.schema.json"
 Status = Literal["violation", "estimate above claim", "consistent", "inconclusive", "not covered", "vacuous", "no claim",
                  "no measurement"]
 EpsilonKind = Literal["lower_bound", "estimate"]
+#: what a verdict judges: an ε figure (a bound or an estimate), or the uploads' conformance with the claimed mechanism
+VerdictKind = Literal["lower_bound", "estimate", "conformance"]
 #: the ε figures an attack may carry, and what each is
 EPSILON_METRICS = ("epsilon_one_run", "epsilon_one_run_fdp", "epsilon_gaussian_fit")
 _OPTIONAL = {"omit_if_none": True}
@@ -128,11 +130,11 @@ class Power:
 
 @dataclass(frozen=True)
 class Verdict:
-    """Is one ε figure compatible with the claim? (:mod:`reports.soundness`)"""
+    """Is one ε figure — or the uploads' mechanism — compatible with the claim? (:mod:`reports.soundness`)"""
 
     metric: str
     unit: str
-    kind: EpsilonKind
+    kind: VerdictKind = field(metadata={"help": "lower_bound or estimate: an ε figure; conformance: the canary uploads tested against the claimed clip and noise"})
     measured: float | None = field(metadata={"help": "the figure compared: a bound, or an estimate's interval's lower end"})
     claimed: float | None = field(metadata={"help": "the claim's headline ε (null: no finite claim)"})
     bound: float | None = field(metadata={"help": "the ε the claim implies for this unit (null: not covered)"})

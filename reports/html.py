@@ -30,7 +30,8 @@ from reports.document import Experiment, Power, Results, Verdict
 TEMPLATES = Path(__file__).with_name("templates")
 MAIN_ATTACK_ORDER = ("lira-online", "lira-offline")
 #: short names of the ε figures in the attack tables
-EPSILON_NAMES = {"epsilon_one_run": "one-run", "epsilon_one_run_fdp": "one-run f-DP", "epsilon_gaussian_fit": "Gaussian fit"}
+EPSILON_NAMES = {"epsilon_one_run": "one-run", "epsilon_one_run_fdp": "one-run f-DP", "epsilon_gaussian_fit": "Gaussian fit",
+                 "upload_conformance": "uploads vs claimed clip and noise"}
 #: the observers a claim speaks of, in words
 OBSERVER_NAMES = {"released": "released models", "server": "the server", "local": "one upload alone"}
 
@@ -176,6 +177,9 @@ def short_verdict(verdict: Verdict) -> str:
             return f"VIOLATION (p = {verdict.p_value:.2g} < {verdict.level:.2g})"
         return f"VIOLATION (ε_LB = {plots.format_number(verdict.measured, 2)} > {plots.format_number(verdict.bound, 2)})"
     if status in ("consistent", "inconclusive"):
+        if verdict.kind == "conformance":
+            return "consistent (the uploads carry the claimed clip and noise)" if status == "consistent" else \
+                "inconclusive (no departure found, little power)"
         if verdict.kind == "estimate":
             return f"{status} (estimate within claim, not a test)"
         below = ("below claim" if verdict.measured is None or verdict.bound is None or verdict.measured <= verdict.bound

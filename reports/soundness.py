@@ -42,6 +42,12 @@ warns, below it is inconclusive; it is not in the family.
 
 The ε figures of a measurement are computed at the δ of that bound (:func:`measurement_delta`),
 so that "TPR ≤ e^ε·FPR + δ" is tested with the δ the claim really allows.
+
+**The mechanism itself.** Where the server sees each upload, the canary clients' uploads are also
+tested against the mechanism the claim accounts — the noise in every round, the clip on every
+inserted canary (:mod:`audit.core.upload_conformance`; :func:`conformance_verdict`). That test is
+one more hypothesis of the family, with the least weight (its evidence is decisive when there is
+any): a rejection is a VIOLATION of the claim's mechanism, not an ε lower bound.
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ from dataclasses import replace
 from audit.core.audit_power import POWER_TARGET, one_run_power
 from audit.core.empirical_epsilon import OneRunAudit
 from audit.core.multiplicity import weighted_holm
+from audit.core.upload_conformance import UploadConformance
 from defenses.claims import PrivacyClaim
 from reports.document import EpsilonKind, Estimate, Power, Status, Verdict
 
@@ -185,6 +192,39 @@ def verdict(claim: PrivacyClaim, unit: str, metric: str, estimate: Estimate, kin
     return family_verdicts([(out, evidence)])[0] if decide else out
 
 
+#: the metric name of the uploads' conformance verdict
+CONFORMANCE_METRIC = "upload_conformance"
+#: the conformance test's weight in its family, fixed: the least any test gets. Its evidence is
+#: decisive when there is any (10⁴–10⁶ uploads: a noise at 0.8 of the claim or one unclipped
+#: upload gives p < 10⁻⁵), so the ε bounds, which need every bit of α, keep almost all of it
+CONFORMANCE_WEIGHT = WEIGHT_FLOOR
+
+
+def conformance_verdict(claim: PrivacyClaim | None, test: UploadConformance) -> Verdict:
+    """The uploads' conformance with the claimed clip and noise, undecided: its p-value joins the
+    experiment's family (:func:`family_verdicts`). ``claim`` is the server's figure."""
+    claimed = _claimed_epsilon(claim) if claim is not None else None
+    return Verdict(metric=CONFORMANCE_METRIC, unit="client", kind="conformance", measured=None, claimed=claimed,
+                   bound=None, bound_delta=None, status=INCONCLUSIVE, text=test.describe(),
+                   claim_relation=claim.relation if claim is not None else None, design_relation="zero-out",
+                   p_value=test.p_value)
+
+
+def _decide_conformance(v: Verdict, test: UploadConformance, rejected: bool, level: float, first_level: float,
+                        family: int, share: float) -> Verdict:
+    """The conformance verdict once its family is decided."""
+    power = test.power(first_level)
+    holm = f"p = {test.p_value:.2g} against Holm level {level:.2g} (family of {family} distinct tests, weight {share:.0%})"
+    reach = f"power {power:.0%} to detect half the claimed noise std with {test.held_out} held-out uploads"
+    if rejected:
+        status, text = VIOLATION, f"VIOLATION of the claimed mechanism: {test.failure()}; {holm}"
+    elif power >= POWER_TARGET:
+        status, text = CONSISTENT, f"consistent: the uploads carry the claimed clip and noise — {test.describe()}; {holm}; {reach}"
+    else:
+        status, text = INCONCLUSIVE, f"inconclusive: {test.describe()}; {holm}; {reach}"
+    return replace(v, status=status, text=text, family=family, level=level)
+
+
 def _against(v: Verdict, bound: tuple[float, float, str]) -> str:
     limit, _, basis = bound
     if basis == "the claim":
@@ -209,18 +249,21 @@ def design_weight(evidence: OneRunAudit, limit: float, limit_delta: float) -> fl
     return max(WEIGHT_FLOOR, float(prior))
 
 
-def family_verdicts(family: list[tuple[Verdict, OneRunAudit | None]]) -> list[Verdict]:
+def family_verdicts(family: list[tuple[Verdict, OneRunAudit | UploadConformance | None]]) -> list[Verdict]:
     """Holm's weighted step-down correction (Holm 1979, §5) over the lower bounds with p-values
     (each verdict with its counts), then power for each: VIOLATION where rejected, else consistent
     when the audit would detect twice the bound's ε with probability ≥ 80 % at the level the
-    figure is tested at, else inconclusive. Verdicts without a p-value pass through unchanged.
+    figure is tested at, else inconclusive. Verdicts without a p-value pass through unchanged; an uploads' conformance test
+    (:func:`conformance_verdict`) is one more test, of weight :data:`CONFORMANCE_WEIGHT`.
 
     The weights are each test's design power (:func:`design_weight`): fixed before the data are
     seen, so the family-wise error stays at most α, while α goes where a violation can be
     detected — 10⁵ Dirac canaries against a claim rather than 100 canaries that could not
     certify it — instead of being split evenly among tests most of which cannot reject."""
-    tested = [i for i, (v, e) in enumerate(family) if v.p_value is not None and v.bound is not None and e is not None]
-    p_values = {i: float(family[i][0].p_value or 0.0) for i in tested}  # not None: filtered above
+    tested = [i for i, (v, e) in enumerate(family) if v.p_value is not None and v.bound is not None
+              and isinstance(e, OneRunAudit)]
+    mechanism = [i for i, (v, e) in enumerate(family) if v.p_value is not None and isinstance(e, UploadConformance)]
+    p_values = {i: float(family[i][0].p_value or 0.0) for i in tested + mechanism}  # not None: filtered above
     # one test per distinct hypothesis: figures with the same counts, analysis and limit (two
     # observers whose statistics rank the canaries alike, as the final model and every iterate do
     # under full participation) are one test and reject together — counted twice they would only
@@ -228,24 +271,33 @@ def family_verdicts(family: list[tuple[Verdict, OneRunAudit | None]]) -> list[Ve
     groups: dict[tuple, list[int]] = {}
     for i in tested:
         v, evidence = family[i]
-        assert v.bound is not None and v.bound_delta is not None and evidence is not None
+        assert v.bound is not None and v.bound_delta is not None and isinstance(evidence, OneRunAudit)
         key = (evidence.method, evidence.canaries, evidence.tried, evidence.fractions, evidence.delta, v.bound, v.bound_delta,
                p_values[i])
         groups.setdefault(key, []).append(i)
+    for i in mechanism:
+        groups[("conformance", i)] = [i]
     members = list(groups.values())
     k = len(members)
     weights = []
     for group in members:
         v, evidence = family[group[0]]
-        assert v.bound is not None and v.bound_delta is not None and evidence is not None
+        if isinstance(evidence, UploadConformance):
+            weights.append(CONFORMANCE_WEIGHT)
+            continue
+        assert v.bound is not None and v.bound_delta is not None and isinstance(evidence, OneRunAudit)
         weights.append(design_weight(evidence, v.bound, v.bound_delta))
     group_decisions = weighted_holm([p_values[g[0]] for g in members], weights, FAMILY_ALPHA) if k else []
     decisions = {i: decision for group, decision in zip(members, group_decisions) for i in group}
     first_levels = {i: FAMILY_ALPHA * w / sum(weights) for group, w in zip(members, weights) for i in group}
     decided = [v for v, _ in family]
+    for i in mechanism:
+        v, evidence = family[i]
+        assert isinstance(evidence, UploadConformance)
+        decided[i] = _decide_conformance(v, evidence, *decisions[i], first_levels[i], k, first_levels[i] / FAMILY_ALPHA)
     for i in tested:
         v, evidence = family[i]
-        assert v.bound is not None and v.bound_delta is not None and evidence is not None
+        assert v.bound is not None and v.bound_delta is not None and isinstance(evidence, OneRunAudit)
         limit, limit_delta = v.bound, v.bound_delta
         rejected, level = decisions[i]
         power = _power(evidence, limit, limit_delta, first_levels[i])

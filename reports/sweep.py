@@ -84,10 +84,11 @@ def combined_experiments(points: list[SweepPoint]) -> list[tuple[SweepPoint, Exp
 
 
 def _lower_bounds(experiment: Experiment):
-    """(attack, verdict) of every tested ε lower bound of an experiment."""
+    """(attack, verdict) of every test of an experiment: its ε lower bounds with their p-values, and
+    the uploads' conformance with the claimed mechanism."""
     for attack in experiment.attacks:
         for verdict in attack.verdicts:
-            if verdict.kind == "lower_bound" and verdict.p_value is not None:
+            if verdict.kind in ("lower_bound", "conformance") and verdict.p_value is not None:
                 yield attack.attack, verdict
 
 

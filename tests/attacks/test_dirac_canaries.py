@@ -20,6 +20,7 @@ training: {rounds: 10, local_steps: 1}
 defenses:
   - {name: dp-fedavg, epsilons: [4]}
   - {name: "tests.defenses.broken_dp_fedavg:HalvedNoise", label: halved, epsilons: [4]}
+  - {name: "tests.defenses.broken_dp_fedavg:OneClientUnclippedAfterFirstRound", label: unclipped, epsilons: [4]}
 membership: {runs: 2}
 attacks:
   - {name: dirac-canaries, params: {coins: 20000, observers: [all iterates, server]}}
@@ -50,11 +51,23 @@ def test_the_secretly_halved_noise_violates_the_claim(results):
     assert record["adversary"] == "released" and "likelihood ratio" in record["statistic"]
 
 
+def test_one_client_unclipped_after_round_one_violates_the_claimed_mechanism(results):
+    """One canary a round, from round 2 on, reaches the server unclipped: too few coins to move a
+    one-run count, but its upload of ±U where ±S belongs is a VIOLATION of the claimed clip."""
+    statuses, record = _statuses(_experiment(results, "unclipped"), "each upload")
+    assert statuses["upload_conformance"] == "violation", record["verdicts"]
+    violation = next(v for v in record["verdicts"] if v["metric"] == "upload_conformance")
+    assert violation["kind"] == "conformance" and "beyond the clip" in violation["text"]
+    assert int(violation["text"].split(" in round ")[1].split(",")[0]) >= 2  # the bug starts in round 2
+
+
 def test_the_honest_dp_fedavg_does_not_violate(results):
     honest = _experiment(results, "dp-fedavg")
     for observation in ("all iterates", "each upload"):
         statuses, record = _statuses(honest, observation)
         assert "violation" not in statuses.values(), record["verdicts"]
+    # its uploads carry the claimed noise and clip, and the audit had the power to say so
+    assert _statuses(honest, "each upload")[0]["upload_conformance"] == "consistent"
     # the released models' bound is compared with the released figure, the server's with its own
     released = _statuses(honest, "all iterates")[1]["verdicts"][0]
     server = _statuses(honest, "each upload")[1]["verdicts"][0]
