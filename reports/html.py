@@ -31,7 +31,7 @@ TEMPLATES = Path(__file__).with_name("templates")
 MAIN_ATTACK_ORDER = ("lira-online", "lira-offline")
 #: short names of the ε figures in the attack tables
 EPSILON_NAMES = {"epsilon_one_run": "one-run", "epsilon_one_run_fdp": "one-run f-DP", "epsilon_gaussian_fit": "Gaussian fit",
-                 "upload_conformance": "uploads vs claimed clip and noise"}
+                 "upload_conformance": "uploads' mechanism"}
 #: the observers a claim speaks of, in words
 OBSERVER_NAMES = {"released": "released models", "server": "the server", "local": "one upload alone"}
 
@@ -178,8 +178,8 @@ def short_verdict(verdict: Verdict) -> str:
         return f"VIOLATION (ε_LB = {plots.format_number(verdict.measured, 2)} > {plots.format_number(verdict.bound, 2)})"
     if status in ("consistent", "inconclusive"):
         if verdict.kind == "conformance":
-            return "consistent (the uploads carry the claimed clip and noise)" if status == "consistent" else \
-                "inconclusive (no departure found, little power)"
+            return "consistent (clip and noise as claimed)" if status == "consistent" else \
+                "inconclusive (no departure found, power < 80 %)"
         if verdict.kind == "estimate":
             return f"{status} (estimate within claim, not a test)"
         below = ("below claim" if verdict.measured is None or verdict.bound is None or verdict.measured <= verdict.bound

@@ -28,7 +28,8 @@ from tests.reports.page import Element, parse
 REPO = Path(__file__).resolve().parents[2]
 CANARY_SCORES = REPO / "examples" / "scores" / "client-canaries-dp-fedavg-eps8.csv"
 OBSERVERS = {"released": "released models", "server": "the server", "local": "one upload alone"}
-EPSILON_NAMES = {"epsilon_one_run": "one-run", "epsilon_one_run_fdp": "one-run f-DP", "epsilon_gaussian_fit": "Gaussian fit"}
+EPSILON_NAMES = {"epsilon_one_run": "one-run", "epsilon_one_run_fdp": "one-run f-DP", "epsilon_gaussian_fit": "Gaussian fit",
+                 "upload_conformance": "uploads' mechanism"}
 
 
 @pytest.fixture(scope="module")
