@@ -44,9 +44,9 @@ from reports.document import (
 from reports.results import rows_from_results
 from reports.soundness import (
     attack_verdicts,
+    conformance_verdict,
     experiment_sentence,
     experiment_verdict,
-    conformance_verdict,
     family_verdicts,
 )
 
