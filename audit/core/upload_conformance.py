@@ -87,18 +87,11 @@ class UploadConformance:
 
     def failure(self) -> str:
         """What the rejected test found, for a VIOLATION's sentence."""
-        found = []
         if self.p_noise <= self.p_clip:
-            found.append(f"the uploads carry less noise than the claim accounts (σ_eff/σ = {self.least_ratio:.3f} in "
-                         f"round {self.least_round}, {self.noise_ratio:.3f} pooled)")
-        else:
-            found.append(f"an inserted canary's upload reached {self.excess_clips:.4g}·S in round {self.excess_round}, "
-                         f"{self.excess:.3g} noise stds beyond the clip S: a contribution the clip should have bounded")
-        return "; ".join(found)
-
-
-def _chi2_lower_tail(v: float, n: int) -> float:
-    return float(stats.chi2.cdf(v, n))
+            return (f"the uploads carry less noise than the claim accounts (σ_eff/σ = {self.least_ratio:.3f} in "
+                    f"round {self.least_round}, {self.noise_ratio:.3f} pooled)")
+        return (f"an inserted canary's upload reached {self.excess_clips:.4g}·S in round {self.excess_round}, "
+                f"{self.excess:.3g} noise stds beyond the clip S: a contribution the clip should have bounded")
 
 
 def upload_conformance(uploads: Sequence[np.ndarray], inserted: Sequence[np.ndarray], clip: float, claimed_std: float,
@@ -131,8 +124,9 @@ def upload_conformance(uploads: Sequence[np.ndarray], inserted: Sequence[np.ndar
         return None
     n, v = sum(c for _, _, c, _ in rounds), sum(s for _, s, _, _ in rounds)
     tests = len(rounds) + 1
-    p_rounds = [_chi2_lower_tail(s, c) for _, s, c, _ in rounds]
-    p_noise = min(1.0, tests * min(min(p_rounds), _chi2_lower_tail(v, n)))
+    # lower tails of χ²: each round's, and the pooled one
+    p_rounds = [float(stats.chi2.cdf(s, c)) for _, s, c, _ in rounds]
+    p_noise = min(1.0, tests * min(min(p_rounds), float(stats.chi2.cdf(v, n))))
     ratios = [math.sqrt(s / c) for _, s, c, _ in rounds]
     least = int(np.argmin(ratios))
     interval = (math.sqrt(v / stats.chi2.ppf(0.975, n)), math.sqrt(v / stats.chi2.ppf(0.025, n)))
