@@ -88,11 +88,22 @@ from attacks.attribute_queries import (
     with_attribute_columns,
 )
 from attacks.attribute_scores import AttributeAttackScores, score_guesses
-from attacks.base import ATTACKS, AttackResult, RunAttack, TargetRun, auxiliary_records, run_result
+from attacks.base import (
+    ATTACKS,
+    AttackResult,
+    RunAttack,
+    Setting,
+    TargetRun,
+    auxiliary_records,
+    run_result,
+)
 from audit.core.dataset_types import Dataset
+from audit.core.errors import UserInputError
 from audit.core.metrics import Estimate
 from audit.core.seeding import derive_seed, numpy_rng, sklearn_random_state
 
+#: the registered datasets with a sensitive attribute, which a side run may train on
+SIDE_DATASETS = ("diabetes", "adult")
 #: ties between candidate scores closer than this (log-probability units) go to the prior
 TIE_TOLERANCE = 1e-6
 #: the guesses an :class:`AttributeInferenceResult` scores
@@ -401,6 +412,42 @@ class AttributeInference(RunAttack):
     summary = "infer a sensitive attribute of training records; black-box, white-box, beside a no-model baseline"
     reference = "Fredrikson et al. 2014/2015; Yeom et al. 2018; ML-Doctor (Liu et al. 2022)"
     Params = AttributeParams
+
+    def check(self, field_path: str, setting: Setting) -> None:
+        """The dataset the attack will read (the audit's own, or the one its side run trains on,
+        chosen as :meth:`evaluate` chooses it) must have a sensitive attribute, and each attribute
+        named must be one of them: found here, not after the audit has trained."""
+        own = setting.dataset
+        if own.attribute_values and self.params.dataset in ("auto", own.name):
+            name, attributes = own.name, list(own.attribute_values)
+        else:
+            name = "diabetes" if self.params.dataset == "auto" else self.params.dataset
+            attributes = self._side_attributes(f"{field_path}.params", name, own.name)
+        for attribute in self.params.attributes or []:
+            if attribute not in attributes:
+                raise UserInputError(f"{field_path}.params.attributes: '{attribute}' is not a sensitive attribute of "
+                                     f"'{name}'; allowed: {', '.join(attributes)}")
+
+    def _side_attributes(self, path: str, name: str, own: str) -> list[str]:
+        """The sensitive attributes of side dataset ``name``, loaded as its side run will load it
+        (which also checks that ``root`` holds it); registered datasets without such an attribute
+        are refused unloaded (loading mnist could mean a download)."""
+        from audit.core.datasets import DATASETS, load_dataset
+        from audit.core.extensions import is_reference
+
+        allowed = ", ".join(["auto", *SIDE_DATASETS, "or 'module:callable'"])
+        if name not in SIDE_DATASETS and not is_reference(name):
+            what = ("is the audit's dataset, which has no sensitive attribute" if name == own else
+                    "has no sensitive attribute" if name in DATASETS else "is no registered dataset")
+            raise UserInputError(f"{path}.dataset: '{name}' {what}; allowed: {allowed}")
+        DATASETS.get(name, f"{path}.dataset")  # a code-loading name is refused here when plugins are off
+        try:
+            dataset = load_dataset(name, self.params.root)
+        except UserInputError as exc:
+            raise UserInputError(f"{path}.dataset: '{name}' cannot be loaded ({exc})") from None
+        if not dataset.attribute_values:
+            raise UserInputError(f"{path}.dataset: '{name}' has no sensitive attribute; allowed: {allowed}")
+        return list(dataset.attribute_values)
 
     def evaluate(self, run: TargetRun) -> list[AttackResult]:
         own = run.dataset.attribute_values and self.params.dataset in ("auto", run.dataset.name)

@@ -280,6 +280,18 @@ def gdp_note(evidence: dict[str, OneRunAudit]) -> str:
     return f"; the counts reject μ-GDP for μ < {audit.mu:.3g} ({at_delta})"
 
 
+@dataclass(frozen=True)
+class Setting:
+    """One experiment of the audit as planning knows it before training: what an attack's
+    parameters are checked against (:meth:`Attack.check`), so that a round, client, fold or class
+    the experiment does not have is refused before any work, not found after training."""
+
+    rounds: int  # training rounds of the experiment
+    clients: int  # clients of every run
+    runs: int  # membership runs
+    dataset: Any  # audit.core.dataset_types.Dataset: name, num_classes, input_shape, attribute_values
+
+
 class Attack:
     """Anything listed under ``attacks:``; see :class:`MembershipAttack` and ``CanaryAudit``."""
 
@@ -295,6 +307,11 @@ class Attack:
     def __init__(self, params: Any = None, label: str | None = None):
         self.params = params if params is not None else self.Params()
         self.label = label or self.name
+
+    def check(self, field_path: str, setting: Setting) -> None:
+        """Reject params that do not fit the experiment ``setting`` (one line naming the field
+        under ``field_path``, e.g. ``attacks[2].params.round``); called in planning for every
+        experiment the attack will run on."""
 
     def rounds_needed(self, total_rounds: int) -> str | tuple[int, ...]:
         """Global models (besides the final one) the runs must store for this attack."""

@@ -31,9 +31,10 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, vmap
 
-from attacks.base import ATTACKS, AttackResult, MembershipAttack, MembershipExperiment
+from attacks.base import ATTACKS, AttackResult, MembershipAttack, MembershipExperiment, Setting
 from attacks.lira import VARIANTS, LiRA, LiRAParams
 from attacks.signals import logit_scaled_confidence
+from audit.core.errors import UserInputError
 from audit.core.seeding import numpy_rng, torch_generator
 from defenses.evaluation import logits_of
 
@@ -76,6 +77,12 @@ class CanaryQueries(MembershipAttack):
     reference = "Wen et al. 2023, Canary in a Coalmine: Better Membership Inference with Ensembled Adversarial Queries"
     Params = CanaryQueryParams
     min_runs = 4
+
+    def check(self, field_path: str, setting: Setting) -> None:
+        # each fold needs at least one run: more folds than runs would quietly be cut to the runs
+        if self.params.folds > setting.runs:
+            raise UserInputError(f"{field_path}.params.folds: {self.params.folds} folds of {setting.runs} membership runs; "
+                                 f"allowed: 2 to {setting.runs} (membership.runs)")
 
     def optimise(self, experiment: MembershipExperiment, references: np.ndarray, records: np.ndarray) -> torch.Tensor:
         """Queries [records, Q, *input] optimised on the reference runs."""

@@ -52,7 +52,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from attacks.base import ATTACKS, AttackResult
+from attacks.base import ATTACKS, AttackResult, Setting
 from attacks.canary_audit import (
     CanaryAudit,
     CanaryContext,
@@ -122,7 +122,7 @@ class DiracCanaries(CanaryAudit):
         """Why the defense's privatisation cannot take Dirac rows (None: it can)."""
         return defense.dirac_canaries_refused(training)
 
-    def check(self, field_path: str, rounds: int) -> None:
+    def check(self, field_path: str, setting: Setting) -> None:
         if len(set(self.params.observers)) != len(self.params.observers):
             raise UserInputError(f"{field_path}.params.observers: {self.params.observers} repeats an observer; "
                                  f"allowed: a subset of {list(OBSERVERS)}")

@@ -28,11 +28,12 @@ from typing import Literal
 import numpy as np
 import torch
 
-from attacks.base import ATTACKS, AttackResult, RunAttack, TargetRun
+from attacks.base import ATTACKS, AttackResult, RunAttack, Setting, TargetRun
 from attacks.image_quality import image_grid_png, png_base64
 from attacks.inversion import REFERENCES, attack_batch, data_range_of
 from attacks.server_view import not_replayed_reason, upload_view
 from attacks.threat_models import ThreatModel
+from audit.core.errors import UserInputError
 from audit.core.metrics import mean_estimate
 from audit.core.seeding import derive_seed, numpy_rng
 
@@ -63,6 +64,16 @@ class GradientInversion(RunAttack):
         if len(dataset.input_shape) != 3:
             return f"'{dataset.name}' is not an image dataset"
         return not_replayed_reason(defense)
+
+    def check(self, field_path: str, setting: Setting) -> None:
+        # the model the server sends in round r exists for r ≤ rounds; a later round would be
+        # found missing only after training
+        if self.params.round > setting.rounds:
+            raise UserInputError(f"{field_path}.params.round: round {self.params.round} of a training of {setting.rounds} "
+                                 f"rounds; allowed: 1 to {setting.rounds}")
+        if self.params.clients > setting.clients:
+            raise UserInputError(f"{field_path}.params.clients: {self.params.clients} clients attacked of the "
+                                 f"{setting.clients} in a run; allowed: 1 to {setting.clients} (partition.clients)")
 
     def rounds_needed(self, total_rounds: int) -> str | tuple[int, ...]:
         before = self.params.round - 1  # the global model the clients of this round start from

@@ -31,6 +31,11 @@ from defenses.ldp import two_point
 from defenses.mechanisms import CLIP_NORMS, MECHANISMS, Mechanism, make_mechanism
 
 CANARIES = ("both", "concentrated", "spread")
+#: most noise draws one spread-canary audit may take, --trials × --dim (the default is 10⁸, about
+#: 5 s on a laptop core): checked before sampling, so a typo is refused at once, not after minutes
+MAX_TRIAL_COORDINATES = 10**9
+#: most noise draws held in memory at once (32 MiB of float64), whatever the dimension
+CHUNK_ELEMENTS = 1 << 22
 
 
 @dataclass
@@ -57,6 +62,8 @@ def likelihood_ratio_scores(mechanism: Mechanism, canary: np.ndarray, trials: in
     shift = canary[support]
     scores = np.empty(trials)
     generator = torch_generator(seed, "mechanism-audit", label, "in" if with_canary else "out")
+    # fewer trials per chunk as the support grows: a chunk holds at most CHUNK_ELEMENTS draws
+    chunk = max(1, min(chunk, CHUNK_ELEMENTS // max(1, len(support))))
     for start in range(0, trials, chunk):
         count = min(chunk, trials - start)
         noise = mechanism.sample(generator, (count, len(support)), scale=clip).numpy()
@@ -103,6 +110,10 @@ def audit_mechanism(kind: str, noise: float, clip: float, dim: int, trials: int,
             raise UserInputError(f"{flag}: '{value}' is not allowed; allowed: {', '.join(allowed)}")
     if not (noise > 0 and clip > 0 and dim >= 1 and trials >= 100):
         raise UserInputError("--noise and --clip must be > 0, --dim >= 1 and --trials >= 100")
+    if canary != "concentrated" and trials * dim > MAX_TRIAL_COORDINATES:  # the spread canary draws every coordinate
+        raise UserInputError(f"--trials × --dim: {trials} × {dim} = {trials * dim:.3g} noise draws, more than the "
+                             f"{MAX_TRIAL_COORDINATES:.0e} allowed; allowed: --trials × --dim up to "
+                             f"{MAX_TRIAL_COORDINATES:.0e} (lower either, or --canary concentrated draws one coordinate)")
     mechanism = make_mechanism(kind, noise)
     claimed = epsilon(mechanism, 1.0, 1, delta, accounting, clip_norm, conversion)
     canaries = ["concentrated", "spread"] if canary == "both" else [canary]

@@ -61,8 +61,17 @@ from sklearn.preprocessing import StandardScaler
 from torch import nn
 from torch.func import functional_call, grad
 
-from attacks.base import ATTACKS, AttackResult, RunAttack, TargetRun, auxiliary_records, run_result
+from attacks.base import (
+    ATTACKS,
+    AttackResult,
+    RunAttack,
+    Setting,
+    TargetRun,
+    auxiliary_records,
+    run_result,
+)
 from attacks.server_view import UploadView, not_replayed_reason, upload_view
+from audit.core.errors import UserInputError
 from audit.core.metrics import Estimate, auc, clopper_pearson
 from audit.core.seeding import derive_seed, numpy_rng, sklearn_random_state, torch_generator
 
@@ -346,6 +355,12 @@ class PropertyInference(RunAttack):
     summary = "does an upload's batch hold a given class? a classifier on shadow uploads (Melis et al.)"
     reference = "Melis, Song, De Cristofaro, Shmatikov 2019, Exploiting Unintended Feature Leakage in Collaborative Learning"
     Params = PropertyParams
+
+    def check(self, field_path: str, setting: Setting) -> None:
+        classes = setting.dataset.num_classes
+        if self.params.property_class >= classes:  # a class the data does not have: no batch could hold it
+            raise UserInputError(f"{field_path}.params.property_class: class {self.params.property_class} of the "
+                                 f"{classes} classes of '{setting.dataset.name}'; allowed: 0 to {classes - 1}")
 
     def not_applicable(self, defense, dataset) -> str | None:
         if self.params.property_class >= dataset.num_classes:

@@ -40,9 +40,15 @@ def mislabelled_records(x: torch.Tensor, y: torch.Tensor, num_classes: int, m: i
     return x[source].clone(), (y[source] + shift) % num_classes
 
 
+#: most canary records per run: Steinke et al. audit with m up to a few thousand; the bound keeps a
+#: typo (1000000) from being refused only after minutes of building and inserting records
+MAX_CANARIES = 50_000
+
+
 @dataclass(frozen=True)
 class RecordCanaryParams:
-    canaries: int = field(default=200, metadata={"min": 4, "help": "canary records per run (each inserted with probability ½)"})
+    canaries: int = field(default=200, metadata={
+        "min": 4, "max": MAX_CANARIES, "help": "canary records per run (each inserted with probability ½)"})
     kind: Literal["mislabelled", "ood"] = field(default="mislabelled", metadata={"help": "what a canary record is"})
     runs: int = field(default=1, metadata={"min": 1, "help": "audit runs (their canaries are pooled)"})
 

@@ -24,7 +24,8 @@ from sklearn.neural_network import MLPClassifier
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from attacks.base import ATTACKS, AttackResult, MembershipAttack, MembershipExperiment
+from attacks.base import ATTACKS, AttackResult, MembershipAttack, MembershipExperiment, Setting
+from audit.core.errors import UserInputError
 from audit.core.seeding import derive_seed, numpy_rng, sklearn_random_state
 
 
@@ -56,6 +57,12 @@ class Shokri(MembershipAttack):
     reference = "Shokri et al. 2017, Membership Inference Attacks against Machine Learning Models"
     Params = ShokriParams
     min_runs = 4  # every fold needs shadows with and without each class's records
+
+    def check(self, field_path: str, setting: Setting) -> None:
+        # each fold needs at least one run: more folds than runs would quietly be cut to the runs
+        if self.params.folds > setting.runs:
+            raise UserInputError(f"{field_path}.params.folds: {self.params.folds} folds of {setting.runs} membership runs; "
+                                 f"allowed: 2 to {setting.runs} (membership.runs)")
 
     def classifier(self, seed: int):
         if self.params.classifier == "logistic":

@@ -37,7 +37,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from attacks.base import ATTACKS, AttackResult
+from attacks.base import ATTACKS, AttackResult, Setting
 from attacks.canary_audit import (
     CanaryAudit,
     CanaryContext,
@@ -52,9 +52,15 @@ from audit.core.seeding import numpy_rng, torch_generator
 OBSERVATIONS = {"final-model": "final model", "all-iterates": "all iterates"}
 
 
+#: most canary clients per run (Andrew et al. 2024 use about a thousand): each holds a direction of
+#: the model's size, so a typo (1000000) would otherwise try to allocate canaries × parameters
+MAX_CANARY_CLIENTS = 10_000
+
+
 @dataclass(frozen=True)
 class UpdateCanaryParams:
-    canaries: int = field(default=100, metadata={"min": 4, "help": "canary clients per run (each inserted with probability ½)"})
+    canaries: int = field(default=100, metadata={
+        "min": 4, "max": MAX_CANARY_CLIENTS, "help": "canary clients per run (each inserted with probability ½)"})
     runs: int = field(default=1, metadata={"min": 1, "help": "audit runs (their canaries are pooled)"})
     observation: Literal["both", "final-model", "all-iterates"] = field(default="both", metadata={
         "help": "what the adversary sees: the final model, every round's global model (the server), or both (two results)"})
@@ -82,8 +88,8 @@ class UpdateCanaryAudit(CanaryAudit):
         chosen = self.params.observation
         return list(OBSERVATIONS) if chosen == "both" else [chosen]
 
-    def check(self, field_path: str, rounds: int) -> None:
-        chosen = self.params.round_range
+    def check(self, field_path: str, setting: Setting) -> None:
+        chosen, rounds = self.params.round_range, setting.rounds
         if chosen and (len(chosen) != 2 or chosen[0] > chosen[1] or chosen[1] > rounds):
             raise UserInputError(f"{field_path}.params.round_range: {chosen} is not [first, last] with "
                                  f"1 ≤ first ≤ last ≤ {rounds} (the training rounds); allowed: two rounds, or [] for every round")

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import secrets
 import time
 from pathlib import Path
 
@@ -66,7 +68,9 @@ def _save_scores(out: Path, experiment: Experiment, result: AttackResult) -> Non
     folder = inside(out, out / "attacks" / experiment.key)
     name = slug(result.name)  # the attack's label is user text: never a path
     folder.mkdir(parents=True, exist_ok=True)
-    temporary = inside(out, folder / f".{name}.tmp.npz")
+    # unique per process (pid + random): writers never share a temp file; a killed one's is
+    # removed when a command next claims the folder (audit.core.output_folder)
+    temporary = inside(out, folder / f".{name}.{os.getpid()}-{secrets.token_hex(4)}.tmp.npz")
     np.savez_compressed(temporary, scores=result.scores, truth=result.truth)
     temporary.replace(inside(out, folder / f"{name}.npz"))
 

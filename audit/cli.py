@@ -177,7 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     epsilon = commands.add_parser("epsilon", help="ε of a (subsampled) Gaussian mechanism, or σ for a target ε")
     noise = epsilon.add_mutually_exclusive_group(required=True)
-    noise.add_argument("--noise", type=_bounded(float, 0, 1e7, low_open=True), help="noise multiplier σ (noise std / clip)")
+    # σ below 1e-6 is no privacy at all (ε > 10¹⁰), and below ~1e-150 dp-accounting divides by σ² = 0
+    noise.add_argument("--noise", type=_bounded(float, 1e-6, 1e7), help="noise multiplier σ (noise std / clip)")
     noise.add_argument("--target-epsilon", type=_bounded(float, 0, 1e4, low_open=True), help="calibrate σ to this ε instead")
     epsilon.add_argument("--rate", type=_bounded(float, 0, 1, low_open=True), required=True, help="sampling rate q (Poisson) or m/N (fixed)")
     epsilon.add_argument("--steps", type=_bounded(int, 0, 10**9), required=True, help="number of rounds/steps T")
@@ -201,9 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     mechanism = commands.add_parser("audit-mechanism", help="audit one clipped-and-noised step with the optimal test")
     mechanism.add_argument("--mechanism", required=True, help="gaussian, laplace, staircase or ldp-two-point")
-    mechanism.add_argument("--noise", type=_bounded(float, 0, 1e7, low_open=True), help="z (gaussian), λ (laplace) or ε (staircase)")
+    # the lower bounds keep the noise's scale z·C a normal float (its square underflowed to 0 at 1e-300);
+    # the staircase's ε has its own upper bound, checked by the command
+    mechanism.add_argument("--noise", type=_bounded(float, 1e-6, 1e7), help="z (gaussian), λ (laplace) or ε (staircase, at most 100)")
     mechanism.add_argument("--epsilon", type=_bounded(float, 0, 100, low_open=True), help="ε of the ldp-two-point mechanism")
-    mechanism.add_argument("--clip", type=_bounded(float, 0, 1e6, low_open=True), default=1.0, help="C: sensitivity of the clipped gradient (default 1)")
+    mechanism.add_argument("--clip", type=_bounded(float, 1e-6, 1e6), default=1.0, help="C: sensitivity of the clipped gradient (default 1)")
     mechanism.add_argument("--dim", type=_bounded(int, 1, 10**6), default=1000, help="d: coordinates the noise is added to (default 1000)")
     mechanism.add_argument("--trials", type=_bounded(int, 1, 10**7), default=100000, help="runs of the mechanism, half with the canary")
     mechanism.add_argument("--accounting", default="paper_1d", help="paper_1d (UDP-FL's claim) or sound")
@@ -320,10 +323,13 @@ def main(argv: list[str] | None = None) -> int:
         import os
 
         os.environ[NO_PLUGINS_ENV] = "1"  # also reaches the process and Ray executors' workers
+    from audit.core.output_folder import release_all
+
     try:
         from audit.logs import configure
 
-        with configure(getattr(args, "verbose", 0), _log_file(args), _output_folder(args)):
+        folder = _output_folder(args)  # checked before any work: bad paths and links out are refused
+        with configure(getattr(args, "verbose", 0), _log_file(args), folder):
             return _dispatch(args)
     except UserInputError as exc:
         print(f"dpfl-audit: error: {exc}", file=sys.stderr)
@@ -343,14 +349,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dpfl-audit: internal error: {type(exc).__name__}: {text} (rerun with -v for the traceback)",
               file=sys.stderr)
         return EXIT_FAILURE
+    finally:
+        release_all()  # the output folder's lock (a killed process's lock goes with it)
 
 
-#: the commands whose --out is a directory: it gets run.log (written once the command creates it)
+#: the commands whose --out is a directory: it gets run.log (written once the command claims it)
 FOLDER_COMMANDS = ("run", "train", "sweep", "reproduce", "invert", "audit-training", "scores")
 
 
 def _output_folder(args: argparse.Namespace) -> str | None:
-    return getattr(args, "out", None) if args.command in FOLDER_COMMANDS else None
+    """The command's output folder, checked before any work (:func:`audit.core.output_folder.check`:
+    a folder we can write in, no link inside leading out of it); None when it writes none."""
+    if args.command not in FOLDER_COMMANDS:
+        return None
+    if args.command == "reproduce" and args.out is None:  # its default names the study
+        args.out = f"reproduce-{args.study}{'-quick' if args.quick else ''}"
+    if args.out is None:  # scores without --out: prints only
+        return None
+    from audit.core.output_folder import check
+
+    check(args.out, "--out")
+    return args.out
 
 
 def _log_file(args: argparse.Namespace) -> str | None:
@@ -360,7 +379,7 @@ def _log_file(args: argparse.Namespace) -> str | None:
     import os
 
     folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder) or os.path.isdir(path):
+    if not path.strip() or not os.path.isdir(folder) or os.path.isdir(path):
         raise UserInputError(f"--log-file: '{path}' is not a file in an existing directory")
     return path
 

@@ -29,6 +29,9 @@ MAX_CLIENTS = 100_000
 MAX_RUNS = 4096
 #: ε beyond this is no privacy claim worth auditing (and calibration would hit the noise floor)
 MAX_EPSILON = 1000.0
+#: ε below this is no target either: calibration would need astronomically large noise, and a
+#: denormal like 5e-324 is a typo (it printed as 4.94066e-324 in folder names)
+MIN_EPSILON = 1e-6
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,7 @@ class DefenseEntry:
     name: str = field(metadata={"help": "registry name or module:callable returning a Defense class"})
     label: str | None = field(default=None, metadata={"help": "display name in the report"})
     params: dict = field(default_factory=dict, metadata={"help": "the defense's hyper-parameters (see `dpfl-audit list`)"})
-    epsilons: list[float] | None = field(default=None, metadata={"min": 0.0, "min_exclusive": True, "max": MAX_EPSILON,
+    epsilons: list[float] | None = field(default=None, metadata={"min": MIN_EPSILON, "max": MAX_EPSILON,
                                                                  "min_length": 1, "max_length": 100,
                                                                  "help": "calibrate the noise to each target ε (one experiment per ε)"})
     delta: float = field(default=1e-5, metadata={"min": 0.0, "max": 1.0, "min_exclusive": True, "max_exclusive": True})
@@ -107,11 +110,12 @@ class AccountingConfig:
 @dataclass(frozen=True)
 class DiagnosticsConfig:
     enabled: bool = field(default=True, metadata={"help": "compute loss-landscape diagnostics of every trained run"})
+    # at least one radius and one std: the report's diagnostics table has a column for each
     sharpness_radii: list[float] = field(default_factory=lambda: [0.05, 0.1, 0.2], metadata={
-        "min": 0.0, "min_exclusive": True, "max": 100.0, "help": "radii along filter-normalised random directions (Li et al. 2018)"})
+        "min_length": 1, "min": 0.0, "min_exclusive": True, "max": 100.0, "help": "radii along filter-normalised random directions (Li et al. 2018)"})
     sharpness_directions: int = field(default=4, metadata={"min": 1, "max": 1000})
     perturbation_stds: list[float] = field(default_factory=lambda: [0.005, 0.01, 0.02], metadata={
-        "min": 0.0, "min_exclusive": True, "max": 100.0, "help": "std s of the weight perturbation N(0, s²I)"})
+        "min_length": 1, "min": 0.0, "min_exclusive": True, "max": 100.0, "help": "std s of the weight perturbation N(0, s²I)"})
     perturbation_repeats: int = field(default=3, metadata={"min": 1, "max": 1000})
     max_records: int = field(default=1000, metadata={"min": 1, "max": 10**7, "help": "records of the training/test data evaluated"})
 
@@ -245,7 +249,8 @@ def apply_sets(data: dict[str, Any], assignments: list[str], option: str = "--se
             last = depth == len(segments) - 1
             where = ".".join(segments[:depth + 1])
             if isinstance(current, list):
-                if not segment.isdigit() or int(segment) >= len(current):
+                # ASCII digits only: str.isdigit() also accepts '²' or '٣', which int() refuses
+                if not (segment.isascii() and segment.isdigit()) or int(segment) >= len(current):
                     raise UserInputError(f"{option} {where}: '{'.'.join(segments[:depth])}' is a list of {len(current)} "
                                          f"entries; allowed indices: 0–{len(current) - 1}")
                 # a list is replaced whole (merge): the resolved list with this entry changed
@@ -295,7 +300,8 @@ def load_config(path: str | Path | None = None, preset_name: str | None = None,
     named = user.pop("preset", None)
     if named is not None and not isinstance(named, str):
         raise UserInputError(f"preset: must be a string, got {named!r}")
-    chosen = preset_name or named or "default"
+    # "" names no preset (it is refused as unknown), rather than quietly meaning the default one
+    chosen = preset_name if preset_name is not None else named if named is not None else "default"
     data = merge_config(merge_config(preset(chosen), user), overrides or {})
     return from_mapping(AuditConfig, apply_sets(data, list(sets or [])))
 

@@ -26,6 +26,7 @@ from attacks.base import MEMBERSHIP_METRICS, AttackResult
 from audit import __version__, provenance
 from audit.core.atomic import write_json
 from audit.core.errors import UserInputError, check_choice
+from audit.core.output_folder import claim
 from audit.summary import attack_records, diagnostics_summary, mean_interval
 from defenses.accounting import dp_accounting_version
 from defenses.claims import ADVERSARIES, ADVERSARY_TEXT, RELATIONS, AdversaryClaim, PrivacyClaim
@@ -117,8 +118,7 @@ def external_results(system: System, claim: PrivacyClaim, attack_results: list[A
 def write_external(results: Results, out: str | Path) -> dict[str, str]:
     """Write results.csv, results.json, report.html and manifest.json of an external audit into
     ``out`` (each atomically); returns their paths."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = claim(out)  # created and locked (audit.core.output_folder)
     paths = write_results(results, out)
     extra = {"versions": provenance.versions(), "machine": provenance.machine()}
     paths["report"] = str(write_report(results, out / "report.html", manifest_extra=extra))

@@ -7,9 +7,12 @@ packages :data:`PACKAGES`; nothing here prints. The command line decides where r
 * the console (stderr, through ``tqdm.write`` so progress bars stay intact): warnings by default,
   also INFO with ``-v``, also DEBUG with ``-vv``;
 * ``--log-file FILE``: every record from DEBUG up;
-* ``run.log`` in the command's output directory: every record from DEBUG up. Records are kept in
-  memory until the directory exists and only then written, so a command refused for bad input —
-  which must write nothing — leaves no ``run.log`` (and no directory) behind.
+* ``run.log`` in the command's output directory: every record from DEBUG up.
+
+Both files are written only once the command's input is accepted: records wait in memory until
+the command claims its output folder (:func:`audit.core.output_folder.claim`, which creates and
+locks it), or, for ``--log-file``, until the command ends other than refused. A command refused for
+bad input — which must write nothing — leaves no ``run.log``, no log file and no directory behind.
 
 Third-party loggers (Ray, Flower, absl) are left as they are.
 """
@@ -21,6 +24,10 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from audit.core import output_folder
+from audit.core.errors import UserInputError
+from audit.core.safe_names import inside
 
 #: the packages whose loggers the command line configures
 PACKAGES = ("audit", "defenses", "attacks", "reports")
@@ -43,21 +50,25 @@ class ConsoleHandler(logging.Handler):
             self.handleError(record)
 
 
-class RunLogHandler(logging.Handler):
-    """Appends records to ``<folder>/run.log`` once ``folder`` exists; until then they wait in
-    memory (bounded), and they are dropped if it never appears."""
+class DeferredFileHandler(logging.Handler):
+    """Appends records to the file :attr:`path` once :meth:`ready`; until then they wait in memory
+    (bounded), and they are dropped if it never is. The file is opened only to append."""
 
     LIMIT = 100_000
 
-    def __init__(self, folder: str | Path):
+    def __init__(self, path: str | Path):
         super().__init__(logging.DEBUG)
-        self.folder = Path(folder)
+        self.file = Path(path)
         self.pending: list[str] = []
         self.setFormatter(logging.Formatter(FILE_FORMAT))
 
     @property
     def path(self) -> Path:
-        return self.folder / "run.log"
+        return self.file
+
+    def ready(self) -> bool:
+        """The command's input is accepted: it has claimed an output folder."""
+        return output_folder.claimed()
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -67,11 +78,33 @@ class RunLogHandler(logging.Handler):
         except Exception:
             self.handleError(record)
 
-    def flush(self) -> None:
-        if self.pending and self.folder.is_dir():
+    def flush(self, accepted: bool = False) -> None:
+        """Write what waits, if the input is accepted (``accepted``: the command ended unrefused;
+        the file is then created even with no record, as the user asked for it)."""
+        if (self.pending or accepted) and (accepted or self.ready()):
             with open(self.path, "a", encoding="utf-8") as file:
                 file.write("\n".join(self.pending) + "\n")
             self.pending.clear()
+
+
+class RunLogHandler(DeferredFileHandler):
+    """``<folder>/run.log``, written once the command has claimed ``folder`` (created and locked it);
+    records of a command that never claims it are dropped."""
+
+    def __init__(self, folder: str | Path):
+        super().__init__(Path(folder) / "run.log")
+        self.folder = Path(folder)
+
+    @property
+    def path(self) -> Path:
+        # checked up front (audit.core.output_folder.check); inside() is the last line of defence
+        return inside(self.folder, self.folder / "run.log")
+
+    def ready(self) -> bool:
+        return output_folder.is_claimed(self.folder)
+
+    def flush(self, accepted: bool = False) -> None:
+        super().flush(accepted=False)  # run.log needs its folder claimed, whatever the outcome
 
 
 def _loggers() -> list[logging.Logger]:
@@ -85,11 +118,8 @@ def configure(verbosity: int = 0, log_file: str | Path | None = None, run_folder
     the previous configuration is restored afterwards, so tests and notebooks can call it repeatedly."""
     console = ConsoleHandler(LEVELS.get(verbosity, logging.DEBUG))
     handlers: list[logging.Handler] = [console]
-    if log_file is not None:
-        handler = logging.FileHandler(log_file, encoding="utf-8")
-        handler.setLevel(logging.DEBUG)
-        handler.setFormatter(logging.Formatter(FILE_FORMAT))
-        handlers.append(handler)
+    if log_file is not None:  # opened once the input is accepted: refused input creates no file
+        handlers.append(DeferredFileHandler(log_file))
     run_log = RunLogHandler(run_folder) if run_folder is not None else None
     if run_log is not None:
         handlers.append(run_log)
@@ -98,11 +128,18 @@ def configure(verbosity: int = 0, log_file: str | Path | None = None, run_folder
         logger.setLevel(logging.DEBUG)
         logger.propagate = False  # our records go to our handlers only, once
         logger.handlers = list(handlers)
+    refused = False
     try:
         yield run_log
+    except UserInputError:
+        refused = True
+        raise
     finally:
         for handler in handlers:
-            handler.flush()
+            if isinstance(handler, DeferredFileHandler):
+                handler.flush(accepted=not refused)
+            else:
+                handler.flush()
             handler.close()
         for logger, level, propagate, previous in saved:
             logger.setLevel(level)

@@ -20,6 +20,7 @@ from audit import __version__, provenance
 from audit.attacking import attack_runs
 from audit.config import AuditConfig, config_to_yaml
 from audit.core.atomic import write_json, write_text
+from audit.core.output_folder import claim
 from audit.diagnosis import diagnose_runs
 from audit.executors import train_in_processes, train_in_ray
 from audit.planning import Plan, plan_audit, run_id
@@ -79,7 +80,7 @@ def train_runs(plan: Plan, store: RunStore, quiet: bool = False, executor: str =
 def train(plan: Plan, out: str | Path, quiet: bool = True) -> RunStore:
     """Train every run of ``plan`` not yet stored under ``out`` (public API): the membership runs,
     then each canary audit's runs. Rerunning resumes; returns the run store."""
-    store = RunStore(out)
+    store = RunStore(claim(out))  # created, locked, stale temporary files removed
     store.clean_staging()
     train_runs(plan, store, quiet)
     return store
@@ -107,9 +108,8 @@ def run_audit(config: AuditConfig, out: str | Path, *, attack: bool = True, quie
     LOG.info("plan: %d experiment(s) (%s), %d membership runs each, %d attack(s), %d canary audit(s); output %s",
              len(plan.experiments), ", ".join(e.label for e in plan.experiments), config.membership.runs,
              len(config.attacks), len(plan.canary_audits), out)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    store = RunStore(out if runs is None else runs)
+    out = claim(out)  # created and locked now, every check passed (audit.core.output_folder)
+    store = RunStore(out if runs is None else claim(runs))
     store.clean_staging()
     write_text(out / "config.yaml", config_to_yaml(config))
     train_seconds = train_runs(plan, store, quiet, executor, workers, batch_runs, ray_address)

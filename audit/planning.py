@@ -15,16 +15,17 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
-import torch
 
 import attacks.catalog  # noqa: F401  (registers the attacks)
 import defenses.catalog  # noqa: F401  (registers the defenses)
 from attacks.base import (
     ATTACKS,
     Attack,
+    Setting,
 )
 from attacks.canary_audit import CanaryAudit, CanaryContext
 from audit.config import AuditConfig, merge
+from audit.core.devices import check_device
 from audit.core.errors import UserInputError
 from audit.core.safe_names import slug
 from audit.core.schema import from_mapping, to_mapping
@@ -134,17 +135,6 @@ def _record_spec(config: AuditConfig, attacks: list[Attack], target: bool = Fals
     return RecordSpec(global_rounds, upload_rounds, norm(config.record.upload_clients))
 
 
-def check_device(device: str) -> None:
-    try:
-        parsed = torch.device(device)
-    except RuntimeError:
-        raise UserInputError(f"device: '{device}' is not a torch device; allowed: cpu, cuda, cuda:N, mps") from None
-    if parsed.type == "cuda" and not torch.cuda.is_available():
-        raise UserInputError(f"device: '{device}' requested but no CUDA device is available; use cpu")
-    if parsed.type == "mps" and not torch.backends.mps.is_available():
-        raise UserInputError(f"device: '{device}' requested but MPS is not available; use cpu")
-
-
 def resolve_entries(config: AuditConfig) -> tuple[list[tuple], list[Attack]]:
     """Check every defense and attack entry (names, hyper-parameters, training overrides) without data."""
     check_device(config.device)
@@ -168,6 +158,7 @@ def resolve_entries(config: AuditConfig) -> tuple[list[tuple], list[Attack]]:
         attack_list.append(attack)
     if not config.defenses:
         raise UserInputError("defenses: the list is empty; name at least one defense")
+    _check_clients(config, defense_specs)
     return defense_specs, attack_list
 
 
@@ -201,7 +192,7 @@ def plan_audit(config: AuditConfig) -> Plan:
     unit = config.membership.unit
     if unit == "auto":  # audit whole clients when a defense protects whole clients
         unit = "client" if any(e.claim.unit == "client" for e in experiments) else "record"
-    _check_attack_targets(attack_list, unit, experiments)
+    _check_attack_targets(attack_list, unit, experiments, config, task)
     build = client_membership if unit == "client" else record_membership
     design = replace(config.membership, relation=design_relation(config.membership.relation, unit, experiments))
     membership = build(task.pool.labels.numpy(), design, config.partition, config.seed)
@@ -227,20 +218,41 @@ def canary_relation(experiment: Experiment, audit: CanaryAudit) -> str:
     return "zero-out" if audit.unit == "client" and experiment.claim.relation == "zero-out" else "add-remove"
 
 
-def _check_attack_targets(attacks: list[Attack], unit: str, experiments: list[Experiment]) -> None:
+def _check_attack_targets(attacks: list[Attack], unit: str, experiments: list[Experiment], config: AuditConfig,
+                          task: Task) -> None:
+    """Each attack's parameters against every experiment it will run on (rounds, clients, runs, the
+    dataset's classes and attributes), so that none is found unfit only after training."""
     for i, attack in enumerate(attacks):
         if getattr(attack.params, "unit", None) == "client" and unit != "client":
             raise UserInputError(f"attacks[{i}].params.unit: 'client' needs runs that include whole clients; "
                                  "set membership.unit: client")
-        if isinstance(attack, CanaryAudit):
-            for experiment in experiments:
-                attack.check(f"attacks[{i}]", experiment.training.rounds)
+        for experiment in experiments:
+            attack.check(f"attacks[{i}]", Setting(experiment.training.rounds, config.partition.clients,
+                                                  config.membership.runs, task.dataset))
         rounds = getattr(attack.params, "rounds", "final")
         if isinstance(rounds, list):
             for experiment in experiments:
                 if max(rounds) > experiment.training.rounds:
                     raise UserInputError(f"attacks[{i}].params.rounds: round {max(rounds)} exceeds the "
                                          f"{experiment.training.rounds} rounds of '{experiment.label}'")
+
+
+def _check_clients(config: AuditConfig, defense_specs: list[tuple]) -> None:
+    """Client counts and indices that must name clients the runs have: a round of 6 clients out of 5
+    would quietly shrink to 5, and uploads of client 999 would quietly never be stored."""
+    clients = config.partition.clients
+    for i, entry, _, _, training in defense_specs:
+        asked = training.clients_per_round
+        if asked is not None and asked > clients:
+            where = "training" if entry.training.get("clients_per_round") is None else f"defenses[{i}].training"
+            raise UserInputError(f"{where}.clients_per_round: {asked} clients per round of the {clients} clients; "
+                                 f"allowed: 1 to {clients} (partition.clients)")
+    chosen = config.record.upload_clients
+    if isinstance(chosen, list):
+        for client in chosen:
+            if client >= clients:
+                raise UserInputError(f"record.upload_clients: client {client} of {clients} clients (numbered from 0); "
+                                     f"allowed: 0 to {clients - 1}")
 
 
 def run_id(plan: Plan, experiment: Experiment, run_index: int) -> str:

@@ -33,6 +33,7 @@ from audit import provenance
 from audit.config import AuditConfig
 from audit.core.atomic import write_json, write_text
 from audit.core.errors import UserInputError
+from audit.core.output_folder import claim
 from audit.core.schema import from_mapping, to_mapping
 from audit.core.seeding import derive_seed, numpy_rng
 from audit.planning import check_device
@@ -240,7 +241,7 @@ def reproduce(study: Study, out: Path, quiet: bool = False) -> dict[str, Any]:
     runner = Runner(study, out, quiet)  # loads the data, validates every arm before anything runs
     for arm in study.arms:
         runner.defense(arm, runner.training(arm), None)
-    out.mkdir(parents=True, exist_ok=True)
+    out = claim(out)  # created and locked once every arm is validated (audit.core.output_folder)
     def targets(arm: Arm) -> list[float | None]:
         return study.epsilons if DEFENSES.get(arm.defense, f"arm {arm.key}").private else [None]
 

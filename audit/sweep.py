@@ -37,6 +37,7 @@ from audit import __version__, provenance
 from audit.config import AuditConfig, apply_sets, config_to_yaml
 from audit.core.atomic import dumps, write_json, write_text
 from audit.core.errors import UserInputError
+from audit.core.output_folder import claim
 from audit.core.schema import from_mapping, to_mapping
 from audit.core.strict_yaml import parse_yaml
 from audit.pipeline import run_audit
@@ -58,6 +59,9 @@ LOG = logging.getLogger(__name__)
 
 #: most points one sweep may have (a larger grid is almost certainly a typo in --over)
 MAX_POINTS = 256
+#: longest value list of one --over, in characters (256 values of a few characters each fit many
+#: times over); checked before the list is parsed, which bounds the parsing's time and memory
+MAX_OVER_CHARS = 65_536
 
 
 @dataclass(frozen=True)
@@ -68,40 +72,66 @@ class Axis:
     values: tuple[Any, ...]
 
 
-def parse_axis(text: str) -> Axis:
-    """``PATH=V1,V2,...`` → :class:`Axis`. The values are one YAML flow sequence, so a value may
-    itself be a list or a string with commas in quotes: ``model.options.hidden=[64],[128]``."""
+def _parse_values(text: str) -> Axis:
+    """``PATH=V1,V2,...`` → :class:`Axis`, its values not yet checked to be distinct."""
     path, equals, values = text.partition("=")
     path = path.strip()
     if not equals or not path or not all(path.split(".")):
         raise UserInputError(f"--over: '{text}' is not PATH=V1,V2,... (a dotted config path and its values, "
                              "e.g. defenses.1.epsilons=1,4,16)")
+    if len(values) > MAX_OVER_CHARS:
+        raise UserInputError(f"--over {path}: the values are {len(values)} characters long; "
+                             f"allowed: up to {MAX_OVER_CHARS} characters (and {MAX_POINTS} points in the grid)")
     empty = re.search(r"^\s*,|,\s*,|,\s*$", values) is not None  # YAML would call ",," a syntax error
     parsed = [] if empty else parse_yaml(f"[{values}]", f"--over {path}")
     if not parsed or any(v is None for v in parsed):
         raise UserInputError(f"--over {path}: give at least one value, comma-separated, none empty (got '{values}')")
-    shown = [json.dumps(v, sort_keys=True) for v in parsed]
-    repeated = sorted({s for s in shown if shown.count(s) > 1})
-    if repeated:
-        raise UserInputError(f"--over {path}: value {repeated[0]} is given twice")
     return Axis(path, tuple(parsed))
 
 
+def _check_distinct(axis: Axis) -> None:
+    """Refuse a value given twice in one axis, in one pass (a dict of each value's JSON text:
+    1 and 1.0 differ, as they do in the config)."""
+    seen: set[str] = set()
+    for value in axis.values:
+        shown = json.dumps(value, sort_keys=True)
+        if shown in seen:
+            raise UserInputError(f"--over {axis.path}: value {shown} is given twice")
+        seen.add(shown)
+
+
+def parse_axis(text: str) -> Axis:
+    """``PATH=V1,V2,...`` → :class:`Axis`. The values are one YAML flow sequence, so a value may
+    itself be a list or a string with commas in quotes: ``model.options.hidden=[64],[128]``."""
+    axis = _parse_values(text)
+    _check_distinct(axis)
+    return axis
+
+
 def parse_axes(texts: list[str]) -> list[Axis]:
-    """Every ``--over``, each path once; the grid at most :data:`MAX_POINTS` points."""
+    """Every ``--over``, each path once; the grid at most :data:`MAX_POINTS` points.
+
+    The grid's size is checked first, axis by axis as each is parsed, so a huge grid is refused
+    after parsing at most one axis too many; the slower checks (paths, repeated values) run only
+    on a grid of allowed size."""
     if not texts:
         raise UserInputError("--over: give at least one axis, e.g. --over defenses.1.epsilons=1,4,16")
-    axes = [parse_axis(text) for text in texts]
-    paths = [a.path for a in axes]
-    twice = next((p for p in paths if paths.count(p) > 1), None)
-    if twice is not None:
-        raise UserInputError(f"--over {twice}: this path is swept twice; give its values in one --over")
+    axes: list[Axis] = []
     size = 1
+    for number, text in enumerate(texts, 1):
+        axes.append(_parse_values(text))
+        size *= len(axes[-1].values)
+        if size > MAX_POINTS:
+            counted = f"{size}" if number == len(texts) else f"at least {size}"
+            raise UserInputError(f"--over: the grid has {counted} points, more than the {MAX_POINTS} a sweep allows; "
+                                 f"allowed: up to {MAX_POINTS} points (the product of the axes' value counts)")
+    paths: set[str] = set()
     for axis in axes:
-        size *= len(axis.values)
-    if size > MAX_POINTS:
-        raise UserInputError(f"--over: the grid has {size} points, more than the {MAX_POINTS} a sweep allows; "
-                             "sweep fewer values")
+        if axis.path in paths:
+            raise UserInputError(f"--over {axis.path}: this path is swept twice; give its values in one --over")
+        paths.add(axis.path)
+    for axis in axes:
+        _check_distinct(axis)
     return axes
 
 
@@ -217,8 +247,7 @@ def run_sweep(base: AuditConfig, axes: list[Axis], out: str | Path, *, points: l
     which point is audited next (the command line shows it; the library only logs)."""
     started = time.perf_counter()
     points = points or plan_sweep(base, axes)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = claim(out)  # created and locked once every point is planned (audit.core.output_folder)
     store = RunStore(out)
     stored_before = stored = _stored_runs(store)
     write_text(out / "config.yaml", config_to_yaml(base))

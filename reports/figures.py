@@ -89,7 +89,7 @@ def _grid_figure(png: bytes, title: str) -> Any:
     figure, axis = plt.subplots(figsize=(max(width * scale, 3.0), max(height * scale + 0.5, 2.0)))
     axis.imshow(image, interpolation="nearest", cmap="gray" if image.ndim == 2 else None)
     axis.set_axis_off()
-    axis.set_title(title, fontsize=8)
+    axis.set_title(plots.plain(title), fontsize=8)
     return figure
 
 

@@ -78,8 +78,10 @@ def _best_trade_off(experiments: list[Experiment]) -> str | None:
                and e.soundness != "violation"]
     if not private:
         return None
-    best = max(typing.cast(float, e.utility.test_accuracy.value) for e in private)
-    near = [e for e in private if typing.cast(float, e.utility.test_accuracy.value) >= best - 0.01]
+    # compared as floats: an integer accuracy from a hand-edited results.json (2⁶⁴ − 1) rounds up
+    # when 0.01 is subtracted, and the best itself would no longer be "near" the best
+    best = max(float(typing.cast(float, e.utility.test_accuracy.value)) for e in private)
+    near = [e for e in private if float(typing.cast(float, e.utility.test_accuracy.value)) >= best - 0.01]
     choice = min(near, key=lambda e: e.claim.epsilon)
     return (f"Best privacy–utility trade-off: {choice.label} — test accuracy "
             f"{100 * typing.cast(float, choice.utility.test_accuracy.value):.1f} % at claimed ε = {choice.claim.epsilon:.3g} "

@@ -31,6 +31,15 @@ VIOLATION_COLOR = "#b00020"
 NOT_RED = [c for c in COLORS if matplotlib.colors.to_hex(c) != "#d62728"]
 
 
+def plain(text: object) -> str:
+    """``text`` as matplotlib draws it literally: labels, names and titles a user wrote are text,
+    never markup. Matplotlib reads a string with a pair of unescaped ``$`` as mathtext, and a label
+    like ``leak $\\frac{$`` then fails to parse (or ``$x$`` renders as an italic x); each ``$``
+    escaped as ``\\$`` is drawn as a plain ``$``, and outside mathtext a backslash is drawn as it is.
+    Every string that reaches a figure from a config or a results file goes through here."""
+    return str(text).replace("$", r"\$")
+
+
 def _png(figure) -> str:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
@@ -66,14 +75,14 @@ def roc_plot(experiments: list[Experiment], attack: str) -> Any:
                 continue
             auc = result.metrics["auc"].value
             axis.plot([p[0] for p in points], [p[1] for p in points], color=COLORS[i % len(COLORS)],
-                      label=f"{experiment.label} (AUC {auc:.3f})")
+                      label=plain(f"{experiment.label} (AUC {auc:.3f})"))
             drawn = True
     if not drawn:
         plt.close(figure)
         return None
     axis.plot([1e-5, 1], [1e-5, 1], color="grey", linestyle="--", linewidth=1, label="chance")
     axis.set(xscale="log", yscale="log", xlim=(1e-4, 1), ylim=(1e-4, 1.02), xlabel="false positive rate",
-             ylabel="true positive rate", title=f"{attack}: ROC (log–log)")
+             ylabel="true positive rate", title=plain(f"{attack}: ROC (log–log)"))
     for scale in (axis.xaxis, axis.yaxis):
         # plain decimals and no minor ticks: mathtext labels (10⁻⁴) and minor log ticks made saving
         # a ROC plot four times slower, and an audit draws one per attack for the report and its files
@@ -107,9 +116,9 @@ def accuracy_vs_epsilon(experiments: list[Experiment]) -> Any:
         points.sort(key=lambda p: p[0])
         xs = [p[0] for p in points]
         ys, lows, highs = _error_bars([p[1] for p in points])
-        axis.errorbar(xs, ys, yerr=[lows, highs], marker="o", capsize=3, color=COLORS[i % len(COLORS)], label=defense)
+        axis.errorbar(xs, ys, yerr=[lows, highs], marker="o", capsize=3, color=COLORS[i % len(COLORS)], label=plain(defense))
     for j, (label, value) in enumerate(baselines):
-        axis.axhline(value, linestyle="--", color=COLORS[(len(by_defense) + j) % len(COLORS)], label=f"{label} (no DP)")
+        axis.axhline(value, linestyle="--", color=COLORS[(len(by_defense) + j) % len(COLORS)], label=plain(f"{label} (no DP)"))
     if by_defense:
         axis.set_xscale("log")
         ticks = sorted({p[0] for points in by_defense.values() for p in points})
@@ -156,7 +165,7 @@ def round_curves(experiments: list[Experiment], metric: str, title: str, ylabel:
             continue
         xs, ys = _column(rows, "round"), _column(rows, metric)
         color = COLORS[i % len(COLORS)]
-        axis.plot(xs, ys, color=color, label=experiment.label, linewidth=1.2)
+        axis.plot(xs, ys, color=color, label=plain(experiment.label), linewidth=1.2)
         if band and all(r.get(band[0]) is not None and r.get(band[1]) is not None for r in rows):
             axis.fill_between(xs, _column(rows, band[0]), _column(rows, band[1]), color=color, alpha=0.15)
         drawn = True
@@ -203,9 +212,9 @@ def leakage_vs_epsilon(experiments: list[Experiment], metric: str = "auc") -> An
         points.sort(key=lambda p: p[0])
         values, lows, highs = _error_bars([p[1] for p in points])
         axis.errorbar([p[0] for p in points], values, yerr=[lows, highs], marker="o", capsize=3,
-                      color=COLORS[i % len(COLORS)], label=f"{defense}: {name}")
+                      color=COLORS[i % len(COLORS)], label=plain(f"{defense}: {name}"))
     for j, (label, value) in enumerate(baselines):
-        axis.axhline(value, linestyle="--", linewidth=1, color=COLORS[(len(lines) + j) % len(COLORS)], label=f"{label} (no DP)")
+        axis.axhline(value, linestyle="--", linewidth=1, color=COLORS[(len(lines) + j) % len(COLORS)], label=plain(f"{label} (no DP)"))
     if metric == "auc":
         axis.axhline(0.5, color="grey", linewidth=1, linestyle=":", label="chance")
     _epsilon_ticks(axis, [p[0] for points in lines.values() for p in points])
@@ -233,7 +242,7 @@ def empirical_vs_claimed(experiments: list[Experiment]) -> Any:
                     continue
                 color = VIOLATION_COLOR if verdict.status == "violation" else NOT_RED[i % len(NOT_RED)]
                 axis.scatter([bound], [measured], marker=markers[verdict.kind], color=color, s=22,
-                             label=None if i in labelled else experiment.label)
+                             label=None if i in labelled else plain(experiment.label))
                 labelled.add(i)
                 largest = max(largest, bound, measured)
     if not labelled:

@@ -74,11 +74,68 @@ def write_results(results: Results, out: Path) -> dict[str, str]:
     return {"results_csv": str(csv_path), "results_json": str(json_path)}
 
 
+#: the largest integer read back: the code writes counts and seeds, which are at most 2⁶⁴ − 1; a
+#: larger one (Python refuses even to convert more than 4300 digits, with a ValueError that is no
+#: JSON error) would reach numpy as an object, not a number
+MAX_INTEGER = 2**64 - 1
+
+
+class _NumberError(ValueError):
+    """A JSON number this code never writes (raised from the parser's hooks, caught in :func:`_read_json`)."""
+
+
+def _integer(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > len(str(MAX_INTEGER)) or abs(int(text)) > MAX_INTEGER:  # the length first: int() of 5000 digits fails
+        shown = text if len(text) <= 24 else f"{text[:12]}… ({digits} digits)"
+        raise _NumberError(f"holds the integer {shown}; allowed: integers of magnitude at most 2^64 - 1")
+    return int(text)
+
+
+def _lone_surrogate(document: Any) -> str | None:
+    """The first string (key or value) holding a lone surrogate ("\\ud800" is valid JSON but no
+    text: it cannot be written to report.html or drawn), or None. Iterative: documents nest deeply."""
+    pending = [document]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, dict):
+            pending.extend(value.keys())
+            pending.extend(value.values())
+        elif isinstance(value, list):
+            pending.extend(value)
+        elif isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return value
+    return None
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise _NumberError(f"holds the number {text[:40]}, beyond the largest float; allowed: finite numbers")
+    return value
+
+
+def _no_constant(text: str) -> float:
+    # the writer refuses NaN and ±Infinity (json.dumps(allow_nan=False)); a reader must not accept them
+    raise _NumberError(f"holds {text}, which JSON does not allow; allowed: finite numbers (null for a missing one)")
+
+
 def _read_json(file: Path, option: str) -> Any:
-    """A stored JSON file, strictly: UTF-8 text holding one JSON value; any failure is one line."""
+    """A stored JSON file, strictly: UTF-8 text holding one JSON value of finite numbers (as the code
+    writes them: no NaN or Infinity, no integer of thousands of digits); any failure is one line."""
     try:
         text = file.read_bytes().decode("utf-8")
-        return json.loads(text)
+        document = json.loads(text, parse_int=_integer, parse_float=_finite, parse_constant=_no_constant)
+        broken = _lone_surrogate(document)
+        if broken is not None:
+            raise UserInputError(f"{option}: '{file}' holds the string {ascii(broken[:40])} with a lone surrogate "
+                                 "escape (\\ud800-\\udfff alone); allowed: text that is valid Unicode")
+        return document
+    except _NumberError as exc:
+        raise UserInputError(f"{option}: '{file}' {exc}") from None
     except OSError as exc:
         raise UserInputError(f"{option}: cannot read '{file}' ({exc.strerror or exc})") from None
     except UnicodeDecodeError as exc:

@@ -121,14 +121,15 @@ def command_epsilon(args: argparse.Namespace) -> int:
 
 def command_config(args: argparse.Namespace) -> int:
     from audit.config import AuditConfig, config_to_yaml, load_config
-    from audit.core.schema import MAX_INT, field_reference
+    from audit.core.schema import MAX_FLOAT, MAX_INT, field_reference
 
     if args.reference:
         print(f"{'field':<34} {'type':<40} {'range':<26} default")
         for row in field_reference(AuditConfig):
             default = json.dumps(row["default"], ensure_ascii=False)
             print(f"{row['field']:<34} {row['type'][:40]:<40} {row['range']:<26} {default[:40]}")
-        print(f"Numbers must be finite; an integer without its own bound is at most {MAX_INT}; lists hold at most "
+        print(f"Numbers must be finite; an integer without its own bound is at most {MAX_INT}, a number at most "
+              f"{MAX_FLOAT:g} in magnitude; lists hold at most "
               "10000 values. A defense's or attack's params: `dpfl-audit list` (same rules).")
         return EXIT_OK
     print(config_to_yaml(load_config(args.config, args.preset, sets=args.sets)), end="")

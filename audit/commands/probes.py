@@ -18,6 +18,11 @@ from typing import Any
 from audit.commands import EXIT_FAILURE, EXIT_OK
 from audit.core.errors import UserInputError
 
+#: the largest ε of the staircase mechanism audited: its step ratio e^{−ε} underflows to 0 near
+#: ε = 745 (a math error), and past ε ≈ 40 it is 1e-17, a point mass the audit cannot tell apart
+#: from no noise; 100 matches ldp-two-point's --epsilon
+MAX_STAIRCASE_EPSILON = 100.0
+
 
 def command_audit_mechanism(args: argparse.Namespace) -> int:
     from attacks.mechanism_audit import audit_mechanism, audit_two_point
@@ -31,6 +36,9 @@ def command_audit_mechanism(args: argparse.Namespace) -> int:
     else:
         if args.noise is None:
             raise UserInputError(f"--noise: {args.mechanism} needs its noise parameter")
+        if args.mechanism == "staircase" and args.noise > MAX_STAIRCASE_EPSILON:
+            raise UserInputError(f"--noise: the staircase's ε must be at most {MAX_STAIRCASE_EPSILON:g}, got {args.noise:g}; "
+                                 f"allowed: 1e-06 to {MAX_STAIRCASE_EPSILON:g}")
         result = audit_mechanism(args.mechanism, args.noise, args.clip, args.dim, args.trials, args.accounting,
                                  args.clip_norm, args.delta, args.conversion, args.canary, args.seed)
         header = f"{result['mechanism']}, C = {args.clip:g}, d = {args.dim}, {args.trials} trials, accounting {args.accounting}"
@@ -50,10 +58,9 @@ def command_audit_mechanism(args: argparse.Namespace) -> int:
 
 def _conformance_defenses(args: argparse.Namespace) -> tuple[list, list[dict[str, Any]]]:
     """The defenses ``conformance`` checks, with their hyper-parameters validated (one-line errors)."""
-    import yaml
-
     import defenses.catalog  # noqa: F401
     from audit.core.schema import from_mapping
+    from audit.core.strict_yaml import parse_yaml
     from defenses.base import DEFENSES
 
     if args.all and args.defenses:
@@ -76,10 +83,9 @@ def _conformance_defenses(args: argparse.Namespace) -> tuple[list, list[dict[str
         target, dot, field = key.rpartition(".")
         if dot and target not in overrides:
             raise UserInputError(f"--param: '{key}' names a defense not checked here; checked: {', '.join(names)}")
-        try:
-            parsed = yaml.safe_load(value)
-        except yaml.YAMLError:
-            raise UserInputError(f"--param: the value of '{key}' is not valid YAML") from None
+        # the strict loader: no aliases (a few bytes of nested aliases expand to gigabytes),
+        # no duplicate keys; a bad value is one line naming the key
+        parsed = parse_yaml(value, f"--param: the value of '{key}' is not valid YAML")
         for name in ([target] if dot else names):
             overrides[name][field] = parsed
     chosen, shown = [], []
@@ -176,6 +182,7 @@ def command_invert(args: argparse.Namespace) -> int:
     from attacks.inversion import invert
     from audit.core.atomic import write_bytes, write_json
     from audit.core.datasets import load_dataset
+    from audit.core.output_folder import claim
 
     _check_invert_options(args)
     dataset = load_dataset(args.dataset, args.data_root)
@@ -185,7 +192,7 @@ def command_invert(args: argparse.Namespace) -> int:
     result = invert(args.attack, dataset, args.model, args.batch_size, args.images, args.clip, args.noise or 0.0,
                     args.iterations, args.restarts, args.seed)
     seconds = time.perf_counter() - started
-    out = Path(args.out)
+    out = claim(Path(args.out))  # created and locked only now: the attack ran, the input was good
     grid, results = out / "grid.png", out / "results.json"
     write_bytes(grid, result.pop("png"))
     result["grid"] = str(grid)

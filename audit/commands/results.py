@@ -8,18 +8,24 @@ The reports package is imported inside each command, never at module level (see
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from audit.commands import EXIT_FAILURE, EXIT_OK
 
 
 def command_report(args: argparse.Namespace) -> int:
+    from audit.core.output_folder import check_file, claim
     from reports.html import write_report
     from reports.results import load_results
 
     document, manifest, folder = load_results(args.results)
+    # what is written into the results folder (report.html unless --out, figures/ with --figures)
+    # may not lead out of it through a link; --out must be a file we can write
+    report = check_file(args.out, "--out") if args.out is not None else folder / "report.html"
+    into_folder = ([] if args.out is not None else ["report.html"]) + (["figures"] if args.figures else [])
+    if into_folder:  # checked, then locked while report.html and figures/ are rewritten
+        claim(folder, "RESULTS_DIR", entries=into_folder)
     extra = {"versions": manifest.get("versions", {}), "machine": manifest.get("machine", {})}
-    path = write_report(document, Path(args.out) if args.out else folder / "report.html", manifest_extra=extra)
+    path = write_report(document, report, manifest_extra=extra)
     print(f"report: {path}")
     if args.figures:
         from reports.figures import write_figures

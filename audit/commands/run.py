@@ -24,11 +24,13 @@ if TYPE_CHECKING:  # types only: this module loads no torch (see audit.commands)
 def load_run_config(args: argparse.Namespace):
     """The config a training command's arguments ask for: file, preset, --seed, --device, --set."""
     from audit.config import load_config
+    from audit.core.devices import check_device
 
     overrides: dict[str, Any] = {}
     if args.seed is not None:
         overrides["seed"] = args.seed
     if args.device is not None:
+        check_device(args.device, "--device")  # named as the user wrote it; the config's device is checked in planning
         overrides["device"] = args.device
     return load_config(args.config, args.preset, overrides, args.sets)
 
@@ -114,8 +116,11 @@ def track(trackers: list[str], out: str | Path, uri: str | None, uris: dict[str,
 
 
 def command_reproduce(args: argparse.Namespace) -> int:
+    from audit.core.devices import check_device
     from audit.reproduce import make_study, reproduce
 
+    if args.device is not None:
+        check_device(args.device, "--device")
     study = make_study(args.study, args.quick, args.dataset, args.data_root, args.seeds)
     if args.device is not None:
         study.config["device"] = args.device

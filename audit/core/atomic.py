@@ -1,6 +1,7 @@
 """Atomic file writes (temp file + rename) and strict JSON.
 
-A killed process leaves either the old file or the new one, never half of one. JSON is
+A killed process leaves either the old file or the new one, never half of one (and perhaps a
+temporary ``.NAME.PID-RANDOM.tmp``, removed when a command next claims the folder). JSON is
 written with ``allow_nan=False`` after mapping NaN and ±inf to ``null``, so every file we
 write is valid JSON for any parser.
 """
@@ -40,7 +41,10 @@ def dumps(value: Any, indent: int | None = 2) -> str:
 def write_bytes(path: str | os.PathLike, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # unique per process and call (pid + mkstemp's random part): two writers never share a temp
+    # file, and a killed writer's ``.NAME.PID-RANDOM.tmp`` is removed when a command next claims
+    # the folder (audit.core.output_folder)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}-", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(handle, "wb") as out:
             out.write(data)

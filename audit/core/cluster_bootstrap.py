@@ -96,7 +96,9 @@ class WeightedRoc:
         """Group ids in (block ascending, score descending) order — cells of one block with one
         score share a group — and the block of every group."""
         order = np.lexsort((-flat, block))
-        change = (np.diff(flat[order]) != 0) | (np.diff(block[order]) != 0)
+        # neighbours compared, not subtracted: the difference of scores near ±1e308 overflows
+        scores, blocks = flat[order], block[order]
+        change = (scores[1:] != scores[:-1]) | (blocks[1:] != blocks[:-1])
         group = np.empty(order.size, dtype=np.int64)
         group[order] = np.r_[0, np.cumsum(change)] if order.size else []
         of_group = np.zeros(int(group.max()) + 1 if order.size else 0, dtype=np.int64)

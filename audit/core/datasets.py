@@ -19,6 +19,7 @@ from audit.core.embedded_datasets import load_diabetes, load_digits, load_lfw_fa
 from audit.core.errors import UserInputError
 from audit.core.idx_datasets import load_emnist, load_fashion_mnist, load_mnist
 from audit.core.registry import Registry
+from audit.core.schema import check_options
 
 __all__ = ["DATASETS", "Dataset", "DatasetLoader", "Split", "load_dataset"]
 
@@ -50,7 +51,13 @@ def load_dataset(name: str, root: str | None = None, options: dict | None = None
             raise UserInputError(
                 f"dataset.options.{key}: unknown option for dataset '{name}'; allowed: {', '.join(allowed) or 'none'}"
             )
-    kwargs = dict(options)
+        # a flag must be a real boolean: YAML's "no" in quotes is a string, and a non-empty string
+        # is true in Python — `download: "no"` would download
+        default = parameters[key].default if key in parameters else None
+        if isinstance(default, bool) and not isinstance(options[key], bool):
+            raise UserInputError(f"dataset.options.{key}: must be true or false, got {options[key]!r} "
+                                 f"({type(options[key]).__name__}); allowed: true, false")
+    kwargs = check_options(loader, options, "dataset.options")  # e.g. split: [letters] where a name belongs
     if "root" in parameters or accepts_kwargs:
         kwargs["root"] = root
     dataset = loader(**kwargs)

@@ -273,6 +273,19 @@ def gaussian_pair_epsilon(delta: float, mean_p: float, std_p: float, mean_q: flo
     return high
 
 
+def rescaled(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The arrays divided by one power of two that brings their largest magnitude near 1, when it
+    lies outside [2⁻²⁵⁶, 2²⁵⁶]. Statistics invariant under scaling (a standardised shift, a test
+    of normality) are unchanged — a power of two scales every normal float exactly — but their
+    sums of squares no longer overflow (scores near 1e308, a legitimate ranking) or underflow
+    (scores near 1e-308, whose variance would vanish)."""
+    largest = max((float(np.max(np.abs(a))) for a in arrays if a.size), default=0.0)
+    if not 0.0 < largest < math.inf or 2.0 ** -256 <= largest <= 2.0 ** 256:
+        return arrays
+    exponent = math.frexp(largest)[1]
+    return tuple(np.ldexp(np.asarray(a, dtype=np.float64), -exponent) for a in arrays)
+
+
 def _shift(inserted: np.ndarray, held_out: np.ndarray) -> float:
     """Standardised mean shift (μ₁ − μ₀)/σ with the pooled σ."""
     n1, n0 = len(inserted), len(held_out)
@@ -343,7 +356,7 @@ def gaussian_fit_epsilon(inserted: np.ndarray, held_out: np.ndarray, delta: floa
     def epsilon_of(shift: float) -> float:
         return gaussian_pair_epsilon(delta, abs(shift), 1.0, 0.0, 1.0)
 
-    shift = _shift(inserted, held_out)
+    shift = _shift(*rescaled(inserted, held_out))  # the shift is scale-free; its sums must not overflow
     low, high = shift_interval(shift, len(inserted), len(held_out), confidence)
     smallest = 0.0 if low <= 0.0 <= high else min(abs(low), abs(high))
     return Estimate(epsilon_of(shift), epsilon_of(smallest), epsilon_of(max(abs(low), abs(high))))

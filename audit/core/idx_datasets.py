@@ -14,6 +14,7 @@ import gzip
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -121,12 +122,13 @@ def load_fashion_mnist(root: str | None = None, download: bool = True) -> Datase
 EMNIST_CLASSES = {"byclass": 62, "bymerge": 47, "balanced": 47, "letters": 26, "digits": 10, "mnist": 10}
 
 
-def load_emnist(root: str | None = None, download: bool = True, split: str = "byclass") -> Dataset:
+def load_emnist(root: str | None = None, download: bool = True,
+                split: Literal["byclass", "bymerge", "balanced", "letters", "digits", "mnist"] = "byclass") -> Dataset:
     """EMNIST (Cohen et al. 2017), 28×28 characters; ``split`` ∈ byclass (62 classes), bymerge,
     balanced, letters (26, labels shifted to start at 0), digits, mnist. Images are transposed
     upright, as the raw files store them transposed."""
-    if split not in EMNIST_CLASSES:
-        raise UserInputError(f"dataset.options.split: '{split}' is not allowed; allowed: {', '.join(EMNIST_CLASSES)}")
+    if not isinstance(split, str) or split not in EMNIST_CLASSES:
+        raise UserInputError(f"dataset.options.split: {split!r} is not allowed; allowed: {', '.join(EMNIST_CLASSES)}")
 
     def download_split(base: Path) -> None:
         import torchvision.datasets as tvd

@@ -15,6 +15,7 @@ from torch import nn
 
 from audit.core.errors import UserInputError
 from audit.core.registry import Registry
+from audit.core.schema import check_options
 
 ModelFactory = Callable[..., nn.Module]
 MODELS: Registry[ModelFactory] = Registry("model")
@@ -32,7 +33,7 @@ def _image_shape(input_shape: Sequence[int], model: str) -> tuple[int, int, int]
 
 
 @MODELS.register("mlp")
-def mlp(input_shape: Sequence[int], num_classes: int, hidden: Sequence[int] = (128,)) -> nn.Module:
+def mlp(input_shape: Sequence[int], num_classes: int, hidden: tuple[int, ...] = (128,)) -> nn.Module:
     """Fully connected network: flatten → [Linear → ReLU]* → Linear."""
     layers: list[nn.Module] = [nn.Flatten()]
     width = int(math.prod(input_shape))
@@ -167,6 +168,11 @@ def resnet18_gn(input_shape: Sequence[int], num_classes: int, groups: int = 2) -
     from torchvision.models import resnet18
 
     channels, _, _ = _image_shape(input_shape, "resnet18-gn")
+    # GroupNorm splits each layer's channels into `groups` equal groups: 0 would divide by zero and a
+    # negative count or one that does not divide the narrowest layer (64 channels) fails in training
+    if not (isinstance(groups, int) and groups >= 1 and 64 % groups == 0):
+        raise UserInputError(f"model.options.groups: {groups!r} does not divide the 64 channels of the narrowest layer; "
+                             "allowed: 1, 2, 4, 8, 16, 32, 64")
     model = resnet18(num_classes=num_classes, norm_layer=lambda width: nn.GroupNorm(groups, width))
     model.conv1 = nn.Conv2d(channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
     model.maxpool = nn.Identity()
@@ -191,7 +197,7 @@ def build_model(name: str, input_shape: Sequence[int], num_classes: int, options
         if key not in parameters and not accepts_kwargs:
             raise UserInputError(f"model.options.{key}: unknown option for model '{name}'; allowed: {', '.join(allowed) or 'none'}")
     try:
-        model = factory(tuple(input_shape), int(num_classes), **options)
+        model = factory(tuple(input_shape), int(num_classes), **check_options(factory, options, "model.options"))
     except UserInputError:
         raise
     except (TypeError, ValueError, RuntimeError) as exc:

@@ -12,6 +12,7 @@ Errors name the full field path and the allowed values, e.g.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import types
 import typing
@@ -26,6 +27,10 @@ MAX_LIST = 10_000
 #: largest integer a field accepts unless its metadata says otherwise: counts of iterations,
 #: queries, epochs … beyond this are typos, and refusing them beats a run that never ends
 MAX_INT = 1_000_000
+#: largest magnitude a number accepts unless its metadata says otherwise: training computes in
+#: float32 (largest ≈ 3.4e38), where a learning rate or noise multiplier of 1e308 overflows with an
+#: error instead of a result; up to this bound a run that blows up ends as a diverged result
+MAX_FLOAT = 1e30
 
 
 def _join(path: str, name: str) -> str:
@@ -58,16 +63,25 @@ def describe(tp: Any) -> str:
 
 def _check_range(value: float, metadata: typing.Mapping[str, Any], path: str) -> None:
     low, high = metadata.get("min"), metadata.get("max")
+    allowed = f"; allowed: {describe_range(metadata)}"
     if low is not None:
         if metadata.get("min_exclusive") and not value > low:
-            raise UserInputError(f"{path}: must be > {low}, got {value}")
+            raise UserInputError(f"{path}: must be > {low}, got {value}{allowed}")
         if not metadata.get("min_exclusive") and not value >= low:
-            raise UserInputError(f"{path}: must be >= {low}, got {value}")
+            raise UserInputError(f"{path}: must be >= {low}, got {value}{allowed}")
     if high is not None:
         if metadata.get("max_exclusive") and not value < high:
-            raise UserInputError(f"{path}: must be < {high}, got {value}")
+            raise UserInputError(f"{path}: must be < {high}, got {value}{allowed}")
         if not metadata.get("max_exclusive") and not value <= high:
-            raise UserInputError(f"{path}: must be <= {high}, got {value}")
+            raise UserInputError(f"{path}: must be <= {high}, got {value}{allowed}")
+
+
+def _allowed(tp: Any, metadata: typing.Mapping[str, Any]) -> str:
+    """The '; allowed: …' tail of a type error: the type and its range, e.g. 'a number, 0 < x ≤ 1'."""
+    span = describe_range(metadata, tp) if tp is not bool else ""
+    if tp is str and "choices" in metadata:
+        return f"; allowed: {', '.join(metadata['choices'])}"
+    return f"; allowed: {describe(tp)}" + (f", {span}" if span else "")
 
 
 def coerce(tp: Any, value: Any, path: str, metadata: typing.Mapping[str, Any] | None = None) -> Any:
@@ -81,7 +95,7 @@ def coerce(tp: Any, value: Any, path: str, metadata: typing.Mapping[str, Any] | 
         if value is None:
             if type(None) in options:
                 return None
-            raise UserInputError(f"{path}: must be {describe(tp)}, got null")
+            raise UserInputError(f"{path}: must be {describe(tp)}, got null{_allowed(tp, metadata)}")
         errors = []
         for option in options:
             if option is type(None):
@@ -92,7 +106,7 @@ def coerce(tp: Any, value: Any, path: str, metadata: typing.Mapping[str, Any] | 
                 errors.append(str(exc))
         if len(errors) == 1:
             raise UserInputError(errors[0])
-        raise UserInputError(f"{path}: must be {describe(tp)}, got {value!r}")
+        raise UserInputError(f"{path}: must be {describe(tp)}, got {value!r}{_allowed(tp, metadata)}")
     if origin is Literal:
         allowed = get_args(tp)
         if value not in allowed or isinstance(value, bool) != isinstance(allowed[0], bool):
@@ -100,11 +114,11 @@ def coerce(tp: Any, value: Any, path: str, metadata: typing.Mapping[str, Any] | 
         return value
     if tp is bool:
         if not isinstance(value, bool):
-            raise UserInputError(f"{path}: must be true or false, got {value!r}")
+            raise UserInputError(f"{path}: must be true or false, got {value!r}; allowed: true, false")
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise UserInputError(f"{path}: must be an integer, got {value!r}")
+            raise UserInputError(f"{path}: must be an integer, got {value!r}{_allowed(tp, {'max': MAX_INT, **metadata})}")
         _check_range(value, {"max": MAX_INT, **metadata}, path)
         return value
     if tp is float:
@@ -112,31 +126,35 @@ def coerce(tp: Any, value: Any, path: str, metadata: typing.Mapping[str, Any] | 
             try:
                 value = float(value)
             except ValueError:
-                raise UserInputError(f"{path}: must be a number, got {value!r}") from None
+                raise UserInputError(f"{path}: must be a number, got {value!r}{_allowed(tp, metadata)}") from None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise UserInputError(f"{path}: must be a number, got {value!r}")
+            raise UserInputError(f"{path}: must be a number, got {value!r}{_allowed(tp, metadata)}")
         value = float(value)
         if math.isnan(value):
-            raise UserInputError(f"{path}: must be a number, got NaN")
+            raise UserInputError(f"{path}: must be a number, got NaN{_allowed(tp, metadata)}")
         if math.isinf(value) and not metadata.get("allow_inf"):
-            raise UserInputError(f"{path}: must be a finite number, got {value}")
-        _check_range(value, metadata, path)
+            raise UserInputError(f"{path}: must be a finite number, got {value}{_allowed(tp, metadata)}")
+        if math.isfinite(value):
+            _check_range(value, {"min": -MAX_FLOAT, "max": MAX_FLOAT, **metadata}, path)
+        else:
+            _check_range(value, metadata, path)
         return value
     if tp is str:
         if not isinstance(value, str):
-            raise UserInputError(f"{path}: must be a string, got {value!r}")
+            raise UserInputError(f"{path}: must be a string, got {value!r}{_allowed(tp, metadata)}")
         if "choices" in metadata and value not in metadata["choices"]:
             raise UserInputError(f"{path}: '{value}' is not allowed; allowed: {', '.join(metadata['choices'])}")
         return value
     if tp is dict or origin is dict:
         if not isinstance(value, dict):
-            raise UserInputError(f"{path}: must be a mapping, got {value!r}")
+            raise UserInputError(f"{path}: must be a mapping, got {value!r}; allowed: a mapping")
         return dict(value)
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
-            raise UserInputError(f"{path}: must be a list, got {value!r}")
+            raise UserInputError(f"{path}: must be a list, got {value!r}{_allowed(tp, metadata)}")
         if len(value) < metadata.get("min_length", 0):
-            raise UserInputError(f"{path}: must list at least {metadata['min_length']} value(s), got an empty list")
+            raise UserInputError(f"{path}: must list at least {metadata['min_length']} value(s), got an empty list; "
+                                 f"allowed: a list of {metadata['min_length']} or more")
         if len(value) > metadata.get("max_length", MAX_LIST):
             raise UserInputError(f"{path}: at most {metadata.get('max_length', MAX_LIST)} values, got {len(value)}")
         item_type = get_args(tp)[0]
@@ -185,6 +203,8 @@ def describe_range(metadata: typing.Mapping[str, Any], tp: Any = None) -> str:
     low, high = metadata.get("min"), metadata.get("max")
     if high is None and _is_int(tp):
         high = MAX_INT
+    elif high is None and _is_float(tp) and not metadata.get("allow_inf"):
+        high = MAX_FLOAT
     parts = []
     if low is not None:
         parts.append(f"{_number(low)} {'<' if metadata.get('min_exclusive') else '≤'} ")
@@ -197,6 +217,10 @@ def describe_range(metadata: typing.Mapping[str, Any], tp: Any = None) -> str:
 
 def _is_int(tp: Any) -> bool:
     return tp is int or (get_origin(tp) in (Union, types.UnionType, list) and any(_is_int(a) for a in get_args(tp)))
+
+
+def _is_float(tp: Any) -> bool:
+    return tp is float or (get_origin(tp) in (Union, types.UnionType, list) and any(_is_float(a) for a in get_args(tp)))
 
 
 def _number(value: float) -> str:
@@ -240,3 +264,26 @@ def field_help(cls: type) -> list[tuple[str, str, Any, str]]:
         rows.append((spec.name, describe(hints[spec.name]) + (f", {span}" if span else ""), to_mapping(default),
                      spec.metadata.get("help", "")))
     return rows
+
+
+def check_options(function: Any, options: dict[str, Any], path: str) -> dict[str, Any]:
+    """``options`` (keyword arguments from a config) checked against the annotations of the
+    loader or factory ``function`` that takes them, as :func:`coerce` checks a field: a YAML list
+    where a string belongs (``split: [letters]``) or ``hidden: [.inf]`` is a one-line error
+    naming ``path.<option>``, not a TypeError deep inside the function. Options without an
+    annotation this schema understands (``Sequence``, a plugin's own types) pass unchecked."""
+    if not inspect.isfunction(function):  # a class's hints are its attributes', not its parameters'
+        return dict(options)
+    try:
+        hints = get_type_hints(function)
+    except Exception:  # a plugin's annotations may name types that do not resolve here
+        return dict(options)
+    checked = dict(options)
+    for key, value in options.items():
+        if key not in hints:
+            continue
+        try:
+            checked[key] = coerce(hints[key], value, _join(path, key))
+        except TypeError:  # an annotation coerce does not support
+            continue
+    return checked

@@ -4,6 +4,12 @@
 a key given twice keeps the last value, and a ``"\\ud800"`` escape yields a string that
 cannot be written back out. Here both are one-line errors naming the source and line, as
 are files that are not UTF-8 text (binary, Latin-1, UTF-16).
+
+Anchors and aliases (``&name`` … ``*name``) are refused too. A config is data, a few screens
+long, and has no use for them; but each alias is expanded in place, so a few lines of nested
+aliases (the "billion laughs") grow to gigabytes, and an alias inside its own anchor is a cycle.
+Refusing them at composition, before anything is built, bounds the work by the text's length,
+which :data:`MAX_YAML_BYTES` bounds in turn.
 """
 
 from __future__ import annotations
@@ -15,9 +21,27 @@ import yaml
 
 from audit.core.errors import UserInputError
 
+#: largest YAML file read (configs and policies are a few kilobytes; a larger file is not one)
+MAX_YAML_BYTES = 1 << 20
+_WRITE_OUT = "allowed: plain YAML, every value written out in full"
+
 
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate mapping keys and strings with lone surrogates."""
+    """SafeLoader that refuses anchors, aliases, duplicate mapping keys and strings with lone surrogates."""
+
+    def compose_node(self, parent, index):  # type: ignore[override]
+        # checked on the event, before the composer looks the anchor up or registers it: an
+        # alias is refused whether its anchor exists, comes later or encloses it (a cycle)
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            raise yaml.composer.ComposerError(
+                None, None, f"YAML aliases (*{event.anchor}) are not allowed; {_WRITE_OUT}",
+                event.start_mark)
+        if getattr(event, "anchor", None) is not None:
+            raise yaml.composer.ComposerError(
+                None, None, f"YAML anchors (&{event.anchor}) and aliases (*{event.anchor}) are not allowed; {_WRITE_OUT}",
+                event.start_mark)
+        return super().compose_node(parent, index)
 
     def construct_mapping(self, node, deep=False):  # type: ignore[override]
         seen: dict[Any, int] = {}
@@ -78,6 +102,10 @@ def read_yaml_file(path: str | Path, source: str | None = None) -> Any:
     if not file.is_file():
         raise UserInputError(f"{source}: file does not exist")
     try:
+        size = file.stat().st_size
+        if size > MAX_YAML_BYTES:  # checked before reading: the whole file is held in memory
+            raise UserInputError(f"{source}: the file has {size} bytes, more than the {MAX_YAML_BYTES} a YAML "
+                                 f"config or policy may have; allowed: up to {MAX_YAML_BYTES} bytes")
         data = file.read_bytes()
     except OSError as exc:
         raise UserInputError(f"{source}: cannot read ({exc.strerror})") from None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -209,3 +210,66 @@ def test_unexpected_errors_are_one_line_with_a_hint_and_verbose_shows_the_traceb
 
 def test_environment_flag_is_not_left_on_by_these_tests():
     assert os.environ.get(NO_PLUGINS_ENV) is None
+
+
+# --------------------------------------------------------------------------- links out of the output folder
+
+
+def snapshot(folder: Path) -> dict[str, tuple[bool, int]]:
+    """Every path under ``folder`` (links listed, not followed): is it a link, and its size."""
+    found = {}
+    for directory, folders, files in os.walk(folder, followlinks=False):
+        for name in folders + files:
+            path = os.path.join(directory, name)
+            found[os.path.relpath(path, folder)] = (os.path.islink(path), os.lstat(path).st_size)
+    return found
+
+
+def score_file(tmp_path: Path) -> Path:
+    """A small membership score file (2 runs × 40 units) for ``dpfl-audit scores``."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    member = rng.integers(0, 2, size=(2, 40))
+    rows = ["run,unit,score,member"] + [f"{r},{u},{rng.normal() + 0.5 * member[r, u]:.6f},{member[r, u]}"
+                                        for r in range(2) for u in range(40)]
+    path = tmp_path / "scores.csv"
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+# (command, the entry of the output folder that is a link to a folder or file outside it)
+LINK_CASES = [("run", "runs"), ("run", "figures"), ("run", "run.log"), ("run", "attacks"), ("run", "diagnostics"),
+              ("train", "runs"), ("scores", "figures"), ("scores", "run.log"), ("report", "figures")]
+
+
+@pytest.mark.parametrize("command, entry", LINK_CASES, ids=[f"{c}-{e}" for c, e in LINK_CASES])
+def test_links_leading_out_of_the_output_folder_are_refused_before_any_work(tmp_path, capsys, command, entry):
+    """README: every path written is checked to resolve inside --out, symbolic links included — a
+    link placed in the folder (``out/runs -> ../elsewhere``) is one line and exit 2, before training,
+    and nothing lands outside (or inside) the folder."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = tmp_path / "out"
+    if command == "report":  # a results folder, as `scores --out` writes it (no training)
+        assert main(["scores", str(score_file(tmp_path)), "--out", str(out)]) == 0
+        capsys.readouterr()
+        shutil.rmtree(out / "figures")  # replaced by the link below
+    else:
+        out.mkdir()
+    target = elsewhere / "run.log" if entry == "run.log" else elsewhere
+    os.symlink(target, out / entry)
+    if command in ("run", "train"):
+        config = tmp_path / "c.yaml"
+        config.write_text(tiny(), encoding="utf-8")
+        args = [command, str(config), "--out", str(out), "--quiet"]
+    elif command == "scores":
+        args = ["scores", str(score_file(tmp_path)), "--out", str(out)]
+    else:
+        args = ["report", str(out), "--figures"]
+    before = snapshot(tmp_path)
+    code, err = run_cli(capsys, *args)
+    assert code == 2 and len(err) == 1, err
+    assert f"'{out / entry}' is a symbolic link" in err[0] and "outside the output folder" in err[0] and "allowed:" in err[0]
+    assert snapshot(tmp_path) == before  # nothing written anywhere: not through the link, not in --out
+    assert not any(elsewhere.iterdir())

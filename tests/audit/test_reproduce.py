@@ -88,4 +88,4 @@ def test_bad_study_and_dataset_are_one_line_errors(tmp_path, capsys):
     assert main(["reproduce", "dp-fedsam", "--quick", "--data-root", str(tmp_path / "none"), "--out", str(tmp_path / "o")]) == 2
     assert not (tmp_path / "o").exists()
     assert main(["reproduce", "ldp-fl", "--quick", "--dataset", "digits", "--device", "gpu0", "--out", str(tmp_path / "o")]) == 2
-    assert "device: 'gpu0' is not a torch device" in capsys.readouterr().err and not (tmp_path / "o").exists()
+    assert "device: 'gpu0' is not a device of this machine; allowed: " in capsys.readouterr().err and not (tmp_path / "o").exists()

@@ -144,7 +144,8 @@ def test_canary_scores_null_violation_and_consistent(tmp_path, capsys):
     assert experiment.soundness == "violation"
     statuses = {v.metric: v.status for v in experiment.attacks[0].verdicts}
     assert statuses["epsilon_one_run"] == statuses["epsilon_one_run_fdp"] == "violation"
-    assert {p.name for p in out.iterdir()} == {"results.json", "results.csv", "report.html", "manifest.json", "run.log", "figures"}
+    assert {p.name for p in out.iterdir()} == {"results.json", "results.csv", "report.html", "manifest.json", "run.log", "figures",
+                                               ".dpfl-audit.lock"}  # the folder's lock (audit.core.output_folder)
 
     many = tmp_path / "many.csv"
     _canary_frame(seed=4, mu=0.0, count=40_000).to_csv(many, index=False)
@@ -350,3 +351,202 @@ def test_row_order_changes_no_figure_and_no_verdict(tmp_path, capsys, kind):
     assert documents[0]["experiments"][0]["soundness"] == documents[1]["experiments"][0]["soundness"]
     if kind == "canary":  # the claim holds exactly: no violation either way
         assert documents[1]["experiments"][0]["soundness"] != "violation"
+
+
+# --------------------------------------------------------------------------- bounded and exact reading
+# ("Hostile input, round two", items 3 and 4): sizes checked before anything is loaded, values that
+# a lenient parser would take silently, and scores at the ends of the float range
+
+
+def _npy(array: np.ndarray) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+def _npy_header(shape: tuple[int, ...], descr: str = "<f8") -> bytes:
+    """A .npy header alone: it claims ``shape`` whatever follows (here, nothing)."""
+    import io
+
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buffer, {"descr": descr, "fortran_order": False, "shape": shape})
+    return buffer.getvalue()
+
+
+def _npz(path: Path, members: dict[str, bytes]) -> Path:
+    import warnings
+    import zipfile
+
+    with warnings.catch_warnings():  # a repeated member name is one of the cases
+        warnings.simplefilter("ignore", UserWarning)
+        with zipfile.ZipFile(path, "w") as archive:
+            for name, data in members:
+                archive.writestr(name, data)
+    return path
+
+
+def _canary_members(count: int = 20, **replaced: bytes) -> list[tuple[str, bytes]]:
+    frame = _canary_frame(0, 1.0, count)
+    members = {f"{name}.npy": _npy(frame[name].to_numpy()) for name in frame.columns}
+    members.update(replaced)
+    return list(members.items())
+
+
+def _bounded_cases(tmp_path: Path) -> dict[str, tuple[Path, list[str]]]:
+    """name → (file, words its one error line must contain); the cases named in :data:`SMALL_LIMITS`
+    are read with those limits."""
+    import audit.score_files as score_files
+
+    frame = _canary_frame(0, 1.0, 20)
+    csv_text = frame.to_csv(index=False)
+    cases: dict[str, tuple[Path, list[str]]] = {}
+    # a header claiming 10¹¹ float64 entries (745 GiB): refused from the header's few bytes
+    cases["npz header of 1e11 entries"] = (
+        _npz(tmp_path / "claims.npz", _canary_members(**{"score.npy": _npy_header((10**11,))})),
+        ["array 'score' has 100000000000 rows", f"allowed: up to {score_files.MAX_ROWS} rows"])
+    cases["npz of 20 M rows"] = (
+        _npz(tmp_path / "rows.npz", _canary_members(**{"canary.npy": _npy_header((20_000_000,), "<i8")})),
+        ["array 'canary' has 20000000 rows", f"allowed: up to {score_files.MAX_ROWS} rows"])
+    cases["npz member not .npy"] = (
+        _npz(tmp_path / "notes.npz", [*_canary_members(), ("notes.txt", b"hello")]),
+        ["member 'notes.txt' is not a .npy array", "allowed: one .npy array per column"])
+    cases["npz complex scores"] = (
+        _npz(tmp_path / "complex.npz", _canary_members(**{"score.npy": _npy(frame["score"].to_numpy() + 1j)})),
+        ["array 'score' holds complex numbers (complex128)", "allowed: arrays of real numbers"])
+    cases["npz two-dimensional"] = (
+        _npz(tmp_path / "matrix.npz", _canary_members(**{"score.npy": _npy_header((4, 5))})),
+        ["array 'score' must be one-dimensional", "(4, 5)"])
+    cases["npz long text"] = (
+        _npz(tmp_path / "text.npz", _canary_members(**{"canary.npy": _npy_header((20,), "<U100000")})),
+        ["array 'canary' holds text of up to 100000 characters", f"allowed: up to {score_files.MAX_TEXT_CHARS}"])
+    cases["npz dates"] = (
+        _npz(tmp_path / "dates.npz", _canary_members(**{"score.npy": _npy_header((20,), "<M8[s]")})),
+        ["array 'score' has dtype datetime64[s]", "allowed: one-dimensional arrays of numbers"])
+    cases["npz repeated member"] = (
+        _npz(tmp_path / "twice.npz", [*_canary_members(), ("score.npy", _npy(-frame["score"].to_numpy()))]),
+        ["column 'score' is given twice", "allowed: each column once"])
+    cases["npz bad header"] = (
+        _npz(tmp_path / "header.npz", _canary_members(**{"score.npy": b"\x93NUMPY\x01\x00garbage"})),
+        ["array 'score' has no valid .npy header"])
+    arabic = frame.astype({"score": object})
+    arabic.loc[3, "score"] = "\u0663"  # ٣, ARABIC-INDIC DIGIT THREE: float() reads it as 3.0
+    cases["arabic-indic digits"] = (_write(tmp_path, arabic, "arabic.csv"),
+                                    ["column 'score', row 4: '\u0663' is not a number", "allowed: decimal numbers in ASCII"])
+    cases["csv repeated column"] = (_write(tmp_path, None, "twice.csv", text=csv_text.replace("inserted", "score", 1)),
+                                    ["column 'score' is given twice", "allowed: each column once"])
+    cases["csv column repeated after spaces"] = (
+        _write(tmp_path, None, "spaced.csv", text=csv_text.replace(",inserted", ", score,inserted", 1)),
+        ["column 'score' is given twice"])
+    # under SMALL_LIMITS: files at the limit pass (see the next test), one row more does not
+    cases["csv rows"] = (_write(tmp_path, frame, "many.csv"), ["more than 19 rows", "allowed: up to 19 rows"])
+    cases["npz rows"] = (_npz(tmp_path / "many.npz", _canary_members()), ["array 'canary' has 20 rows", "up to 19 rows"])
+    if importlib.util.find_spec("pyarrow") is not None:
+        frame.to_parquet(tmp_path / "many.parquet")
+        cases["parquet rows (metadata)"] = (tmp_path / "many.parquet", ["20 rows", "allowed: up to 19 rows"])
+    cases["csv bytes"] = (_write(tmp_path, frame.head(5), "wide.csv"), ["bytes", "allowed: up to 100 bytes"])
+    return cases
+
+
+#: limits made small for the cases that test them with small files
+SMALL_LIMITS = {"csv rows": {"MAX_ROWS": 19}, "npz rows": {"MAX_ROWS": 19}, "parquet rows (metadata)": {"MAX_ROWS": 19},
+                "csv bytes": {"MAX_TABLE_BYTES": 100}}
+
+
+@pytest.mark.parametrize("case", [
+    "npz header of 1e11 entries", "npz of 20 M rows", "npz member not .npy", "npz complex scores",
+    "npz two-dimensional", "npz long text", "npz dates", "npz repeated member", "npz bad header",
+    "arabic-indic digits", "csv repeated column", "csv column repeated after spaces",
+    "csv rows", "npz rows", "parquet rows (metadata)", "csv bytes",
+])
+def test_bounded_and_silently_misread_files_are_one_line_errors(tmp_path, capsys, monkeypatch, case):
+    """Exit 2, one line naming the file and what is wrong with its allowed range, nothing on
+    stdout, the --out folder never created and nothing else written, whatever the file claims."""
+    import audit.score_files as score_files
+
+    cases = _bounded_cases(tmp_path)
+    if case not in cases:
+        pytest.skip("pyarrow is not installed")
+    for name, value in SMALL_LIMITS.get(case, {}).items():
+        monkeypatch.setattr(score_files, name, value)
+    file, words = cases[case]
+    before = set(tmp_path.rglob("*"))
+    out = tmp_path / "out"
+    capsys.readouterr()
+    code = main(["scores", str(file), "--claim-epsilon", "1", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == "" and captured.err.count("\n") == 1, captured
+    assert captured.err.startswith(f"dpfl-audit: error: {file}: "), captured.err
+    assert all(word in captured.err for word in words), captured.err
+    assert set(tmp_path.rglob("*")) == before
+
+
+def test_files_at_the_row_limit_are_read(tmp_path, capsys, monkeypatch):
+    """The limits refuse one row more, not the limit itself: 20 canaries with MAX_ROWS = 20."""
+    import audit.score_files as score_files
+
+    monkeypatch.setattr(score_files, "MAX_ROWS", 20)
+    frame = _canary_frame(0, 1.0, 20)
+    files = [_write(tmp_path, frame, "at.csv"), _npz(tmp_path / "at.npz", _canary_members())]
+    if importlib.util.find_spec("pyarrow") is not None:
+        frame.to_parquet(tmp_path / "at.parquet")
+        files.append(tmp_path / "at.parquet")
+    metrics = [_attack(_run_json(capsys, file))["metrics"] for file in files]
+    assert all(m == metrics[0] for m in metrics)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pyarrow") is None, reason="pyarrow is not installed")
+def test_parquet_with_broken_pandas_metadata_is_read_by_its_columns(tmp_path, capsys):
+    """The pandas metadata is a JSON blob any writer may set; one naming an index column that does
+    not exist made pandas raise KeyError. The columns alone are read, as from the same CSV."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    frame = _canary_frame(3, 1.0, 40)
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    bogus = {b"pandas": b'{"index_columns": ["nope"], "columns": [{"name": "x"}], "column_indexes": 7}'}
+    pq.write_table(table.replace_schema_metadata(bogus), tmp_path / "bogus.parquet")
+    csv = _write(tmp_path, frame, "same.csv")
+    assert _attack(_run_json(capsys, tmp_path / "bogus.parquet"))["metrics"] == _attack(_run_json(capsys, csv))["metrics"]
+
+
+@pytest.mark.parametrize("kind", ["canary", "membership"])
+@pytest.mark.parametrize("power", [1000, -1000])
+def test_scores_near_the_ends_of_the_float_range_give_the_same_figures(tmp_path, capsys, kind, power):
+    """Every figure is unchanged when every score is multiplied by 2^±1000 (≈ 1e±301): ranks do not
+    change, and the Gaussian fit's standardised shift is scale-free — it must not overflow (±1e308
+    gave ZeroDivisionError / NaN) nor underflow. NPZ keeps the scores exact; a RuntimeWarning
+    (overflow) would be an error."""
+    import warnings
+
+    frame = _canary_frame(5, 1.5, 200) if kind == "canary" else _membership_frame(5, 1.0, 0.5, runs=4, units=50)
+    frame["score"] = frame["score"].to_numpy() / 8  # below 2⁴ in magnitude, so 2^1000 × it stays finite
+    scaled = frame.assign(score=np.ldexp(frame["score"].to_numpy(), power))
+    files = []
+    for name, table in (("plain", frame), ("scaled", scaled)):
+        columns = {c: np.asarray(table[c].tolist()) for c in table}  # text ids as numpy 'U' arrays, never objects
+        np.savez(tmp_path / f"{name}.npz", **columns)
+        files.append(tmp_path / f"{name}.npz")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        plain, extreme = (_attack(_run_json(capsys, file, "--claim-epsilon", "1")) for file in files)
+    assert extreme["metrics"] == plain["metrics"]
+    assert [v["status"] for v in extreme["verdicts"]] == [v["status"] for v in plain["verdicts"]]
+
+
+def test_canary_scores_of_plus_and_minus_1e308(tmp_path, capsys):
+    """Scores ±1e308 (the largest decimal magnitudes) rank like ±1: the same figures, no warning."""
+    import warnings
+
+    frame = _canary_frame(2, 1.0, 60)
+    inserted = frame["inserted"].to_numpy() == 1
+    files = []
+    for name, big in (("unit", 1.0), ("huge", 1e308)):
+        score = np.where(inserted, big, -big)
+        score[:6] = -score[:6]  # a few wrong guesses, so the figures are not all at their ends
+        files.append(_write(tmp_path, frame.assign(score=score), f"{name}.csv"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        unit, huge = (_attack(_run_json(capsys, file, "--claim-epsilon", "1")) for file in files)
+    assert huge["metrics"] == unit["metrics"]

@@ -261,7 +261,8 @@ def test_sweep_help_names_the_axis_syntax(capsys):
 def test_the_sweep_state_lives_under_out_only(sweep):
     out, _, _, _ = sweep
     assert {p.name for p in Path(out).iterdir()} == {"config.yaml", "figures", "manifest.json", "points", "run.log", "runs",
-                                                     "sweep-rows.csv", "sweep.csv", "sweep.html", "sweep.json", "tensorboard"}
+                                                     "sweep-rows.csv", "sweep.csv", "sweep.html", "sweep.json", "tensorboard",
+                                                     ".dpfl-audit.lock"}  # the folder's lock (audit.core.output_folder)
     # --track tensorboard: a log directory per point, one per configuration of that point
     for point in ("p01", "p02"):
         results, _, _ = load_results(out / "points" / point)
