@@ -205,7 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
     # the lower bounds keep the noise's scale z·C a normal float (its square underflowed to 0 at 1e-300);
     # the staircase's ε has its own upper bound, checked by the command
     mechanism.add_argument("--noise", type=_bounded(float, 1e-6, 1e7), help="z (gaussian), λ (laplace) or ε (staircase, at most 100)")
-    mechanism.add_argument("--epsilon", type=_bounded(float, 0, 100, low_open=True), help="ε of the ldp-two-point mechanism")
+    # below 1e-6 the mechanism's two outputs are equally likely to within rounding (its scores overflow)
+    mechanism.add_argument("--epsilon", type=_bounded(float, 1e-6, 100), help="ε of the ldp-two-point mechanism")
     mechanism.add_argument("--clip", type=_bounded(float, 1e-6, 1e6), default=1.0, help="C: sensitivity of the clipped gradient (default 1)")
     mechanism.add_argument("--dim", type=_bounded(int, 1, 10**6), default=1000, help="d: coordinates the noise is added to (default 1000)")
     mechanism.add_argument("--trials", type=_bounded(int, 1, 10**7), default=100000, help="runs of the mechanism, half with the canary")

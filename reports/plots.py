@@ -52,12 +52,29 @@ class Plot:
     gives the base64 PNG of the figure (None when there is none); :meth:`figure` the figure."""
 
     def __init__(self, draw: Callable[..., Any]):
-        self.figure = draw
+        self.figure = _closing_on_error(draw)
         functools.update_wrapper(self, draw)
 
     def __call__(self, *args: Any, **kwargs: Any) -> str | None:
         figure = self.figure(*args, **kwargs)
         return None if figure is None else _png(figure)
+
+
+def _closing_on_error(draw: Callable[..., Any]) -> Callable[..., Any]:
+    """``draw``, closing the figures it opened when it fails: pyplot keeps every open figure, so a
+    process that draws many reports (a test run, a notebook) would otherwise keep each failed one."""
+
+    @functools.wraps(draw)
+    def closing(*args: Any, **kwargs: Any) -> Any:
+        before = set(plt.get_fignums())
+        try:
+            return draw(*args, **kwargs)
+        except BaseException:
+            for number in set(plt.get_fignums()) - before:
+                plt.close(number)
+            raise
+
+    return closing
 
 
 @Plot
@@ -73,9 +90,9 @@ def roc_plot(experiments: list[Experiment], attack: str) -> Any:
             points = [(f, t) for f, t in zip(fpr, tpr) if f > 0 and t > 0]
             if not points:
                 continue
-            auc = result.metrics["auc"].value
+            auc = result.metrics["auc"].value if "auc" in result.metrics else None
             axis.plot([p[0] for p in points], [p[1] for p in points], color=COLORS[i % len(COLORS)],
-                      label=plain(f"{experiment.label} (AUC {auc:.3f})"))
+                      label=plain(f"{experiment.label} (AUC {format_number(auc)})"))
             drawn = True
     if not drawn:
         plt.close(figure)
@@ -102,12 +119,12 @@ def accuracy_vs_epsilon(experiments: list[Experiment]) -> Any:
     baselines = []
     for experiment in experiments:
         accuracy = experiment.utility.test_accuracy
-        if accuracy.value is None:
+        if not _probability(accuracy.value):
             continue
         epsilon = experiment.claim.epsilon
         if not experiment.claim.is_private:
             baselines.append((experiment.label, accuracy.value))
-        else:
+        elif epsilon > 0:  # the ε axis is logarithmic
             by_defense.setdefault(experiment.defense, []).append((epsilon, accuracy))
     if not by_defense and not baselines:
         plt.close(figure)
@@ -130,11 +147,23 @@ def accuracy_vs_epsilon(experiments: list[Experiment]) -> Any:
     return figure
 
 
+def _probability(value: float | None) -> bool:
+    """Whether ``value`` can be drawn on an axis of probabilities (accuracy, AUC, TPR): a results
+    file edited by hand may hold anything, and a point off the axis would not be seen anyway."""
+    return value is not None and 0.0 <= value <= 1.0
+
+
 def _error_bars(estimates: list[Estimate]) -> tuple[list[float], list[float], list[float]]:
-    """Values (all set) and the distances down and up to their interval's ends (0 where an end is missing)."""
+    """Values (all in [0, 1]) and the distances down and up to their interval's ends, the ends
+    clipped to [0, 1] (0 where an end is missing, or lies on the wrong side of its value: a
+    percentile bootstrap interval need not contain the point estimate)."""
     values = [float(typing.cast(float, e.value)) for e in estimates]
-    lows = [v - (e.ci_low if e.ci_low is not None else v) for v, e in zip(values, estimates)]
-    highs = [(e.ci_high if e.ci_high is not None else v) - v for v, e in zip(values, estimates)]
+
+    def end(bound: float | None, value: float) -> float:
+        return value if bound is None or math.isnan(bound) else min(max(bound, 0.0), 1.0)
+
+    lows = [max(v - end(e.ci_low, v), 0.0) for v, e in zip(values, estimates)]
+    highs = [max(end(e.ci_high, v) - v, 0.0) for v, e in zip(values, estimates)]
     return values, lows, highs
 
 
@@ -199,11 +228,11 @@ def leakage_vs_epsilon(experiments: list[Experiment], metric: str = "auc") -> An
             if attack.kind != "membership" or metric not in attack.metrics:
                 continue
             estimate = attack.metrics[metric]
-            if estimate.value is None:
+            if not _probability(estimate.value):
                 continue
             if not experiment.claim.is_private:
                 baselines.append((f"{experiment.label}: {attack.attack}", estimate.value))
-            else:
+            elif experiment.claim.epsilon > 0:  # the ε axis is logarithmic
                 lines.setdefault((experiment.defense, attack.attack), []).append((experiment.claim.epsilon, estimate))
     if not lines:
         plt.close(figure)
@@ -238,10 +267,11 @@ def empirical_vs_claimed(experiments: list[Experiment]) -> Any:
         for attack in experiment.attacks:
             for verdict in attack.verdicts:
                 bound, measured = verdict.bound, verdict.measured
-                if bound is None or measured is None or not math.isfinite(measured):
+                # beyond 1e300 the axis's tick arithmetic overflows (only a hand-edited file holds such ε)
+                if bound is None or measured is None or not (abs(bound) <= 1e300 and abs(measured) <= 1e300):
                     continue
                 color = VIOLATION_COLOR if verdict.status == "violation" else NOT_RED[i % len(NOT_RED)]
-                axis.scatter([bound], [measured], marker=markers[verdict.kind], color=color, s=22,
+                axis.scatter([bound], [measured], marker=markers.get(verdict.kind, "D"), color=color, s=22,
                              label=None if i in labelled else plain(experiment.label))
                 labelled.add(i)
                 largest = max(largest, bound, measured)

@@ -14,6 +14,7 @@ which :data:`MAX_YAML_BYTES` bounds in turn.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +68,19 @@ class _StrictLoader(yaml.SafeLoader):
                 node.start_mark) from None
         return value
 
+    def construct_yaml_int(self, node):  # type: ignore[override]
+        # Python refuses to convert an integer of more than 4,300 digits (a guard against
+        # quadratic-time conversion); no field of a config or policy needs one
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"an integer of {len(node.value)} characters is too long; allowed: integers of up to "
+                f"{sys.get_int_max_str_digits() or 4300} digits", node.start_mark) from None
+
 
 _StrictLoader.add_constructor("tag:yaml.org,2002:str", _StrictLoader.construct_yaml_str)
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _StrictLoader.construct_yaml_int)
 
 
 def decode_text(data: bytes, source: str) -> str:

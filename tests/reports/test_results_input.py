@@ -139,6 +139,34 @@ def test_report_refuses_a_broken_results_json_with_one_line(results_copy, tmp_pa
     assert files_under(tmp_path) == before  # nothing written, not even the report
 
 
+#: results.json files that are well-formed but hold figures the code never writes (a value outside
+#: its interval, a null AUC beside a ROC, a probability above 1, ε = 0 on the log ε axis, intervals
+#: and bounds at ±1e308): the report is still drawn, without a warning — before, each was an
+#: internal error in the figures (negative error bars, formatting None) or an overflow warning
+EDITED_RESULTS = [
+    ("auc-above-interval", _set("experiments", 1, "attacks", 0, "metrics", "auc", "value", 1.5)),
+    ("auc-null", _set("experiments", 1, "attacks", 0, "metrics", "auc", "value", None)),
+    ("auc-null-no-dp", _set("experiments", 0, "attacks", 0, "metrics", "auc", "value", None)),
+    ("auc-interval-huge", _set("experiments", 1, "attacks", 0, "metrics", "auc", "ci_low", -1e308)),
+    ("accuracy-above-one", _set("experiments", 1, "utility", "test_accuracy", "value", 2.0)),
+    ("accuracy-interval-huge", _set("experiments", 1, "utility", "test_accuracy", "ci_high", 1e308)),
+    ("epsilon-zero", _set("experiments", 1, "claim", "epsilon", 0.0)),
+    ("verdict-huge", lambda d: [v.update(bound=1e308, measured=1e308) for v in d["experiments"][1]["attacks"][0]["verdicts"]]),
+]
+
+
+@pytest.mark.parametrize("name, mutate", EDITED_RESULTS, ids=[case[0] for case in EDITED_RESULTS])
+def test_report_draws_edited_but_well_formed_results(results_copy, tmp_path, capsys, recwarn, name, mutate):
+    import matplotlib.pyplot as plt
+
+    folder = results_copy(mutate)
+    assert main(["report", str(folder), "--out", str(tmp_path / "report.html")]) == 0
+    assert capsys.readouterr().err == ""
+    assert not [str(w.message) for w in recwarn if "More than 20 figures" not in str(w.message)]
+    assert (tmp_path / "report.html").is_file()
+    assert plt.get_fignums() == []  # every figure drawn was closed
+
+
 @pytest.mark.parametrize("name, mutate, expected", BROKEN_RESULTS[:6], ids=[case[0] for case in BROKEN_RESULTS[:6]])
 def test_check_refuses_a_broken_results_json_or_baseline(results_copy, tmp_path, capsys, name, mutate, expected):
     good, broken = results_copy(name="good"), results_copy(mutate, name="broken")
