@@ -17,7 +17,8 @@ from collections.abc import Callable
 from audit.core.errors import UserInputError
 
 
-def smallest_noise(eps_at: Callable[[float], float], target_epsilon: float, relative_tolerance: float = 1e-4) -> float:
+def smallest_noise(eps_at: Callable[[float], float], target_epsilon: float, relative_tolerance: float = 1e-4,
+                   start: float = 1.0, step: float = 2.0, settle_ends: bool = False) -> float:
     """The smallest noise parameter σ (to ``relative_tolerance``) with eps_at(σ) ≤ target.
 
     ``eps_at`` must be non-increasing in σ. A bracket [lo, hi] with eps_at(lo) > target ≥
@@ -26,19 +27,26 @@ def smallest_noise(eps_at: Callable[[float], float], target_epsilon: float, rela
     evaluations where bisection needs a dozen — falling back to a bisection step whenever the
     interpolation does not land strictly inside the bracket. The upper end is returned, so the
     target is never exceeded. Raises a one-line error when no σ ≤ 1e7 reaches the target.
+
+    The bracket search starts at ``start`` and moves by the factor ``step``: a caller that knows
+    σ to within a few per cent (the PLD's σ lies a little below the RDP's) evaluates ε near it only.
+    With ``settle_ends``, an interpolation that lands at an end of the bracket (that end's ε is
+    already at the target) is followed by one step just inside that end rather than a bisection:
+    for an ε that is a step function of σ (the PLD's grid) bisection crept up from the far end,
+    14 evaluations of seconds each at ε = 100.
     """
-    hi = 1.0
+    hi = start
     eps_hi = eps_at(hi)
     while eps_hi > target_epsilon:
-        hi *= 2.0
+        hi *= step
         if hi > 1e7:
             raise UserInputError(f"target-epsilon: {target_epsilon} is not reachable with any noise ≤ 1e7")
         eps_hi = eps_at(hi)
-    lo = hi / 2.0
+    lo = hi / step
     eps_lo = eps_at(lo)
     while eps_lo <= target_epsilon:
         hi, eps_hi = lo, eps_lo
-        lo /= 2.0
+        lo /= step
         if lo < 1e-4:  # essentially no noise meets the target: return the small σ found
             return hi
         eps_lo = eps_at(lo)
@@ -49,6 +57,7 @@ def smallest_noise(eps_at: Callable[[float], float], target_epsilon: float, rela
 
     f_lo, f_hi = gap(eps_lo), gap(eps_hi)
     kept = 0  # +1 when lo was kept last step, −1 when hi was (Illinois: halve a twice-kept side)
+    clamped = False  # the last step went just inside an end of the bracket
     for _ in range(200):
         if target_epsilon - eps_hi <= relative_tolerance * target_epsilon or hi / lo - 1.0 < 1e-12:
             break
@@ -56,7 +65,12 @@ def smallest_noise(eps_at: Callable[[float], float], target_epsilon: float, rela
         x = x_hi - f_hi * (x_hi - x_lo) / (f_hi - f_lo) if math.isfinite(f_lo) and math.isfinite(f_hi) else math.nan
         margin = 1e-3 * (x_hi - x_lo)
         if not (x_lo + margin < x < x_hi - margin):
-            x = 0.5 * (x_lo + x_hi)
+            # see settle_ends; a second miss in a row bisects
+            clamp = settle_ends and math.isfinite(x) and not clamped
+            x = (x_lo + margin if x <= x_lo + margin else x_hi - margin) if clamp else 0.5 * (x_lo + x_hi)
+            clamped = clamp
+        else:
+            clamped = False
         mid = math.exp(x)
         eps_mid = eps_at(mid)
         if eps_mid > target_epsilon:

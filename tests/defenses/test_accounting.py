@@ -20,6 +20,7 @@ from defenses.accounting import (
     calibrate_noise,
     compute_epsilon,
     epsilon_trajectory,
+    pld_round_points,
     rdp_per_round,
     rdp_to_epsilon,
 )
@@ -110,6 +111,55 @@ def test_pld_close_to_prv_reference(sigma, q, steps, expected):
     # opacus prv_accountant test values (δ=1e-6): PLD and PRV are two numerical approximations
     # of the same privacy curve; they agree within a few percent.
     assert eps(sigma, q, steps, 1e-6, accountant="pld") == pytest.approx(expected, rel=0.05)
+
+
+@pytest.mark.parametrize("sigma,q,steps", [(1.0, 0.1, 10), (0.5, 1.0, 3), (1.5, 0.04, 2250), (0.8, 0.001, 1)])
+def test_pld_is_dp_accountings_own_pld_accountant(sigma, q, steps):
+    # ε is computed from a PLD built and composed the way dp-accounting's PLDAccountant does (so its
+    # grid can be sized first): it must give the accountant's own ε, to the last bit
+    from dp_accounting import dp_event
+    from dp_accounting.pld import pld_privacy_accountant
+
+    accountant = pld_privacy_accountant.PLDAccountant()
+    event = dp_event.GaussianDpEvent(sigma) if q >= 1 else dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(sigma))
+    accountant.compose(event, steps)
+    assert eps(sigma, q, steps, 1e-5, accountant="pld") == accountant.get_epsilon(1e-5)
+
+
+@pytest.mark.parametrize("sigma,q", [(0.1, 1.0), (0.5, 0.3), (1.0, 0.5), (3.0, 1.0)])
+def test_pld_grid_estimate_bounds_the_grid_dp_accounting_builds(sigma, q):
+    from dp_accounting.pld import privacy_loss_distribution
+
+    pld = privacy_loss_distribution.from_gaussian_mechanism(standard_deviation=sigma, value_discretization_interval=1e-4,
+                                                            sampling_prob=q)
+    built = max(pld._pmf_remove.size, pld._pmf_add.size)
+    assert built <= pld_round_points(sigma)
+    if q == 1:  # tight without sampling (sampling only narrows the grid)
+        assert pld_round_points(sigma) <= 1.05 * built
+
+
+@pytest.mark.parametrize("args,field", [
+    ((0.05, 0.1, 10), "noise"),        # a round's grid of 7.9e6 points: 25 s before
+    ((1.0, 0.1, 10**9), "steps"),      # 2e10 points composed: asked for 154 GiB before
+    ((2.0, 1.0, 10**6), "noise"),      # σ/√T = 0.002: killed for memory before
+])
+def test_pld_refuses_a_grid_too_large_before_allocating_it(args, field):
+    with pytest.raises(UserInputError, match=f"^{field}: .*allowed: .*accountant 'rdp'"):
+        compute_epsilon(GaussianSchedule(*args), 1e-5, accountant="pld")
+
+
+@pytest.mark.parametrize("target,q,steps", [(1.0, 0.01, 1000), (8.0, 0.04, 2250), (100.0, 0.1, 10)])
+def test_pld_calibration_round_trip_never_overshoots(target, q, steps):
+    sigma = calibrate_noise(target, GaussianSchedule(1.0, q, steps), 1e-5, accountant="pld")
+    value = eps(sigma, q, steps, 1e-5, accountant="pld")
+    assert target * (1 - 1e-3) <= value <= target
+    # and it is below the RDP's σ: the PLD is the tighter upper bound
+    assert sigma <= calibrate_noise(target, GaussianSchedule(1.0, q, steps), 1e-5)
+
+
+def test_pld_calibration_beyond_the_grid_is_one_line():
+    with pytest.raises(UserInputError, match="^target-epsilon: 10000 cannot be calibrated with accountant 'pld'"):
+        calibrate_noise(1e4, GaussianSchedule(1.0, 0.1, 10), 1e-5, accountant="pld")
 
 
 # ------------------------------------------------------------------ closed forms and integration
