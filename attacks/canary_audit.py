@@ -106,6 +106,11 @@ class CanaryAudit(Attack):
         """Audit runs for a model of ``dim`` parameters (``params.runs`` where the audit has it)."""
         return int(getattr(self.params, "runs", 1))
 
+    def memory_bytes(self, dim: int) -> float:
+        """Memory the audit holds beyond its runs' recorded models, for a model of ``dim``
+        parameters (checked against the machine's before anything trains)."""
+        return 0.0
+
     def refused(self, defense: Defense, training: TrainingConfig) -> str | None:
         """Why the audit cannot run with this defense and training (None: it can), beyond
         :meth:`not_applicable` — known only once the defense and its training are set."""

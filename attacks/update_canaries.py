@@ -103,6 +103,12 @@ class UpdateCanaryAudit(CanaryAudit):
     def directions(self, context: CanaryContext, run: int) -> torch.Tensor:
         raise NotImplementedError
 
+    def memory_bytes(self, dim: int) -> float:
+        """Every run's [canaries, dim] float32 directions are held until the runs are evaluated, and
+        one run's are drawn (and turned into unit vectors for the cosines) in float64."""
+        one_run = float(self.params.canaries) * dim
+        return self.run_count(dim) * one_run * 4 + 2 * one_run * 8
+
     def injection(self, context: CanaryContext, run: int) -> CanaryInjection:
         return CanaryInjection(self.inclusion(context, run, self.params.canaries), directions=self.directions(context, run))
 

@@ -9,7 +9,8 @@ defense-specific work (SAM's second pass, FL-TOP's reconstruction) is not counte
 a **lower bound**: an audit refused here could not have finished within the budget.
 
 Memory and disk are estimated from what the runs keep: the recorded global models and uploads
-of one run in memory (all runs of an experiment may train together), and every run's files on
+of one run in memory (all runs of an experiment may train together), the arrays a canary audit
+holds (every run's canary directions: runs × canaries × parameters), and every run's files on
 disk. An estimate above the machine's memory or the free disk space of the output folder is
 refused too. None of this is a guess at a limit: the user raises ``--max-hours`` when a long
 audit is intended.
@@ -45,6 +46,7 @@ class Estimate:
     peak_flops: float  # this machine's measured fp32 matrix-multiply rate (FLOP/s)
     stored_bytes: float  # run files written
     memory_bytes: float  # recorded views held at once, plus the data
+    canary_bytes: float = 0.0  # the largest canary audit's own arrays (e.g. canary directions)
 
     @property
     def hours(self) -> float:
@@ -156,8 +158,10 @@ def estimate(plan: Plan) -> Estimate:
         stored += sum(a.run_count(params) for a in plan.canary_audits if a.needs_iterates()) * total * params * _BYTES
         held = max(held, runs * per_run)  # the runs of an experiment may train together
     data = float(task.pool.features.numel() + task.test.features.numel()) * _BYTES
+    canaries = max((a.memory_bytes(params) for a in plan.canary_audits), default=0.0)
     return Estimate(len(plan.experiments) * (runs + others), examples, examples * per_example,
-                    matmul_peak(config.device if config.device.startswith("cuda") else "cpu"), stored, held + data)
+                    matmul_peak(config.device if config.device.startswith("cuda") else "cpu"), stored, held + data,
+                    canaries)
 
 
 def _free_disk(out: Path) -> float:
@@ -174,6 +178,10 @@ def _total_memory() -> float:
         return math.inf
 
 
+def _parameters(plan: Plan) -> int:
+    return sum(p.numel() for p in plan.task.model_factory().parameters())
+
+
 def check_budget(plan: Plan, out: str | os.PathLike, max_hours: float = DEFAULT_MAX_HOURS) -> Estimate:
     """The plan's estimate, or a one-line :class:`UserInputError` when it exceeds ``max_hours``
     (0: no limit), the machine's memory or the free disk space under ``out``."""
@@ -183,7 +191,12 @@ def check_budget(plan: Plan, out: str | os.PathLike, max_hours: float = DEFAULT_
         raise UserInputError(f"plan: this audit needs at least {cost.hours:.3g} hours of training ({cost.describe()}), "
                              f"more than --max-hours {max_hours:g}; {hint}, or raise --max-hours")
     memory = _total_memory()
-    if cost.memory_bytes > memory:
+    if cost.canary_bytes > memory:
+        audit = max(plan.canary_audits, key=lambda a: a.memory_bytes(_parameters(plan)))
+        raise UserInputError(f"plan: attack '{audit.label}' needs about {_size(cost.canary_bytes)} of memory for its canaries "
+                             f"(runs × canaries × {_parameters(plan)} model parameters), more than this machine's "
+                             f"{_size(memory)}; allowed: fewer params.canaries or params.runs, or a smaller model")
+    if cost.memory_bytes + cost.canary_bytes > memory:
         raise UserInputError(f"plan: the runs' recorded views need about {_size(cost.memory_bytes)} of memory, more than this "
                              f"machine's {_size(memory)}; record fewer rounds (record.global_rounds, record.upload_rounds) "
                              "or fewer runs")

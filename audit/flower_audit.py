@@ -72,6 +72,7 @@ data-dependent quantity the Gaussian claim here does not describe).
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import random
@@ -104,6 +105,7 @@ from flwr.server.strategy import (
     Strategy,
 )
 
+from audit.core.atomic import write_bytes
 from audit.core.errors import UserInputError, check_choice
 from audit.core.seeding import derive_seed, numpy_rng, sklearn_random_state
 
@@ -396,9 +398,9 @@ class FlowerView:
                   "meta": np.array(json.dumps(meta))}
         if self.clean is not None:
             arrays["clean"] = self.clean
-        tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez(tmp, **arrays)
-        tmp.replace(path)
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)
+        write_bytes(path, buffer.getvalue())  # a temp name unique to this process, then a rename
         return path
 
     @classmethod

@@ -79,8 +79,22 @@ class _StrictLoader(yaml.SafeLoader):
                 f"{sys.get_int_max_str_digits() or 4300} digits", node.start_mark) from None
 
 
+    def refuse_tag(self, node):
+        raise yaml.constructor.ConstructorError(
+            None, None, f"the YAML tag {node.tag.replace('tag:yaml.org,2002:', '!!')} is not allowed; allowed: plain "
+            "YAML values (text, numbers, booleans, null, lists and mappings)", node.start_mark)
+
+
 _StrictLoader.add_constructor("tag:yaml.org,2002:str", _StrictLoader.construct_yaml_str)
 _StrictLoader.add_constructor("tag:yaml.org,2002:int", _StrictLoader.construct_yaml_int)
+# only values JSON has: SafeLoader also builds bytes, sets, ordered pairs and dates, which no field
+# takes and which broke code that writes the config back out (a sweep's point labels)
+for _tag in ("binary", "set", "omap", "pairs", "timestamp"):
+    _StrictLoader.add_constructor(f"tag:yaml.org,2002:{_tag}", _StrictLoader.refuse_tag)
+# and an unquoted 2001-12-14 is text (a name, a label), not a date
+_StrictLoader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 
 
 def decode_text(data: bytes, source: str) -> str:

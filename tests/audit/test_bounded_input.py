@@ -115,6 +115,22 @@ def test_canary_counts_are_bounded_before_the_output_folder_exists(tmp_path, cap
     assert files_under(tmp_path) == {config}
 
 
+def test_canary_directions_beyond_the_machines_memory_are_refused_in_planning(tmp_path, capsys, monkeypatch):
+    # 10,000 canary clients on a 64-2000-2000-10 MLP: every run's directions are 10⁴ × 4,152,010
+    # float32 numbers (166 GB a run), refused against a machine of 8 GiB before anything trains
+    import audit.budget
+
+    monkeypatch.setattr(audit.budget, "_total_memory", lambda: 8.0 * 2**30)
+    config = tmp_path / "big.yaml"
+    config.write_text(tiny_config(model={"name": "mlp", "options": {"hidden": [2000, 2000]}},
+                                  defenses=[{"name": "dp-fedavg", "epsilons": [4]}],
+                                  attacks=[{"name": "client-canaries", "params": {"canaries": 10_000}}]), encoding="utf-8")
+    code, err = run_cli(capsys, tmp_path, "run", str(config), "--out", str(tmp_path / "out"), "--quiet")
+    assert code == 2 and len(err) == 1, err
+    assert "attack 'client-canaries'" in err[0] and "4152010 model parameters" in err[0] and "allowed:" in err[0], err
+    assert files_under(tmp_path) == {config}
+
+
 @pytest.mark.parametrize("flags", [
     ["--trials", "10000000", "--dim", "1000000"],
     ["--trials", "100000", "--dim", "100000", "--canary", "spread"],
