@@ -54,7 +54,8 @@ def _saved(figure: Any, kind: str, fit: bool = False) -> bytes:
     # ``fit``: the layout could not make room for the decorations, so the box is fitted after all
     buffer = io.BytesIO()
     metadata = {"Software": None} if kind == "png" else PDF_METADATA
-    figure.savefig(buffer, format=kind, dpi=150, metadata=metadata, bbox_inches="tight" if fit else None)
+    with plots.glyphs_may_be_missing():
+        figure.savefig(buffer, format=kind, dpi=150, metadata=metadata, bbox_inches="tight" if fit else None)
     return buffer.getvalue()
 
 
@@ -66,7 +67,8 @@ def save_figure(figure: Any, folder: Path, stem: str) -> list[Path]:
     try:
         with warnings.catch_warnings(record=True) as refused:  # "Tight layout not applied" (a crowded plot)
             warnings.simplefilter("always")
-            figure.tight_layout()
+            with plots.glyphs_may_be_missing():
+                figure.tight_layout()
         for kind in FORMATS:
             path = folder / f"{stem}.{kind}"
             write_bytes(path, _saved(figure, kind, fit=bool(refused)))

@@ -9,11 +9,14 @@ results give the same bytes.
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import io
 import math
 import typing
-from collections.abc import Callable
+import unicodedata
+import warnings
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import matplotlib
@@ -36,13 +39,26 @@ def plain(text: object) -> str:
     never markup. Matplotlib reads a string with a pair of unescaped ``$`` as mathtext, and a label
     like ``leak $\\frac{$`` then fails to parse (or ``$x$`` renders as an italic x); each ``$``
     escaped as ``\\$`` is drawn as a plain ``$``, and outside mathtext a backslash is drawn as it is.
-    Every string that reaches a figure from a config or a results file goes through here."""
-    return str(text).replace("$", r"\$")
+    Every string that reaches a figure from a config or a results file goes through here.
+    Control characters (a NUL, a bell), which no font draws, are shown as their escapes (``\\x00``)."""
+    text = "".join(f"\\x{ord(c):02x}" if unicodedata.category(c) == "Cc" and c not in "\n\t" else c for c in str(text))
+    return text.replace("$", r"\$")
+
+
+@contextlib.contextmanager
+def glyphs_may_be_missing() -> Iterator[None]:
+    """Draw text the font lacks glyphs for (a label in a script DejaVu Sans does not cover) as
+    boxes, without matplotlib's warning for each glyph: the report shows the text itself, and the
+    warnings were lines on stderr for a figure that is otherwise fine."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from", category=UserWarning)
+        yield
 
 
 def _png(figure) -> str:
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
+    with glyphs_may_be_missing():
+        figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
     plt.close(figure)
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 

@@ -152,6 +152,9 @@ EDITED_RESULTS = [
     ("accuracy-interval-huge", _set("experiments", 1, "utility", "test_accuracy", "ci_high", 1e308)),
     ("epsilon-zero", _set("experiments", 1, "claim", "epsilon", 0.0)),
     ("verdict-huge", lambda d: [v.update(bound=1e308, measured=1e308) for v in d["experiments"][1]["attacks"][0]["verdicts"]]),
+    # text no font draws: a NUL (shown as its escape) and a script DejaVu Sans lacks (boxes, no warning per glyph)
+    ("label-nul", _set("experiments", 1, "label", "dp\u0000fedavg")),
+    ("label-cjk", _set("experiments", 1, "label", "\u9690\u79c1\u5ba1\u8ba1")),
 ]
 
 
