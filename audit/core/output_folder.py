@@ -46,8 +46,9 @@ LOCK_NAME = ".dpfl-audit.lock"
 #: longest file name and path (bytes) that Linux file systems accept
 NAME_MAX, PATH_MAX = 255, 4096
 #: temporary files of interrupted writes: audit.core.atomic's ``.NAME.PID-RANDOM.tmp`` and the
-#: score files' ``.NAME.PID-RANDOM.tmp.npz`` (audit.attacking)
-STALE_TEMPORARY = re.compile(r"\..+\.tmp(\.npz)?")
+#: score files' ``.NAME.PID-RANDOM.tmp.npz`` (audit.attacking); nothing else of the folder's,
+#: not even a user's own ``.notes.tmp``
+STALE_TEMPORARY = re.compile(r"\..+\.\d+-\w+\.tmp(\.npz)?")
 
 _ALLOWED = "allowed: a new or existing folder you can write in"
 
