@@ -163,7 +163,7 @@ def accuracy_vs_epsilon(experiments: list[Experiment]) -> Any:
     return figure
 
 
-def _probability(value: float | None) -> bool:
+def _probability(value: float | None) -> typing.TypeGuard[float]:
     """Whether ``value`` can be drawn on an axis of probabilities (accuracy, AUC, TPR): a results
     file edited by hand may hold anything, and a point off the axis would not be seen anyway."""
     return value is not None and 0.0 <= value <= 1.0
