@@ -119,7 +119,9 @@ def test_only_ascii_digits_index_a_list_in_set(tmp_path, capsys, index):
 
 
 def test_a_code_loading_side_dataset_is_refused_when_plugins_are_off(tmp_path, capsys, monkeypatch):
-    monkeypatch.delenv(NO_PLUGINS_ENV, raising=False)
+    # "" = plugins on; --no-plugins sets the variable for the process (and its workers), and the
+    # monkeypatch restores it to unset after the test
+    monkeypatch.setenv(NO_PLUGINS_ENV, "")
     line = refused(tmp_path, capsys, tiny(**attack("attribute-inference", dataset="os:getcwd")), "--no-plugins")
     assert line.startswith("dpfl-audit: error: attacks[0].params.dataset: 'os:getcwd'") and "plugins are off" in line
 
