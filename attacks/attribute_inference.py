@@ -27,10 +27,10 @@ or read its parameters (white-box). Guesses per target record:
   population's evidence and moves where the model's outweighs it. Its advantage over the
   baseline (which does use y, below) is what the model's outputs add beyond the population's
   relation between y and the attribute (≈ 0 for a model that only reproduces that relation).
-* **white-box** (ML-Doctor, Liu et al. 2022, attribute inference; paper 001 §5.5 and Table 8): a scikit-learn
-  MLP trained on the target model's penultimate-layer embeddings (the input of its last
-  ``nn.Linear``) of the auxiliary records, labelled with their attribute, then applied to the
-  target records' embeddings. It does not use the label, so it is held to a baseline that knows
+* **white-box** (ML-Doctor, Liu et al. 2022, attribute inference; Feng et al. 2024, §5.5 and
+  Table 8): a scikit-learn MLP trained on the target model's penultimate-layer embeddings (the
+  input of its last ``nn.Linear``) of the auxiliary records, labelled with their attribute, then
+  applied to the target records' embeddings. It does not use the label, so it is held to a baseline that knows
   more than it does (its advantage is a lower bound for a white-box attacker who knows y).
 * **baseline** (no model; ART's ``AttributeInferenceBaselineTrueLabel``, "the rest of the
   features, and the true label"): a classifier p̂(v | x₋ₐ, y) trained on the auxiliary records'

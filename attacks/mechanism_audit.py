@@ -77,9 +77,10 @@ def likelihood_ratio_scores(mechanism: Mechanism, canary: np.ndarray, trials: in
 
 def audit_two_point(epsilon_claimed: float, trials: int, seed: int = 0, confidence: float = 0.95,
                     center: float = 0.0, radius: float = 1.0) -> dict:
-    """LDP-FL's two-point mechanism on one weight (spec 004 §6): the two ends of its range, w = c − r
-    and w = c + r, are the hardest pair to hide; the optimal test says "c + r" when the report is
-    c + rA. TPR = e^ε/(1 + e^ε) and FPR = 1/(1 + e^ε), so the bound approaches ε from below."""
+    """LDP-FL's two-point mechanism on one weight (Sun et al. 2021, Eq. 2, Thm 1): the two ends of
+    its range, w = c − r and w = c + r, are the hardest pair to hide; the optimal test says "c + r"
+    when the report is c + rA. TPR = e^ε/(1 + e^ε) and FPR = 1/(1 + e^ε), so the bound approaches
+    ε from below."""
     if not (epsilon_claimed > 0 and math.isfinite(epsilon_claimed)) or trials < 100:
         raise UserInputError("--epsilon must be a finite number > 0 and --trials >= 100")
     half = trials // 2

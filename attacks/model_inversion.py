@@ -1,6 +1,6 @@
 """Model inversion with a learned inverse network (Fredrikson, Jha, Ristenpart 2015, "Model
 Inversion Attacks that Exploit Confidence Information and Basic Countermeasures"; the
-training-based form used by paper 001 App. E / Table 9 and by ML-Doctor's ``modinv``).
+training-based form used by Feng et al. 2024, App. E / Table 9, and by ML-Doctor's ``modinv``).
 
 The attacker queries the target model f on auxiliary records from the data distribution,
 collects triples (f(x), y, x) and trains an inverse network g to map an output vector and the
@@ -303,7 +303,7 @@ class ModelInversionParams:
 class ModelInversion(RunAttack):
     name = "model-inversion"
     summary = "an inversion network maps the model's outputs back to its training inputs (MSE/MAE vs a class-mean baseline)"
-    reference = "Fredrikson, Jha, Ristenpart 2015 (as paper 001, App. E, uses it)"
+    reference = "Fredrikson, Jha, Ristenpart 2015 (as Feng et al. 2024, App. E, use it)"
     Params = ModelInversionParams
 
     def evaluate(self, run: TargetRun) -> list[AttackResult]:

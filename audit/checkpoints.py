@@ -1,4 +1,4 @@
-"""Membership attacks on models trained elsewhere (issue 19, item 4): a user's checkpoints —
+"""Membership attacks on models trained elsewhere: a user's checkpoints —
 safetensors state dicts, never pickle — scored by our attacks without our training or run store.
 
 The design is the one our membership experiments use (:mod:`audit.targets`): N models, each

@@ -1,4 +1,4 @@
-"""Audits of systems dpfl-audit did not train (issue 19): someone else's training, a Flower
+"""Audits of systems dpfl-audit did not train: someone else's training, a Flower
 deployment, or scores another tool computed — judged against the claim their owner states.
 
 The attacks' results become the same document an audit writes (:class:`reports.document.Results`:

@@ -1,4 +1,4 @@
-"""Audit a Flower deployment's central-DP claim (issue 19): canary clients, the server's view, our claim.
+"""Audit a Flower deployment's central-DP claim: canary clients, the server's view, our claim.
 
 Flower's DP-FedAvg wrappers — ``DifferentialPrivacyServerSideFixedClipping`` and
 ``DifferentialPrivacyClientSideFixedClipping`` (``flwr.server.strategy``; McMahan, Ramage,

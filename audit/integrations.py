@@ -1,4 +1,4 @@
-"""The ways to audit a system dpfl-audit did not train (issue 19), and which of them the installed
+"""The ways to audit a system dpfl-audit did not train, and which of them the installed
 packages allow: ``dpfl-audit list --json`` shows them under ``integrations``.
 
 Each integration names its entry points (Python and command line), the optional extra that

@@ -1,4 +1,4 @@
-"""What the pipeline is doing, through the standard :mod:`logging` module (issue 20, item 4).
+"""What the pipeline is doing, through the standard :mod:`logging` module.
 
 Library modules log to their own loggers (``logging.getLogger(__name__)``) under the four
 packages :data:`PACKAGES`; nothing here prints. The command line decides where records go

@@ -1,4 +1,4 @@
-"""Bring-your-own training (issue 19, item 1): a user's ``train(features, labels, seed) -> nn.Module``
+"""Bring-your-own training: a user's ``train(features, labels, seed) -> nn.Module``
 — their own code, e.g. record-level DP-SGD with Opacus — audited against the privacy claim it makes.
 
 dpfl-audit drives the training function through these designs and writes the usual results document

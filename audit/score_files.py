@@ -1,4 +1,4 @@
-"""Score files another tool wrote, read as dpfl-audit's own attack results (issue 19, item 2).
+"""Score files another tool wrote, read as dpfl-audit's own attack results.
 
 A score file is a table — CSV, Parquet or NPZ (one array per column) — of one of two kinds,
 told apart by its columns (``reports/schema/scores.schema.json``, ``docs/score-files.md``):

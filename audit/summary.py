@@ -115,7 +115,7 @@ def _mean_curves(entries: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[s
 
 
 def diagnostics_summary(manifests: list[dict], metrics: list[list[dict]], landscape: list[dict]) -> Diagnostics:
-    """Per-experiment diagnostics (spec 002 §6): train/test gap, clipping, update norms, flatness."""
+    """Per-experiment diagnostics (Shi et al. 2023, §6.3 and Table IV): train/test gap, clipping, update norms, flatness."""
     gaps, clip_fractions, first_norms, last_norms, train_accuracies = [], [], [], [], []
     bits: dict[str, list[float]] = {"up": [], "down": []}
     for manifest, rows in zip(manifests, metrics):
@@ -130,7 +130,7 @@ def diagnostics_summary(manifests: list[dict], metrics: list[list[dict]], landsc
         if norms:
             first_norms.append(norms[0])
             last_norms.append(norms[-1])
-        for direction in ("up", "down"):  # paper 003: exact bits a participating client sends / receives
+        for direction in ("up", "down"):  # bandwidth (Kerkouche et al. 2021): exact bits a client sends / receives
             per_round = [r[f"bits_{direction}_per_client"] for r in rows if f"bits_{direction}_per_client" in r]
             if per_round:
                 bits[direction].append(float(np.mean(per_round)))

@@ -2,7 +2,7 @@
 
 * The pool is the dataset's training split (or, without an official test split, the part not
   held out); it is the set of candidate units of the membership experiment.
-* The design matches the claim's neighbouring relation (``membership.relation``; auditing.md §3):
+* The design matches the claim's neighbouring relation (``membership.relation``):
   a run is a function of its inclusion coins alone (:meth:`Membership.run_clients`), so toggling
   one coin gives exactly the neighbouring dataset the relation names — a test checks this.
 * Membership by **record** (add/remove): the pool is partitioned once into the configured

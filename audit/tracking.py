@@ -1,4 +1,4 @@
-"""Sending a finished audit's results to an experiment tracker (issue 20, item 7).
+"""Sending a finished audit's results to an experiment tracker.
 
 Teams that already keep their training runs in MLflow or TensorBoard want an audit's numbers
 beside them, not in a separate HTML page only. ``dpfl-audit run --track mlflow`` and

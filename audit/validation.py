@@ -1,4 +1,4 @@
-"""Simulations that validate the verdict statistics (issue 17; ``../shared/specs/auditing.md`` §5).
+"""Simulations that validate the verdict statistics.
 
 Three designs, each replicated with fresh seeds (``benchmarks/coverage.py`` runs them at full
 size and ``tests/attacks/test_coverage.py`` small):

@@ -9,7 +9,7 @@ it — is accounted here, on top of Google's ``dp-accounting``:
   to (ε, δ) with one of two conversions:
 
   - ``classic``: ε = min_α [T·RDP(α) + log(1/δ)/(α−1)] (Mironov 2017, Prop. 3; the moments
-    accountant tail bound of Abadi et al. 2016, as papers 000 and 003 use);
+    accountant tail bound of Abadi et al. 2016, as Cheng et al. 2022 and Kerkouche et al. 2021 use);
   - ``improved``: ε = min_α [T·RDP(α) + log(1 − 1/α) − log(δ·α)/(α−1)] (Balle et al. 2020,
     Prop. 12; dp-accounting's ``compute_epsilon`` and opacus's default).
 

@@ -1,6 +1,6 @@
 """AE-DPFL: private voting among agents with secure aggregation — Zhu, Yu, Wang et al. 2020,
-"Voting-based Approaches for Differentially Private Federated Learning", a baseline of paper 000
-(spec 000 §2.6; every choice [P]).
+"Voting-based Approaches for Differentially Private Federated Learning", a baseline of Cheng et al. 2022
+(§6; the paper gives no details, so every choice here is ours).
 
 1. Every agent trains a local model on its own data, without privacy.
 2. The server holds K unlabeled queries x (here: half of the held-out split; the other half

@@ -1,5 +1,5 @@
 """BLUR and LUS: Cheng, Wang, Zhang, Cheng, "Differentially Private Federated Learning with Local
-Regularization and Sparsification" (CVPR 2022; spec 000 §2.2–2.4, Alg. 2).
+Regularization and Sparsification" (CVPR 2022; §4.1–4.2, Alg. 2).
 
 Both make client updates small *before* DP-FedAvg's clip, so less is lost to clipping and the
 same noise hurts less. The accounting is DP-FedAvg's, unchanged.
@@ -11,9 +11,9 @@ same noise hurts less. The accounting is DP-FedAvg's, unchanged.
 * **LUS** (Local Update Sparsification, §4.2, Eq. 9–15): after local training, each parameter
   tensor keeps the s_j = max(1, round((1 − c)·d_j)) entries with the largest first-order utility
   cost |g ⊙ Δ|, g the gradient of the *unregularised* mean loss over the client's full data at
-  the final local model, dropout off (spec 000 §2.3 [P]; ``lus_gradient: last_batch`` is the
-  cheaper alternative). The mask depends on the data, so noise is added to all d coordinates,
-  masked ones included (Alg. 2): uploads stay dense.
+  the final local model, dropout off (our choice: the paper does not say which data or mode;
+  ``lus_gradient: last_batch`` is the cheaper alternative). The mask depends on the data, so
+  noise is added to all d coordinates, masked ones included (Alg. 2): uploads stay dense.
 
 λ = 0 and c = 0 give DP-FedAvg bit for bit (a test checks it).
 """
@@ -35,7 +35,7 @@ from defenses.training_job import RoundContext, TrainingConfig
 
 
 class BLURObjective(LocalObjective):
-    """Cross-entropy plus the BLUR hinge penalty, its gradient added explicitly (spec 000 §2.2 [P])."""
+    """Cross-entropy plus the BLUR hinge penalty (Eq. 5), its gradient added explicitly (our choice, not autograd)."""
 
     def __init__(self, penalty: float, radius: float):
         self.penalty = penalty
@@ -90,7 +90,7 @@ class LUSParams(DPFedAvgParams):
     lus_sparsity: float = field(default=0.7, metadata={"min": 0.0, "max": 1.0, "max_exclusive": True,
                                                        "help": "c: share of each tensor's entries zeroed (paper default 0.7)"})
     lus_gradient: Literal["full", "last_batch"] = field(
-        default="full", metadata={"help": "g of |g⊙Δ|: full local data (spec's proposal) or the last local batch"})
+        default="full", metadata={"help": "g of |g⊙Δ|: full local data (our choice) or the last local batch"})
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,8 @@
 """What a privacy claim states: ε and δ, for which unit and neighbouring relation, against whom.
 
-An (ε, δ)-DP statement is about a pair of neighbouring inputs *and an observer*
-(``../shared/specs/auditing.md`` §1). A :class:`PrivacyClaim` therefore carries, besides its
-headline figure, one :class:`AdversaryClaim` per observer the defense's noise is meant to
-protect against:
+An (ε, δ)-DP statement is about a pair of neighbouring inputs *and an observer*. A
+:class:`PrivacyClaim` therefore carries, besides its headline figure, one :class:`AdversaryClaim`
+per observer the defense's noise is meant to protect against:
 
 * ``released`` — a third party that sees the released global models (every round's). It does
   not know who was sampled, so amplification by subsampling applies (Balle, Barthe, Gaboardi

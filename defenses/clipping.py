@@ -24,7 +24,7 @@ def clip_rows(updates: torch.Tensor, clip: float) -> tuple[torch.Tensor, torch.T
 def clip_rows_per_tensor(updates: torch.Tensor, clip: float, slices: list[slice]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Clip every parameter tensor of every row to ℓ2 norm ≤ ``clip`` separately.
 
-    This is what DP-FedSAM's public code does (spec 002 §8.5): the whole update's sensitivity is
+    This is what DP-FedSAM's public code does: the whole update's sensitivity is
     then clip·√L for L tensors, which the accountant must reflect. Returns (clipped rows, flat
     pre-clip norms, whether any tensor of a row was clipped).
     """

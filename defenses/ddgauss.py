@@ -1,6 +1,7 @@
 """DDGauss, the distributed discrete Gaussian mechanism: Kairouz, Liu, Steinke, "The Distributed
 Discrete Gaussian Mechanism for Federated Learning with Secure Aggregation" (ICML 2021) — a
-baseline of paper 000 (spec 000 §2.5; every choice [P], following the original paper).
+baseline of Cheng et al. 2022 (§6; the paper gives no details: every choice is ours, following the
+original paper).
 
 Client i, per round (Alg. 1 of Kairouz et al.):
 
@@ -29,7 +30,7 @@ n, not by the count of uploads: a public constant, so the released mean is post-
 noisy sum whoever joined. γ is chosen (``gamma: 0``) by the paper's heuristic: k standard deviations
 of the aggregate must fit in the bit width, 1/γ = √(2^{2b} − n·k²) / (2k·√(c²n²/d′ + n·σ_loc²)).
 
-Accounting (spec 000 §2.5; Kairouz et al. Prop. 14 and Thm. 1), per round of n clients, for a
+Accounting (Kairouz et al. Prop. 14 and Thm. 1), per round of n clients, for a
 change of the client's rounded vector of ℓ2 norm ≤ Δ₂ (zero-out: the client stays and sends
 zero), l2 = Δ₂γ/(√n σ_loc), l1 = Δ₁γ/(√n σ_loc), Δ₁ = Δ₂·min(√d′, Δ₂) and
 τ = 10·Σ_{k=1}^{n−1} exp(−2π²(σ_loc/γ)²·k/(k+1)):

@@ -1,12 +1,14 @@
-"""Loss-landscape diagnostics of a trained model (spec 002 §6: flatness is DP-FedSAM's claim).
+"""Loss-landscape diagnostics of a trained model (flatness is DP-FedSAM's claim: Shi et al.
+2023, §6.3).
 
 * **Sharpness**: the rise of the training loss along random directions normalised filter by
   filter to the weights (Li, Xu, Taylor, Studer, Goldstein 2018, "Visualizing the Loss Landscape
   of Neural Nets", §4): every filter d_f of a Gaussian direction is rescaled to ‖w_f‖, biases and
   other one-dimensional parameters get no perturbation. Reported per radius r: the mean and the
   maximum over directions of L(w + r·d) − L(w).
-* **Weight-perturbation robustness** (spec 002 §6.4 [PROP]): test accuracy under w + N(0, s²I),
-  averaged over repetitions, and its drop from the unperturbed accuracy.
+* **Weight-perturbation robustness** (our measure; the paper shows robustness only in pictures):
+  test accuracy under w + N(0, s²I), averaged over repetitions, and its drop from the unperturbed
+  accuracy.
 
 Both are seeded: the same model and seed give the same numbers.
 """

@@ -1,6 +1,6 @@
 """DP-FedSAM and DP-FedSAM-top_k: Shi, Wei, Shen, Liu, Wang, Yuan, Tao, "Towards the Flatter
 Landscape and Better Generalization in Federated Learning under Client-level Differential
-Privacy" (arXiv 2305.00873; spec 002 §2.0–2.2), and non-private FedSAM as the ceiling.
+Privacy" (arXiv 2305.00873; Def. 5, Eq. 7–12), and non-private FedSAM as the ceiling.
 
 Each local step is sharpness-aware (SAM, Foret et al. 2021; Eq. 7–9): on one batch ξ,
 
@@ -20,7 +20,7 @@ of the noise the accountant assumes in the sum. ``mask_stage`` chooses:
   sum carries N(0, σ²C²) everywhere and DP-FedAvg's accounting holds with σ;
 * ``after_noise`` (the paper's Eq. 12): with ``topk_source: noisy`` M comes from the noisy upload,
   so each upload is post-processing of a Gaussian mechanism with σ/√m and the sum is no more
-  private than one upload — accounted with σ/√m_max; with ``topk_source: clean`` (the spec's
+  private than one upload — accounted with σ/√m_max; with ``topk_source: clean`` (our
   reading of the paper) the released support depends on the clean update: no finite claim.
 
 Reductions (tests): ρ = 0 gives DP-FedAvg bit for bit; p = 1 gives DP-FedSAM.
@@ -94,7 +94,7 @@ class FedSAMParams:
 
 @DEFENSES.register("fedsam")
 class FedSAM(Defense):
-    """FedAvg with SAM local steps, no privacy (spec 002 §2.3 [PROP]: the non-private ceiling)."""
+    """FedAvg with SAM local steps, no privacy (our addition: the non-private ceiling)."""
 
     name = "fedsam"
     summary = "FedAvg with sharpness-aware local steps, no privacy"
@@ -152,8 +152,8 @@ class DPFedSAMTopK(DPFedSAM):
 
     def support_leak(self) -> str | None:
         if self.masks_noise() and self.params.topk_source == "clean":
-            return ("the top-k support is chosen on the clean update and released with the noisy one "
-                    "(spec 002 §8.2): its zero pattern reveals the client's data")
+            return ("the top-k support is chosen on the clean update and released with the noisy one: "
+                    "its zero pattern reveals the client's data")
         return None
 
     def pre_clip(self, updates: torch.Tensor, ctx: RoundContext) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -1,4 +1,5 @@
-"""A local DP-SGD step with any additive mechanism (Abadi et al. 2016; UDP-FL's client step, spec 001 §2.4):
+"""A local DP-SGD step with any additive mechanism (Abadi et al. 2016; UDP-FL's client step,
+Feng et al. 2024, §3.2):
 
     g̃ = (Σ_{i∈B} g_i·min(1, C/‖g_i‖) + noise) / (q·n),     noise_j ~ mechanism with sensitivity C,
 

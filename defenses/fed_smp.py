@@ -1,5 +1,6 @@
 """Fed-SMP: Hu, Guo, Gong, "Federated Learning with Sparsified Model Perturbation" (2022), the
-rand_k and top_k baselines of paper 002 (spec 002 §2.3, as the spec proposes them).
+rand_k and top_k baselines of Shi et al. 2023 (§6.1; the paper gives no details, so these are
+our reading).
 
 Each client sparsifies its update to k = ⌈p·d⌉ coordinates (over the whole model), clips the
 sparse update and adds Gaussian noise:
@@ -10,7 +11,7 @@ sparse update and adds Gaussian noise:
 
 * ``dense`` (default, sound): N(0, σ²C²/m) on every coordinate, so the sum carries N(0, σ²C²)
   everywhere and the sparsification is pre-processing of the client's data — DP-FedAvg's
-  accounting holds with σ (spec 002 §2.3 [PROP]); the uploads are dense;
+  accounting holds with σ; the uploads are dense;
 * ``kept`` (the paper's variant): N(0, σ²C²/m) on the kept coordinates only, uploads stay sparse.
   A coordinate kept by k_j of the m clients then carries k_j·σ²C²/m in the sum — a coordinate
   kept by the target alone only σ²C²/m — so the claim is accounted with σ/√m_max (rand_k, whose

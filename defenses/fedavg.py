@@ -1,10 +1,10 @@
-"""FedAvg (McMahan et al. 2017) and DP-FedAvg (McMahan et al. 2018; spec 000 §2.0–2.1, Alg. 1).
+"""FedAvg (McMahan et al. 2017) and DP-FedAvg (McMahan et al. 2018; as in Alg. 1 of Cheng et al. 2022).
 
-DP-FedAvg, per round t with participants P_t (spec 000 §2.1):
+DP-FedAvg, per round t with participants P_t (Cheng et al. 2022, Alg. 1):
 
     Δ_i  = LocalSGD(w, D_i) − w                       # flattened over all parameters
     Δ̃_i  = Δ_i / max(1, ‖Δ_i‖₂ / S)                   # one flat ℓ2 clip
-    upload_i = Δ̃_i + N(0, S²σ²/|P_t| · I_d)            # noise_placement = "client" (papers 000, 002, 003)
+    upload_i = Δ̃_i + N(0, S²σ²/|P_t| · I_d)            # noise_placement = "client" (BLUR+LUS, DP-FedSAM, FL-TOP-DP)
     w ← w + η_g · (1/|P_t|) Σ_i upload_i
 
 so the noise of the sum is N(0, S²σ²·I). With ``noise_placement = "aggregate"`` a trusted
@@ -13,7 +13,7 @@ Each round is a sampled Gaussian mechanism with noise multiplier σ on the sum o
 updates, composed over T rounds (:mod:`defenses.accounting`), client-level.
 
 :class:`DPFedAvg` is also the base of the family that changes one step of this pipeline —
-BLUR/LUS (paper 000), DP-FedSAM and its top-k variant (paper 002), Fed-SMP — through the hooks
+BLUR/LUS (Cheng et al. 2022), DP-FedSAM and its top-k variant (Shi et al. 2023), Fed-SMP — through the hooks
 :meth:`DPFedAvg.pre_clip` (sparsify before clipping), :meth:`DPFedAvg.masks_noise` and
 :meth:`DPFedAvg.post_noise` (mask after the noise), and :meth:`Defense.local_objective`.
 

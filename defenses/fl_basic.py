@@ -1,12 +1,12 @@
 """FL-BASIC(-DP), the random-subset baseline of Kerkouche, Ács, Castelluccia, Genevès,
 "Constrained Differentially Private Federated Learning for Low-bandwidth Devices" (UAI 2021;
-spec 003 §4), on the frame of ``subset_training.py``.
+§4), on the frame of ``subset_training.py``.
 
 Each round the server draws a fresh random K-subset (K = ⌊r·n⌋), shared by all clients; clients
 train only those coordinates, the others stay at the previous global model. The full model goes
 down, K values go up. FL-BASIC-DP clips and noises the K-dim update as FL-TOP-DP does (Alg. 3,
 under secure aggregation), with S the median over 100 random subsets of the public round's
-update norm (§2.6).
+update norm (§4).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from defenses.training_job import RoundContext
 
 @dataclass(frozen=True)
 class FLBasicDPParams(SubsetDPParams):
-    calibration_subsets: int = field(default=100, metadata={"min": 1, "help": "random subsets for the median clip (§2.6)"})
+    calibration_subsets: int = field(default=100, metadata={"min": 1, "help": "random subsets for the median clip (§4)"})
 
 
 class _Basic(SubsetFL):

@@ -1,7 +1,8 @@
 """FL-CS(-DP), the compressive-sensing baseline of Kerkouche, Ács, Castelluccia, Genevès,
 "Constrained Differentially Private Federated Learning for Low-bandwidth Devices" (UAI 2021;
-spec 003 §2.7), from Kerkouche et al. 2021 "Compression boosts DP FL", as the spec proposes it —
-the original paper was not available offline to check the operator or the solver.
+§4), from Kerkouche et al. 2021 "Compression boosts DP FL", in a form of our choosing — the paper
+gives only a sketch, and the original paper was not available offline to check the operator or
+the solver.
 
 Per chunk of 10⁴ coordinates, m = ⌊r·b⌋ rows of the orthonormal DCT-II chosen by a per-round
 shared seed compress the update, y = A·Δ (``partial_dct.py``; linear, so secure aggregation
@@ -86,7 +87,7 @@ class _CS(SubsetFL):
 class FLCS(_CS):
     name = "fl-cs"
     summary = "Compressive sensing of updates (partial DCT up, ℓ1 reconstruction at the server; non-private)"
-    reference = "Kerkouche et al. 2021, Compression Boosts Differentially Private Federated Learning (as spec 003 §2.7 proposes)"
+    reference = "Kerkouche et al. 2021, Compression Boosts Differentially Private Federated Learning (our form of its sketch)"
     Params = FLCSParams
 
 
@@ -94,6 +95,6 @@ class FLCS(_CS):
 class FLCSDP(_CS):
     name = "fl-cs-dp"
     summary = "FL-CS with the compressed update clipped and noised under secure aggregation"
-    reference = "Kerkouche et al. 2021, Compression Boosts Differentially Private Federated Learning (as spec 003 §2.7 proposes)"
+    reference = "Kerkouche et al. 2021, Compression Boosts Differentially Private Federated Learning (our form of its sketch)"
     Params = FLCSDPParams
     private = True

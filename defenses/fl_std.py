@@ -1,10 +1,10 @@
 """FL-STD(-DP), the full-model baseline of Kerkouche, Ács, Castelluccia, Genevès, "Constrained
-Differentially Private Federated Learning for Low-bandwidth Devices" (UAI 2021; spec 003), on the
+Differentially Private Federated Learning for Low-bandwidth Devices" (UAI 2021), on the
 frame of ``subset_training.py``.
 
 FedAvg with uniform averaging and the full model each way (r = 1). FL-STD-DP is FL-TOP-DP
 (Alg. 3: clip to S, noise N(0, (Sσ)²/|𝕂|) per client under secure aggregation) with 𝕋 = every
-coordinate; S is the norm of one server-side round on the public batch (§2.4).
+coordinate; S is the norm of one server-side round on the public batch (§4).
 """
 
 from __future__ import annotations

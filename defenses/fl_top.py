@@ -1,22 +1,23 @@
 """Constrained DP federated learning for low-bandwidth devices: Kerkouche, Ács, Castelluccia,
 Genevès, "Constrained Differentially Private Federated Learning for Low-bandwidth Devices"
-(UAI 2021; spec 003 §2) — FL-TOP(-DP), the paper's algorithm.
+(UAI 2021; §3) — FL-TOP(-DP), the paper's algorithm.
 
 * **FL-TOP** (Alg. 1, 2): before training the server runs T_init SGD steps on a small public
-  batch and keeps the K = ⌊r·n⌋ coordinates with the largest accumulated |gradient| (§2.1).
+  batch and keeps the K = ⌊r·n⌋ coordinates with the largest accumulated |gradient| (§3.1, §4).
   Clients train only those K weights (Top_k-SGD: the others stay at w0 bit for bit) and
   exchange only K values each way. **FL-TOP-DP** (Alg. 3): each client clips its K-dim update to
-  S and adds N(0, (Sσ)²/|𝕂|); secure aggregation gives the server only the sum (§2.4). The clip
-  S is calibrated on the public batch: one server-side round, S = ‖(w − w0)[𝕋]‖₂. Optional
-  ``topk_selection: private`` (§2.8) chooses 𝕋 from the clients' noisy local top-K indicators in
-  one extra round instead of public data, and accounts for that round.
+  S and adds N(0, (Sσ)²/|𝕂|); secure aggregation gives the server only the sum (§3.2.2). The clip
+  S is calibrated on the public batch: one server-side round, S = ‖(w − w0)[𝕋]‖₂ (§4). Optional
+  ``topk_selection: private`` (our form of the alternative in §3.2.3) chooses 𝕋 from the clients'
+  noisy local top-K indicators in one extra round instead of public data, and accounts for that
+  round.
 
 The baselines the paper compares it with, one file each: FL-BASIC(-DP) (§4, a fresh random
 K-subset per round) in ``fl_basic.py``, FL-STD(-DP) (FedAvg, the full model each way) in
-``fl_std.py``, FL-CS(-DP) (§2.7, compressive sensing of the update) in ``fl_cs.py``. The blocks
+``fl_std.py``, FL-CS(-DP) (§4, compressive sensing of the update) in ``fl_cs.py``. The blocks
 they share: ``subset_training.py`` (Top_k-SGD, the round with clip and noise under secure
-aggregation, the bandwidth of §2.9 and the accounting), ``top_k_selection.py`` (how 𝕋 is chosen,
-§2.1 and §2.8) and ``partial_dct.py`` (FL-CS's sketch and its ℓ1 reconstruction).
+aggregation, the bandwidth of §4.1 and the accounting), ``top_k_selection.py`` (how 𝕋 is chosen,
+§3.1, §4 and §3.2.3) and ``partial_dct.py`` (FL-CS's sketch and its ℓ1 reconstruction).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class FLTopDPParams(SubsetDPParams):
     init_steps: int = field(default=10, metadata={"min": 1, "help": "T_init: SGD steps on the public batch"})
     topk_score: Literal["abs_gradient", "change"] = field(default="abs_gradient", metadata={"help": "Σ|g| (default) or |w_T − w0|"})
     topk_selection: Literal["public", "private"] = field(
-        default="public", metadata={"help": "choose the Top-K on public data, or from the clients' noisy local top-K (§2.8)"})
+        default="public", metadata={"help": "choose the Top-K on public data, or from the clients' noisy local top-K (§3.2.3)"})
 
 
 class _TopK(SubsetFL):
@@ -69,7 +70,7 @@ class _TopK(SubsetFL):
             self._clip = float(torch.linalg.vector_norm(update.double()))
 
     def _private_selection(self, job, model, initial, keep: int) -> torch.Tensor:
-        """§2.8 (:func:`private_top_k`), with S calibrated first unless it is given."""
+        """§3.2.3 (:func:`private_top_k`), with S calibrated first unless it is given."""
         dim = sum(p.numel() for p in initial.values())
         if not self.params.clip:  # calibrate S on the public batch with every coordinate trainable
             full = torch.ones(dim, dtype=torch.bool, device=job.pool_x.device)

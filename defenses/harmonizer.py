@@ -1,6 +1,7 @@
-"""UDP-FL's Harmonizer (paper 001, Alg. 2/3, lost in extraction; spec 001 §2.3 [PROP]): the least
-noise of each mechanism that meets a target (ε, δ) over a number of Poisson-subsampled steps,
-and the "dominance" variant whose RDP curve lies under a Gaussian's at every order.
+"""UDP-FL's Harmonizer (Feng et al. 2024, §3.3; its Alg. 2/3 are not legible in the text we used,
+so this is our construction): the least noise of each mechanism that meets a target (ε, δ) over a
+number of Poisson-subsampled steps, and the "dominance" variant whose RDP curve lies under a
+Gaussian's at every order.
 
 Accounting per step (composition and conversion shared with :mod:`defenses.accounting`):
 
@@ -28,7 +29,7 @@ from defenses.mechanisms import CLIP_NORMS, MECHANISMS, Mechanism, make_mechanis
 from defenses.subsampled_rdp import INTEGER_ORDERS, poisson_subsampled_rdp
 
 ACCOUNTINGS = ("paper_1d", "sound")
-#: the grid of the paper's accountant (Opacus's default orders; spec 001 §2.3)
+#: the order grid of the ``paper_1d`` accounting (Opacus's default orders; the paper's own grid is not legible)
 PAPER_ORDERS: tuple[float, ...] = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)))
 
 

@@ -1,4 +1,5 @@
-"""Per-scalar ε-LDP mechanisms for model weights (paper 004, LDP-FL; spec 004 §2.1, §2.5).
+"""Per-scalar ε-LDP mechanisms for model weights (LDP-FL, Sun et al. 2021: Eq. 2, Alg. 2;
+Laplace and Duchi are our alternatives).
 
 * **Two-point** (Sun et al. 2021, Eq. 2; an affine generalisation of Duchi et al. 2018): for w
   clipped into [c − r, c + r] and A = (e^ε + 1)/(e^ε − 1),

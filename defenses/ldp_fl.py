@@ -1,5 +1,5 @@
 """LDP-FL: Sun, Qian, Chen, "LDP-FL: Practical Private Aggregation in Federated Learning with Local
-Differential Privacy" (IJCAI 2021; spec 004 §2.2–2.4, §3).
+Differential Privacy" (IJCAI 2021; Alg. 1–3, §3.3, §4).
 
 Each selected client trains locally with plain SGD, clips every scalar of its *model* into
 [c − r, c + r] and replaces it by an ε-LDP report (:mod:`defenses.ldp`: the two-point mechanism
@@ -7,7 +7,7 @@ by default, Laplace or Duchi as alternatives). It then splits the model into (id
 and sends them in random order over an anonymous channel, so the cloud sees, per id, an
 unlabelled multiset of k values; it averages them per id (FedAvg with equal shards).
 
-Ranges (spec 004 §2.2): ``range_mode: fixed`` (c, r) for every scalar (MNIST (0, 0.075)); or
+Ranges: ``range_mode: fixed`` (c, r) for every scalar (MNIST (0, 0.075)); or
 ``adaptive`` per parameter tensor with ``center: zero`` (c = 0, r = max − min, the paper's §5) or
 ``midpoint`` (c = (max + min)/2, r = (max − min)/2, §3.3), the min/max coming from
 ``range_source``: ``global_prev`` (default: the received global model — public), ``secure_minmax``
@@ -180,7 +180,7 @@ class LDPFL(Defense):
                 else:
                     c, r = (high + low) / 2, (high - low) / 2
                 # A constant tensor (max = min, e.g. a freshly initialised norm layer) has no width: the
-                # spec's "output c" would wipe it under center zero (c = 0) and freeze it otherwise. It
+                # plain "output c" would wipe it under center zero (c = 0) and freeze it otherwise. It
                 # gets the range (its value, the fixed radius r) instead — public, like the values it
                 # comes from under global_prev.
                 constant = (high - low) <= 1e-12 * torch.maximum(high.abs(), low.abs()).clamp_min(1.0)

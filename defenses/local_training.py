@@ -47,7 +47,7 @@ def client_batches(num_records: int, unit: str, count: int, batch_size: int, rng
     ``unit="epochs"``: ``count`` passes over a fresh permutation, cut into batches of
     ``batch_size`` (the last one smaller). ``unit="iterations"``: ``count`` batches of
     min(batch_size, n) records drawn from successive permutations (reshuffle and cycle,
-    spec 000 §2.1).
+    our choice).
     """
     if num_records < 1:
         return []

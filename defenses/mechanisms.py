@@ -1,12 +1,12 @@
 """Additive noise mechanisms for one coordinate — Gaussian, Laplace, Staircase — with their
-densities, exact samplers, moments and Rényi-DP curves (paper 001, UDP-FL; spec 001 §2.1–2.2).
+densities, exact samplers, moments and Rényi-DP curves (UDP-FL, Feng et al. 2024, §4.1, Table 3).
 
 Every mechanism adds i.i.d. noise to each coordinate of a query of sensitivity Δ (``scale``).
 Its parameter: the Gaussian's noise multiplier z (std zΔ), the Laplace scale ratio λ (scale
 λΔ), the Staircase's ε (Geng & Viswanath 2015, "The Optimal Noise-Adding Mechanism in
 Differential Privacy"; γ = γ* = 1/(1 + e^{ε/2}) by default).
 
-Rényi DP, two readings (spec 001 §2.2):
+Rényi DP, two readings:
 
 * :meth:`Mechanism.rdp_1d` — the one-dimensional curve D_α(f ‖ f(· − Δ)) that UDP-FL applies to
   noise on every coordinate of an ℓ2-clipped d-dimensional gradient (``accounting: paper_1d``);
@@ -209,8 +209,8 @@ class StaircaseNoise(Mechanism):
         return scale * (mean_g + mean_y)
 
     def rdp_1d(self, orders):
-        """Closed form (spec 001 §2.2 [DER], γ ≤ ½): with shift Δ the likelihood ratio is e^{ε} for
-        x < 0, e^{−ε} for x ≥ Δ, and e^{ε} / 1 / e^{−ε} on the three parts of [0, Δ), so
+        """Closed form (our derivation, checked numerically; γ ≤ ½): with shift Δ the likelihood ratio
+        is e^{ε} for x < 0, e^{−ε} for x ≥ Δ, and e^{ε} / 1 / e^{−ε} on the three parts of [0, Δ), so
         I(α) = ½e^{−αε} + ½e^{(α−1)ε} + aΔ[γe^{(α−1)ε} + (1 − 2γ)e^{−ε} + γe^{−αε}], D_α = log I/(α−1)."""
         orders = _orders(orders)
         eps, gamma, a_delta = self.parameter, self.gamma, self.height(1.0)

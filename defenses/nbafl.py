@@ -1,6 +1,6 @@
 """NbAFL, "noising before model aggregation": Wei, Li, Ding, Ma, Yang, Farokhi, Jin, Quek, Poor,
 "Federated Learning with Differential Privacy: Algorithms and Performance Analysis" (IEEE TIFS
-2020, arXiv 1911.00222) — a baseline of paper 001 (spec 001 §2.8).
+2020, arXiv 1911.00222) — a baseline of UDP-FL (Feng et al. 2024, §5.2).
 
 Client i trains locally, clips its *model* w_i to ‖w_i‖ ≤ C and uploads w_i + N(0, σ_U²·I);
 the server averages and, when T > L√N, adds N(0, σ_D²·I) to the average before broadcasting:
@@ -13,7 +13,7 @@ with m the smallest local dataset, N clients, T rounds and L exposures of each c
 sets the noise through these formulas; the claim is computed from the noise (below).
 
 What was verified, and what was not (the NbAFL text itself is not available offline here; the
-formulas above are the spec's recollection):
+formulas above were recalled, not read from it):
 * verified — c = √(2 ln(1.25/δ)) is the classic Gaussian-mechanism constant (Dwork & Roth 2014,
   Thm. A.1: σ = cΔ/ε gives (ε, δ)-DP for ε < 1); σ_U = c·L·Δ/ε is that calibration at ε/L per
   exposure, composed over L exposures by basic composition — which makes the total δ up to L·δ,

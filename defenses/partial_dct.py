@@ -1,5 +1,5 @@
-"""The sketch of FL-CS (Kerkouche et al., UAI 2021, spec 003 §2.7, as the spec proposes it): a
-partial orthonormal DCT-II, chunk by chunk, and its ℓ1 reconstruction.
+"""The sketch of FL-CS (Kerkouche et al., UAI 2021, §4), in a form of our choosing: a partial
+orthonormal DCT-II, chunk by chunk, and its ℓ1 reconstruction.
 
 The update is cut into chunks of b coordinates; chunk j keeps m_j = ⌊r·b_j⌋ rows of the
 orthonormal DCT-II, drawn without replacement from a generator every client shares (one draw per

@@ -1,8 +1,8 @@
 """Sparsification masks for client updates: per-tensor top-k, global top-k, random-k.
 
-Used by LUS (paper 000: per-tensor top-s of |g ⊙ Δ|), DP-FedSAM-top_k (paper 002: per-tensor
-top-⌈p·d_l⌉ of |Δ|) and Fed-SMP (Hu et al. 2022: global random-k or top-k). Ties are broken by
-the lower index (a stable sort), so masks are deterministic.
+Used by LUS (Cheng et al. 2022: per-tensor top-s of |g ⊙ Δ|), DP-FedSAM-top_k (Shi et al. 2023:
+per-tensor top-⌈p·d_l⌉ of |Δ|) and Fed-SMP (Hu et al. 2022: global random-k or top-k). Ties are
+broken by the lower index (a stable sort), so masks are deterministic.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ def exact_fraction(value: float | Fraction) -> Fraction:
 
 def exact_count(fraction: float | Fraction, size: int, rounding: str) -> int:
     """How many of ``size`` entries a share ``fraction`` keeps, in exact rational arithmetic, clamped
-    to [1, size]: ``ceil`` ⌈p·d⌉ (DP-FedSAM-top_k, spec 002 §2.2; Fed-SMP), ``floor`` ⌊r·n⌋
-    (FL-TOP, spec 003 §2.9), ``nearest`` round(x·d) with halves up (LUS, spec 000 §2.3).
+    to [1, size]: ``ceil`` ⌈p·d⌉ (DP-FedSAM-top_k, Fed-SMP: our rounding of k = p·d), ``floor``
+    ⌊r·n⌋ (FL-TOP: it reproduces the bandwidth cells of Kerkouche et al.'s Table 1), ``nearest``
+    round(x·d) with halves up (LUS: our choice, the paper does not say how to round).
 
     Floating point would misplace the boundaries: (1 − 0.55)·10 is 4.4999999999999996 in doubles,
     which rounds to 4 where the paper's s_j = round(4.5) = 5.

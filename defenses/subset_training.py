@@ -1,14 +1,14 @@
 """The frame that Kerkouche, Ács, Castelluccia, Genevès, "Constrained Differentially Private
-Federated Learning for Low-bandwidth Devices" (UAI 2021; spec 003 §2) builds all its algorithms
+Federated Learning for Low-bandwidth Devices" (UAI 2021; §3) builds all its algorithms
 on: clients train a subset of the coordinates and exchange only what the algorithm says.
 
 * **Top_k-SGD** (Alg. 2): :class:`MaskedObjective` zeroes the gradients outside the trainable
   coordinates, so (plain SGD, no weight decay) the frozen weights keep their bits.
 * **The round** (Alg. 1, 3): each client's update restricted to the trainable coordinates; the
   DP variants clip it to S and add N(0, (Sσ)²/|𝕂|) on the exchanged coordinates, and secure
-  aggregation gives the server only the sum (§2.4). :func:`masked_public_update` is the one
-  server-side round on the public batch that calibrates S (§2.4, §2.6).
-* **Bandwidth** (§2.9): every round logs the exact bits each participating client sends and
+  aggregation gives the server only the sum (§3.2.2). :func:`masked_public_update` is the one
+  server-side round on the public batch that calibrates S (§4).
+* **Bandwidth** (§4.1): every round logs the exact bits each participating client sends and
   receives (32-bit floats), and the claim states the paper's table formula
   KB = ⌊r·n⌋·32·Round·C/8000 (:func:`table_kilobytes`, K = :func:`kept_count`).
 * **Accounting**: each round is a sampled Gaussian (Poisson rate C, multiplier σ) on the client
@@ -55,7 +55,7 @@ BITS_PER_FLOAT = 32
 
 
 def table_kilobytes(floats: int, rounds: int, client_rate: float) -> float:
-    """The paper's bandwidth cell (spec 003 §2.9): floats·32·Round·C/8000, in KB of 1000 bytes."""
+    """The paper's bandwidth cell (§4.1): floats·32·Round·C/8000, in KB of 1000 bytes (this reproduces Table 1)."""
     return floats * BITS_PER_FLOAT * rounds * client_rate / 8000.0
 
 
@@ -103,7 +103,7 @@ class MaskedObjective(LocalObjective):
 
 
 def masked_public_update(model, initial, mask: torch.Tensor, x, y, training: TrainingConfig, seed: int) -> torch.Tensor:
-    """One client-like local round on the public batch with only ``mask`` trainable (§2.4): the update vector."""
+    """One client-like local round on the public batch with only ``mask`` trainable (§4): the update vector."""
     batches = client_batches(len(y), training.local_unit, training.local_steps, training.batch_size,
                              numpy_rng(seed, "public", "calibration"))
     schedule = LocalSchedule.build([batches], [np.arange(len(y))])
@@ -126,7 +126,7 @@ class SubsetParams:
 
 @dataclass(frozen=True)
 class SubsetDPParams(SubsetParams):
-    clip: float = field(default=0.0, metadata={"min": 0.0, "help": "S (0: calibrate on the public batch, §2.4/§2.6)"})
+    clip: float = field(default=0.0, metadata={"min": 0.0, "help": "S (0: calibrate on the public batch, §4)"})
     noise_multiplier: float = field(default=1.5406, metadata={"min": 0.0, "min_exclusive": True,
                                                               "help": "σ: noise of the sum is Sσ (set from 'epsilons')"})
 

@@ -1,13 +1,14 @@
 """How FL-TOP chooses the K coordinates its clients train and exchange: Kerkouche, Ács,
 Castelluccia, Genevès, "Constrained Differentially Private Federated Learning for Low-bandwidth
-Devices" (UAI 2021; spec 003).
+Devices" (UAI 2021).
 
-* :func:`select_top_k` (§2.1, Alg. 1): before training the server runs T_init SGD steps on a
+* :func:`select_top_k` (§3.1, §4, Alg. 1): before training the server runs T_init SGD steps on a
   small public batch and keeps the K coordinates with the largest accumulated |gradient| (or the
   largest change |w_T − w0|).
-* :func:`private_top_k` (§2.8): without public data, sampled clients train from w0 and send
-  their local top-K indicator, scaled to norm S and noised as in FL-TOP-DP; the server keeps the
-  K largest coordinates of the noisy sum. It is one more noisy round, which the claim accounts.
+* :func:`private_top_k` (our form of the alternative §3.2.3 mentions): without public data,
+  sampled clients train from w0 and send their local top-K indicator, scaled to norm S and noised
+  as in FL-TOP-DP; the server keeps the K largest coordinates of the noisy sum. It is one more
+  noisy round, which the claim accounts.
 
 Both return the K indices sorted; ties go to the lower index (stable sorts).
 """
@@ -34,7 +35,7 @@ from defenses.noise import gaussian_rows
 
 def select_top_k(model: torch.nn.Module, initial: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, steps: int,
                  lr: float, keep: int, score: str) -> torch.Tensor:
-    """§2.1: T_init SGD steps on one public batch; the K coordinates with the largest Σ|g|
+    """§4: T_init SGD steps on one public batch; the K coordinates with the largest Σ|g|
     (``score: abs_gradient``) or the largest |w_T − w0| (``change``), sorted; ties by lower index."""
     params = {n: p.detach().clone() for n, p in initial.items()}
     names = list(params)
@@ -54,7 +55,7 @@ def select_top_k(model: torch.nn.Module, initial: dict[str, torch.Tensor], x: to
 
 
 def private_top_k(job, model, initial, keep: int, clip: float, noise_multiplier: float) -> torch.Tensor:
-    """§2.8: sampled clients train from w0, send their local top-K indicator (scaled to norm S =
+    """After §3.2.3: sampled clients train from w0, send their local top-K indicator (scaled to norm S =
     ``clip`` and noised as in FL-TOP-DP), the server keeps the K largest of the noisy sum."""
     dim = sum(p.numel() for p in initial.values())
     rng = numpy_rng(job.seed, "private-topk", "sampling")

@@ -1,5 +1,5 @@
 """UDP-FL: Feng, Mohammady, Hong, Yan, Kundu, Wang, Hong, "Universally Harmonizing Differential
-Privacy Mechanisms for Federated Learning" (arXiv 2407.14710; spec 001 §2.4–2.6).
+Privacy Mechanisms for Federated Learning" (arXiv 2407.14710; §3.2–3.3, §4.4).
 
 Each participating client trains with DP-SGD (:mod:`defenses.dp_sgd`): Poisson batches at rate q,
 per-example clipping to C, and i.i.d. noise from the chosen mechanism — Gaussian (then UDP-FL is
@@ -11,7 +11,7 @@ The guarantee is record-level, for each client's records (add/remove one record;
 batches are drawn by the client, so the amplification holds against every observer, the server
 included). The paper accounts the Laplace and Staircase noise with one-dimensional RDP curves
 although the noise is added to every coordinate of a d-dimensional ℓ2-clipped gradient: sound for
-the Gaussian only (spec 001 §2.2, and ``dpfl-audit audit-mechanism`` shows the violation). The
+the Gaussian only (our finding; ``dpfl-audit audit-mechanism`` shows the violation). The
 claim's headline is therefore always the ``sound`` figure; the paper's ``paper_1d`` figure stays
 beside it as a labelled alternative. ``accounting`` chooses what calibration (``epsilons``) aims
 at: ``sound`` (default: the claim meets the target) or ``paper_1d`` (the paper's noise, whose
@@ -20,9 +20,10 @@ clipping (no claim); ``clip_norm: l1`` gives it one (a poor one).
 
 Options: ``shuffle`` (§4.4: the server receives the uploads in random order without identities;
 FedAvg is unchanged; no amplification is credited because the uploads are not ε0-LDP reports);
-``client_epsilons`` (§2.5: clients in groups with their own ε, each harmonized separately, plus the
+``client_epsilons`` (§3.3: clients in groups with their own ε, each harmonized separately, plus the
 penalty λ_k(w − w_max) towards the largest-ε clients' last local model,
-λ_k = penalty·(ε_max − ε_k)/ε_max — the paper's formula is lost; this is the spec's proposal).
+λ_k = penalty·(ε_max − ε_k)/ε_max — the paper's formula is not legible in the text we used; this
+one is our choice).
 """
 
 from __future__ import annotations
@@ -142,7 +143,7 @@ class UDPFL(Defense):
                          + "; the claim is the weakest group's")
         if self.params.shuffle:
             notes.append("shuffler on: uploads reach the server without identities; no amplification is credited "
-                         "(the uploads are not ε0-LDP reports, spec 001 §2.6)")
+                         "(the uploads are not the ε0-LDP reports its bounds need)")
         method = "sampled Gaussian" if self.params.mechanism == "gaussian" else "RDP curves + Zhu–Wang subsampling"
         label = f"sound ({method}), {accounting.conversion} conversion"
         finite = math.isfinite(headline)

@@ -63,7 +63,7 @@ class Utility:
 
 @dataclass(frozen=True)
 class Sharpness:
-    """Mean rise of the training loss at each radius of weight perturbation (spec 002 §6)."""
+    """Mean rise of the training loss at each radius of weight perturbation (flatness: Shi et al. 2023, Fig. 3)."""
 
     radii: list[float] = field(metadata={"json_schema": {"minItems": 1}})
     mean_rise: list[float | None] = field(metadata={"json_schema": {"minItems": 1}})
@@ -81,7 +81,7 @@ class Robustness:
 
 @dataclass(frozen=True)
 class Diagnostics:
-    """Per-experiment diagnostics (spec 002 §6): train/test gap, clipping, update norms, flatness."""
+    """Per-experiment diagnostics (Shi et al. 2023, §6.3 and Table IV): train/test gap, clipping, update norms, flatness."""
 
     train_accuracy: MeanOverRuns
     generalization_gap: MeanOverRuns
@@ -89,9 +89,9 @@ class Diagnostics:
     update_norm_median_first_round: MeanOverRuns
     update_norm_median_last_round: MeanOverRuns
     bits_up_per_client_round: MeanOverRuns | None = field(default=None, metadata={
-        **_OPTIONAL, "help": "paper 003: exact bits a participating client sends per round"})
+        **_OPTIONAL, "help": "exact bits a participating client sends per round (Kerkouche et al. 2021's bandwidth)"})
     bits_down_per_client_round: MeanOverRuns | None = field(default=None, metadata={
-        **_OPTIONAL, "help": "paper 003: exact bits a participating client receives per round"})
+        **_OPTIONAL, "help": "exact bits a participating client receives per round (Kerkouche et al. 2021's bandwidth)"})
     sharpness: Sharpness | None = field(default=None, metadata=_OPTIONAL)
     robustness: Robustness | None = field(default=None, metadata=_OPTIONAL)
 

@@ -1,4 +1,4 @@
-"""Figure files for papers and slides (issue 20, item 6): the report's plots as PNG and PDF.
+"""Figure files for papers and slides: the report's plots as PNG and PDF.
 
 ``figures/`` in an output directory holds, from the same drawings the HTML report embeds
 (:mod:`reports.plots`):

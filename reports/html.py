@@ -1,6 +1,6 @@
 """The self-contained HTML report: inline CSS, plots embedded as base64 PNG, no network access.
 
-The page reads top-down (issue 20, item 5): the header; the headline — one row per configuration
+The page reads top-down: the header; the headline — one row per configuration
 (:func:`headline_rows`: utility, the claim per adversary, one verdict with its power, the strongest
 leakage), then the findings in words; the figures (:func:`report_figures`); the detail tables,
 where each ε figure gets one short phrase (:func:`short_verdict`) and its full sentence sits in a

@@ -1,6 +1,6 @@
 """The tidy results table and the files it is written to.
 
-One row per (experiment, attack, metric) — long format, DESIGN.md's columns:
+One row per (experiment, attack, metric) — long format, with these columns:
 
     run, dataset, defense, label, epsilon, delta, unit, accountant, seed, attack, metric, value, ci_low, ci_high
 

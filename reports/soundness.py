@@ -2,8 +2,8 @@
 
 An (ε, δ)-DP claim bounds every test an attacker can run, so an ε *lower bound* above what
 the claim implies — beyond its confidence interval — means the claim or its implementation is
-wrong (DESIGN.md, "Empirical ε"). A lower bound at confidence 1 − α is itself the lower end of
-its interval, so it is compared as it is.
+wrong (Jagielski, Ullman, Oprea 2020; Nasr et al. 2021). A lower bound at confidence 1 − α is
+itself the lower end of its interval, so it is compared as it is.
 
 An *estimate* (the Gaussian fit of Andrew et al. 2024) is not a bound: the fit assumes Gaussian
 statistics, and its interval covers the fitted ε, not a worst case. When even the lower end of

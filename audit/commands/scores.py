@@ -1,4 +1,4 @@
-"""The ``scores`` command (issue 19, item 2): membership or canary scores that any tool computed,
+"""The ``scores`` command: membership or canary scores that any tool computed,
 judged by dpfl-audit's statistics and verdicts (:mod:`audit.score_files`, :mod:`audit.external`).
 
 It prints a short summary (or, with ``--json``, the results document) and writes files only when

@@ -1,4 +1,4 @@
-"""How much an audit can show: its power against a claim (auditing.md §4).
+"""How much an audit can show: its power against a claim.
 
 An ε lower bound below the claim is evidence only if the audit could have found a violation.
 For a design with m independent coins (canaries, or (run, unit) pairs) and a one-run test of

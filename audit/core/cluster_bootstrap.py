@@ -5,8 +5,8 @@ A membership experiment scores every (run, unit) pair. The scores are not indepe
 is more or less vulnerable in every run (a unit effect), a run is more or less leaky for every
 unit and its reference set is shared (a run effect), and leave-one-out scoring couples runs.
 Intervals that treat the R·U scores as independent — DeLong for the AUC, Clopper–Pearson for a
-TPR — are then too narrow or too wide, depending on the sign of the correlations (measured in
-issue 17: 87 % and 100 % coverage of nominal 95 % intervals).
+TPR — are then too narrow or too wide, depending on the sign of the correlations (measured on a
+null pipeline, DP-FedAvg at ε = 0.05: 87 % and 100 % coverage of nominal 95 % intervals).
 
 The estimand is the leakage of the *training procedure*: the expectation over training
 randomness and over the unit population (Carlini et al. 2022, §V evaluate over many target

@@ -16,9 +16,9 @@ Both turn canary statistics into a statement about ε that can be set beside a c
   is that of the Gaussian pair at δ > 0. An *estimate*, not a bound; its exact noncentral-t
   interval says how well the canaries pin it down.
 
-Reference values (``../shared/specs/peers.md`` §2): the one-run bound at m = 1000, r = v = 100,
-δ = 0, p = 0.05 is 3.493; r = 100, v = 90: 1.631; r = v = 1000: 5.809; m = 10⁴, r = 10³,
-v = 900, δ = 10⁻⁵: 2.015.
+Reference values (Steinke et al.'s test as Privacy Meter's ``audit.py:get_eps_audit`` computes
+it): the one-run bound at m = 1000, r = v = 100, δ = 0, p = 0.05 is 3.493; r = 100, v = 90: 1.631;
+r = v = 1000: 5.809; m = 10⁴, r = 10³, v = 900, δ = 10⁻⁵: 2.015.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ def mlp(input_shape: Sequence[int], num_classes: int, hidden: tuple[int, ...] = 
 
 @MODELS.register("cnn2")
 def cnn2(input_shape: Sequence[int], num_classes: int, dropout: bool = True) -> nn.Module:
-    """The two-convolution CNN of Reddi et al. 2021 (spec 000 §4; paper 000's "CNN-2-Layers").
+    """The two-convolution CNN of Reddi et al. 2021 (Cheng et al. 2022's "CNN-2-Layers", §6).
 
     Conv(C→32, 3×3) → ReLU → Conv(32→64, 3×3) → ReLU → MaxPool 2 → Dropout 0.25 → Flatten →
     FC 128 → ReLU → Dropout 0.5 → FC classes; 1,206,590 parameters on 28×28×1 with 62 classes.
@@ -66,7 +66,8 @@ def cnn2(input_shape: Sequence[int], num_classes: int, dropout: bool = True) -> 
 
 @MODELS.register("cnn-mcmahan")
 def cnn_mcmahan(input_shape: Sequence[int], num_classes: int) -> nn.Module:
-    """The CNN of McMahan et al. 2017 (FedAvg), as paper 003 uses it (spec 003 §4).
+    """The CNN of McMahan et al. 2017 (FedAvg), as Kerkouche et al. 2021 use it (its parameter count
+    reproduces every bandwidth cell of their Table 1).
 
     Conv(C→32, 5×5, pad 2) → ReLU → MaxPool 2 → Conv(32→64, 5×5, pad 2) → ReLU → MaxPool 2 →
     FC 512 → ReLU → FC classes: exactly 1,663,370 parameters on 28×28×1 with 10 classes.
@@ -82,7 +83,8 @@ def cnn_mcmahan(input_shape: Sequence[int], num_classes: int) -> nn.Module:
 
 @MODELS.register("cnn-fedsam")
 def cnn_fedsam(input_shape: Sequence[int], num_classes: int) -> nn.Module:
-    """The EMNIST CNN of DP-FedSAM's public code (spec 002 §4).
+    """The EMNIST CNN of DP-FedSAM's public code (Shi et al. 2023, §6.1: two 5×5 convolutions, max
+    pooling, a 512-unit dense layer).
 
     Conv(C→32, 5×5) → MaxPool 2 → ReLU → Conv(32→64, 5×5) → MaxPool 2 → ReLU → FC 512 → ReLU →
     FC classes: 903,614 parameters on 32×32×1 with 62 classes (608,702 on 28×28×1).
@@ -98,7 +100,7 @@ def cnn_fedsam(input_shape: Sequence[int], num_classes: int) -> nn.Module:
 
 @MODELS.register("cnn-small")
 def cnn_small(input_shape: Sequence[int], num_classes: int) -> nn.Module:
-    """A small CNN for CPU proxies of the papers' experiments (spec 000 §5: ≈20–50k parameters).
+    """A small CNN for CPU proxies of the papers' experiments (our choice: ≈20–50k parameters).
 
     Conv(C→16, 5×5, stride 2) → ReLU → Conv(16→32, 5×5, stride 2) → ReLU → FC 64 → ReLU → FC
     classes: 46,730 parameters on 28×28×1 with 10 classes.
@@ -112,7 +114,8 @@ def cnn_small(input_shape: Sequence[int], num_classes: int) -> nn.Module:
 
 @MODELS.register("cnn-tiny")
 def cnn_tiny(input_shape: Sequence[int], num_classes: int) -> nn.Module:
-    """The PyTorch MNIST example CNN (spec 004 §4's lighter alternative for LDP-FL).
+    """The PyTorch MNIST example CNN (our lighter choice for LDP-FL's "two-layer CNN", whose layers
+    Sun et al. 2021 do not give).
 
     Conv(C→10, 5×5) → MaxPool 2 → ReLU → Conv(10→20, 5×5) → MaxPool 2 → ReLU → FC 50 → ReLU → FC
     classes: 21,840 parameters on 28×28×1 with 10 classes.
@@ -126,7 +129,7 @@ def cnn_tiny(input_shape: Sequence[int], num_classes: int) -> nn.Module:
 
 @MODELS.register("cnn-udpfl")
 def cnn_udpfl(input_shape: Sequence[int], num_classes: int) -> nn.Module:
-    """UDP-FL's MNIST CNN (paper 001 and its public code; spec 001 §5).
+    """UDP-FL's MNIST CNN (Feng et al. 2024, §5.1, and its public code).
 
     Conv(C→32, 3×3, pad 1) → ReLU → MaxPool 2 → Conv(32→64, 3×3, pad 1) → ReLU → MaxPool 2 →
     FC 128 → ReLU → FC classes: 421,642 parameters on 28×28×1 with 10 classes.

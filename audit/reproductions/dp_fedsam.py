@@ -1,13 +1,13 @@
-"""Paper 002 (Shi et al. 2023): DP-FedSAM and DP-FedSAM-top_k against DP-FedAvg, Fed-SMP and BLUR(S).
+"""Shi et al. 2023: DP-FedSAM and DP-FedSAM-top_k against DP-FedAvg, Fed-SMP and BLUR(S).
 
-The CPU proxy follows the public code's hyper-parameters scaled down (spec 002 §2.4): 500
+The CPU proxy follows the public code's hyper-parameters, scaled down: 500
 clients, sampling rate q = 0.1, lr 0.1 decaying by 0.998 per round, momentum 0.5, weight decay
 5e-4, C = 0.2, σ = 0.95 for every method, δ = 1/M = 2e-3, top-k keep fraction p = 0.4, ASAM
 with ρ = 0.5 (what the public code runs) and plain SAM with ρ = 0.05. Training runs for the 180
 rounds it takes to reach ε = 8; accuracy is read as the paper does: the best round (Table I)
 and at the round where ε reaches 4, 6 and 8 (Table II: "stop when the target ε is reached").
 Poisson sampling is used so the paper's sampled-Gaussian accounting is sound (its code samples
-a fixed m, spec 002 §8.3). ``--quick``: an MLP, 2 seeds; the full proxy: the small CNN, 3 seeds.
+a fixed m). ``--quick``: an MLP, 2 seeds; the full proxy: the small CNN, 3 seeds.
 
 DP-FedSAM-top_k and Fed-SMP run in their sound defaults (sparsify, then noise every coordinate);
 the papers' variants, which keep noise only on the kept coordinates and so release less noise than
@@ -118,7 +118,7 @@ def study(quick: bool, dataset: str, data_root: str | None) -> Study:
 
     return Study(
         name="dp-fedsam",
-        title="DP-FedSAM and DP-FedSAM-top_k vs DP-FedAvg, Fed-SMP and BLUR(S) (paper 002, Tables I, II, IV, Figs. 3–4)",
+        title="DP-FedSAM and DP-FedSAM-top_k vs DP-FedAvg, Fed-SMP and BLUR(S) (Shi et al. 2023, Tables I, II, IV, Figs. 3–4)",
         paper=PAPER,
         config=config,
         arms=arms,
@@ -134,7 +134,7 @@ def study(quick: bool, dataset: str, data_root: str | None) -> Study:
             "lr 0.1·0.998^t, momentum 0.5, weight decay 5e-4, C = 0.2, σ = 0.95 for every method (as the paper: equal noise).",
             "Fed-SMP and DP-FedSAM-top_k run in their sound defaults (every coordinate noisy); the '(paper)' arms keep noise "
             "only on kept coordinates, at the same σ: their claimed ε is what that noise supports (∞: no finite claim).",
-            "Best-round accuracy is selected on the test split, as the paper's code does (spec 002 §8.5).",
+            "Best-round accuracy is selected on the test split, as the paper's public code does.",
             "Absolute accuracies are not comparable with the paper's; the claims are.",
         ],
         reductions=[

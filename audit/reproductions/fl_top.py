@@ -1,4 +1,4 @@
-"""Paper 003 (Kerkouche et al., UAI 2021): FL-TOP(-DP) against FL-BASIC, FL-CS and FL-STD, with and
+"""Kerkouche et al. (UAI 2021): FL-TOP(-DP) against FL-BASIC, FL-CS and FL-STD, with and
 without DP, at ε ≈ 1 (Table 1, Fashion-MNIST).
 
 Fashion-MNIST is not available offline: MNIST's test split stands in for it, and says so. The
@@ -132,7 +132,7 @@ def study(quick: bool, dataset: str, data_root: str | None) -> Study:
 
     return Study(
         name="fl-top",
-        title="FL-TOP(-DP) vs FL-BASIC, FL-CS and FL-STD at ε ≈ 1 (paper 003, Table 1)",
+        title="FL-TOP(-DP) vs FL-BASIC, FL-CS and FL-STD at ε ≈ 1 (Kerkouche et al. 2021, Table 1)",
         paper=PAPER,
         config=config,
         arms=arms,
@@ -147,7 +147,7 @@ def study(quick: bool, dataset: str, data_root: str | None) -> Study:
             f"{'an MLP (784→64→10)' if quick else 'the paper CNN (1,663,370 parameters)'} as the model.",
             f"{clients} IID clients of 10 images, 100 per round (Poisson rate {100 / clients:g}), {rounds} rounds, one local epoch of "
             "batch 10, lr 0.05, T_init = 10; DP: σ calibrated to ε = 1 after the last round (δ = 1e-5, classic conversion), "
-            "S calibrated on the public batch as §2.4/§2.6 describe.",
+            "S calibrated on the public batch as the paper's §4 describes.",
             "Accuracy is the best test accuracy over the rounds (as the paper's Table 1); ε = 1 is the claim after the last round.",
             f"r is a fraction of the model, so a smaller model trains fewer weights: at r = 0.5 % the paper's CNN keeps "
             f"{kept_count(0.005, PAPER_N):,} weights" + (f", our MLP {kept_count(0.005, 50_890):,}; expect the sparse arms to lag "

@@ -1,11 +1,12 @@
-"""Paper 001 (UDP-FL, Feng et al. 2024): accuracy against ε for Gaussian, Laplace and Staircase noise,
+"""UDP-FL (Feng et al. 2024): accuracy against ε for Gaussian, Laplace and Staircase noise,
 each harmonized to the same (ε, δ) with the paper's one-dimensional RDP accounting (Table 4).
 
-CPU proxy of spec 001 §5's proposal: IID clients that all join every round, Adam at lr 1e-3,
-per-example clip C = 2, Poisson batches, δ = 1e-5, the classic conversion; ``--quick`` uses 10
-clients, q = 0.05, one local epoch, 15 rounds and 2 seeds. Beside each accuracy the table shows
-the paper's claimed ε and a sound ε for d-dimensional noise: for Laplace and Staircase the paper's
-figure does not hold (spec 001 §2.2), which is a finding of this reproduction, not a tuning knob.
+CPU proxy with our defaults (the paper's text does not give its hyper-parameters): IID clients
+that all join every round, Adam at lr 1e-3, per-example clip C = 2, Poisson batches, δ = 1e-5,
+the classic conversion; ``--quick`` uses 10 clients, q = 0.05, one local epoch, 15 rounds and 2
+seeds. Beside each accuracy the table shows the paper's claimed ε and a sound ε for d-dimensional
+noise: for Laplace and Staircase the paper's figure does not hold (the RDP curves of its §4.1,
+Table 3, are one-dimensional), which is a finding of this reproduction, not a tuning knob.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def study(quick: bool, dataset: str, data_root: str | None) -> Study:
     study_epsilons = [*epsilons]
     return Study(
         name="udp-fl",
-        title="UDP-FL: Gaussian vs Laplace vs Staircase noise harmonized to equal ε (paper 001, Table 4)",
+        title="UDP-FL: Gaussian vs Laplace vs Staircase noise harmonized to equal ε (Feng et al. 2024, Table 4)",
         paper=PAPER,
         config=config,
         arms=arms,
