@@ -58,7 +58,7 @@ largest μ whose μ-GDP the counts reject with its ε at δ (:func:`gdp_epsilon`
 "empirical privacy" for Gaussian mechanisms. The latter is *not* an (ε, δ) lower bound: an
 (ε, δ)-DP mechanism need not be μ-GDP for the μ whose curve meets (ε, δ) — the counts of
 ε-randomised response, which is (ε, 0)-DP, reject μ-GDP for μ whose ε at δ = 10⁻⁵ exceeds ε
-(tests/reports/test_fdp_one_run.py) — so only the former is tested against claims, and the
+(tests/audit/core/test_fdp_one_run.py) — so only the former is tested against claims, and the
 latter goes to the notes.
 
 **Against Steinke et al.** With δ = 0 and every guess right both give p = (e^ε/(1 + e^ε))^k;
