@@ -68,18 +68,9 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import torch
-from sklearn.ensemble import HistGradientBoostingClassifier
-from sklearn.exceptions import ConvergenceWarning
-from sklearn.linear_model import LogisticRegression
-from sklearn.model_selection import StratifiedKFold, cross_val_score
-from sklearn.neural_network import MLPClassifier
-from sklearn.pipeline import make_pipeline
-from sklearn.preprocessing import StandardScaler
-from torch import nn
 
 from attacks.attribute_queries import (
     attribute_encodings,
@@ -99,8 +90,32 @@ from attacks.base import (
 )
 from audit.core.dataset_types import Dataset
 from audit.core.errors import UserInputError
+from audit.core.lazy_modules import lazy_module
 from audit.core.metrics import Estimate
 from audit.core.seeding import derive_seed, numpy_rng, sklearn_random_state
+
+if TYPE_CHECKING:
+    import torch
+    from sklearn import (
+        ensemble,
+        exceptions,
+        linear_model,
+        model_selection,
+        neural_network,
+        pipeline,
+        preprocessing,
+    )
+    from torch import nn
+else:  # imported when first used (audit.core.lazy_modules)
+    ensemble = lazy_module("sklearn.ensemble")
+    exceptions = lazy_module("sklearn.exceptions")
+    linear_model = lazy_module("sklearn.linear_model")
+    model_selection = lazy_module("sklearn.model_selection")
+    neural_network = lazy_module("sklearn.neural_network")
+    pipeline = lazy_module("sklearn.pipeline")
+    preprocessing = lazy_module("sklearn.preprocessing")
+    torch = lazy_module("torch")
+    nn = lazy_module("torch.nn")
 
 #: the registered datasets with a sensitive attribute, which a side run may train on
 SIDE_DATASETS = ("diabetes", "adult")
@@ -177,12 +192,12 @@ def white_box_posterior(aux_embeddings: np.ndarray, aux_codes: np.ndarray, targe
     stopping on a stratified 10 % of the auxiliary records when every value has ≥ 10 of them."""
     counts = np.bincount(aux_codes)
     early_stopping = bool(counts[counts > 0].min() >= 10) if len(aux_codes) else False
-    classifier = make_pipeline(StandardScaler(), MLPClassifier(
+    classifier = pipeline.make_pipeline(preprocessing.StandardScaler(), neural_network.MLPClassifier(
         hidden_layer_sizes=tuple(int(h) for h in hidden), alpha=1e-3, max_iter=300, early_stopping=early_stopping,
         n_iter_no_change=10, random_state=sklearn_random_state(seed)))
     with warnings.catch_warnings():
         # 300 epochs is the attack's fixed budget (without early stopping it always ends there)
-        warnings.simplefilter("ignore", ConvergenceWarning)
+        warnings.simplefilter("ignore", exceptions.ConvergenceWarning)
         return _posterior(classifier, aux_embeddings, aux_codes, target_embeddings, num_values)
 
 
@@ -197,9 +212,9 @@ def baseline_inputs(other_features: np.ndarray, labels: np.ndarray, num_classes:
 
 def _baseline_classifier(seed: int, classifier: str):
     if classifier == "logistic":
-        return make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000))
+        return pipeline.make_pipeline(preprocessing.StandardScaler(), linear_model.LogisticRegression(max_iter=1000))
     if classifier == "gradient-boosting":
-        return HistGradientBoostingClassifier(max_iter=200, random_state=sklearn_random_state(seed))
+        return ensemble.HistGradientBoostingClassifier(max_iter=200, random_state=sklearn_random_state(seed))
     raise ValueError(f"baseline classifier must be 'logistic' or 'gradient-boosting', got {classifier!r}")
 
 
@@ -253,9 +268,9 @@ def best_baseline(aux_others: np.ndarray, aux_labels: np.ndarray, aux_codes: np.
         aux, target = inputs[BASELINE_CANDIDATES[0]]
         return BaselineChoice(BASELINE_CANDIDATES[0], {}, 0, baseline_posterior(aux, aux_codes, target, num_values, seed, classifier))
     # one set of folds for every candidate (a RandomState splitter would draw new folds on each use)
-    splits = list(StratifiedKFold(k, shuffle=True, random_state=sklearn_random_state(seed, "baseline-folds"))
+    splits = list(model_selection.StratifiedKFold(k, shuffle=True, random_state=sklearn_random_state(seed, "baseline-folds"))
                   .split(aux_codes, aux_codes))
-    accuracy = {name: float(cross_val_score(_baseline_classifier(seed, classifier), aux, aux_codes, cv=splits).mean())
+    accuracy = {name: float(model_selection.cross_val_score(_baseline_classifier(seed, classifier), aux, aux_codes, cv=splits).mean())
                 for name, (aux, _) in inputs.items()}
     accuracy["majority"] = float(np.mean([np.mean(aux_codes[test] == majority) for _, test in splits]))
     chosen = max(BASELINE_CANDIDATES, key=lambda name: (accuracy[name], -BASELINE_CANDIDATES.index(name)))

@@ -13,13 +13,19 @@ The guesses built on them are in :mod:`attacks.attribute_inference`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from torch import nn
-from torch.func import functional_call
 
+from audit.core.lazy_modules import lazy_module
 from defenses.evaluation import logits_of
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
+    nn = lazy_module("torch.nn")
 
 
 def attribute_encodings(column_values: np.ndarray, codes: np.ndarray, num_values: int) -> np.ndarray:
@@ -70,7 +76,6 @@ def last_linear(model: nn.Module) -> nn.Linear:
     return linears[-1]
 
 
-@torch.no_grad()
 def penultimate_embeddings(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor,
                            batch_size: int = 4096) -> np.ndarray:
     """The input of the model's last linear layer for each record, float64 [records, width]
@@ -81,8 +86,9 @@ def penultimate_embeddings(model: nn.Module, params: dict[str, torch.Tensor], x:
     was_training = model.training
     model.eval()
     try:
-        for start in range(0, len(x), batch_size):
-            functional_call(model, params, (x[start:start + batch_size],))
+        with torch.no_grad():
+            for start in range(0, len(x), batch_size):
+                torch.func.functional_call(model, params, (x[start:start + batch_size],))
     finally:
         handle.remove()
         model.train(was_training)

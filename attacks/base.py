@@ -25,11 +25,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
-import torch
-from torch import nn
 
 from attacks.signals import view_inputs
 from audit.core.cluster_bootstrap import (
@@ -47,12 +45,20 @@ from audit.core.empirical_epsilon import (
 )
 from audit.core.errors import UserInputError
 from audit.core.fdp_one_run import FdpOneRunAudit, fdp_audit_of_counts
+from audit.core.lazy_modules import lazy_module
 from audit.core.metrics import Estimate, thin_curve
 from audit.core.registry import Registry
 from audit.core.seeding import numpy_rng
 from audit.core.upload_conformance import UploadConformance
 from defenses.claims import PrivacyClaim
 from defenses.evaluation import logits_of
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
+    nn = lazy_module("torch.nn")
 
 UNITS = ("auto", "record", "client")
 

@@ -26,19 +26,23 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
-import torch
 from scipy import stats
 
 from attacks.base import ONE_RUN_FIGURES, Attack, AttackResult, gdp_note, membership_metrics
 from audit.core.empirical_epsilon import gaussian_fit_epsilon, rescaled
+from audit.core.lazy_modules import lazy_module
 from audit.core.metrics import Estimate
 from audit.core.seeding import numpy_rng
 
 if TYPE_CHECKING:
+    import torch
+
     from defenses.base import Defense
     from defenses.claims import PrivacyClaim
     from defenses.flat import ParamLayout
     from defenses.training_job import TrainingConfig
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 
 @dataclass

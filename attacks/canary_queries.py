@@ -24,19 +24,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import torch
-import torch.nn.functional as F
-from torch.func import functional_call, vmap
 
 from attacks.base import ATTACKS, AttackResult, MembershipAttack, MembershipExperiment, Setting
 from attacks.lira import VARIANTS, LiRA, LiRAParams
 from attacks.signals import logit_scaled_confidence
 from audit.core.errors import UserInputError
+from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import numpy_rng, torch_generator
 from defenses.evaluation import logits_of
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn.functional as F
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
+    F = lazy_module("torch.nn.functional")
 
 
 @dataclass(frozen=True)
@@ -105,12 +110,12 @@ class CanaryQueries(MembershipAttack):
         model.eval()
 
         def forward(p, inputs):
-            return functional_call(model, p, (inputs,))
+            return torch.func.functional_call(model, p, (inputs,))
 
         try:
             for _ in range(self.params.iterations):
                 queries = (x[:, None] + offset).clamp(low, high).reshape((-1,) + tuple(x.shape[1:]))
-                logits = vmap(forward, in_dims=(0, None))(stacked, queries)  # [R, S·Q, C]
+                logits = torch.func.vmap(forward, in_dims=(0, None))(stacked, queries)  # [R, S·Q, C]
                 log_p = F.log_softmax(logits, -1).gather(-1, labels[None, :, None].expand(len(references), -1, 1))[..., 0]
                 inside = -log_p  # cross-entropy towards y
                 outside = -torch.log1p(-log_p.exp().clamp(max=1 - 1e-6))  # −log(1 − p_y)

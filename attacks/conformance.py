@@ -72,13 +72,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from scipy import stats
 
 from audit.core.datasets import load_dataset
+from audit.core.lazy_modules import lazy_module
 from audit.core.metrics import epsilon_lower_bound, held_out_epsilon_lower_bound
 from audit.core.models import build_model
 from audit.core.schema import to_mapping
@@ -87,6 +87,11 @@ from defenses.base import DEFENSES, AccountingSettings, Defense
 from defenses.claims import AdversaryClaim
 from defenses.release_probe import ReleaseProbe, Trial, describe_participation
 from defenses.training_job import TrainingConfig, TrainingJob
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 CONFORMS, VIOLATES, NOT_APPLICABLE = "conforms", "violates", "not applicable"
 #: a private defense the audit cannot check: no release probe, or a covered observer whose claim

@@ -47,10 +47,9 @@ and a figure that depends on it (one upload's noise σS/√|P_t|) is the one for
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import torch
 
 from attacks.base import ATTACKS, AttackResult, Setting
 from attacks.canary_audit import (
@@ -63,9 +62,15 @@ from attacks.canary_audit import (
 from audit.core.audit_power import preregistered_fraction
 from audit.core.errors import UserInputError
 from audit.core.gaussian_canary_statistics import mixture_log_likelihood_ratio, standardised_sum
+from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import numpy_rng
 from audit.core.upload_conformance import upload_conformance
 from defenses.claims import PrivacyClaim
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 OBSERVERS = ("final model", "all iterates", "server")
 

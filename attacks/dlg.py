@@ -37,10 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-
-import torch
-import torch.nn.functional as F
-from torch import nn
+from typing import TYPE_CHECKING
 
 from attacks.gradient_matching import (
     Reconstruction,
@@ -51,7 +48,17 @@ from attacks.gradient_matching import (
 )
 from attacks.label_recovery import last_layer
 from attacks.threat_models import Params, ThreatModel
+from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import torch_generator
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
+    F = lazy_module("torch.nn.functional")
+    nn = lazy_module("torch.nn")
 
 #: the papers' 300 L-BFGS ``step`` calls, counted here as iterations
 DEFAULT_ITERATIONS = 300

@@ -37,14 +37,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from audit.core.errors import UserInputError
 from audit.core.gaussian_canary_statistics import mixture_log_likelihood_ratio
+from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import numpy_rng
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 #: U / C: a canary's raw gradient is 10 clip norms long, so a clip that is skipped reads 10× the shift
 AMPLITUDE = 10.0

@@ -23,10 +23,9 @@ into the report.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import torch
 
 from attacks.base import ATTACKS, AttackResult, RunAttack, Setting, TargetRun
 from attacks.image_quality import image_grid_png, png_base64
@@ -34,8 +33,14 @@ from attacks.inversion import REFERENCES, attack_batch, data_range_of
 from attacks.server_view import not_replayed_reason, upload_view
 from attacks.threat_models import ThreatModel
 from audit.core.errors import UserInputError
+from audit.core.lazy_modules import lazy_module
 from audit.core.metrics import mean_estimate
 from audit.core.seeding import derive_seed, numpy_rng
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 
 @dataclass(frozen=True)

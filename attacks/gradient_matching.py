@@ -17,15 +17,21 @@ everything runs in float32 on the device of the parameters.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
-
-import torch
-import torch.nn.functional as F
-from torch import nn
+from typing import TYPE_CHECKING, NamedTuple
 
 from attacks.label_recovery import recover_labels
 from attacks.threat_models import Params, ThreatModel
 from audit.core.errors import UserInputError
+from audit.core.lazy_modules import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
+    F = lazy_module("torch.nn.functional")
+    nn = lazy_module("torch.nn")
 
 # --------------------------------------------------------------------------- matching losses and priors
 

@@ -19,13 +19,20 @@ from __future__ import annotations
 
 import base64
 import io
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
-import torch
 from scipy.optimize import linear_sum_assignment
 from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 
-ImageBatch = np.ndarray | torch.Tensor
+from audit.core.lazy_modules import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
+
+ImageBatch: TypeAlias = "np.ndarray | torch.Tensor"
 
 
 def _array(images: ImageBatch) -> np.ndarray:

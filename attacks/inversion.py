@@ -15,18 +15,25 @@ derive_seed(seed, "invert", "batch", b). The same seed gives the same numbers.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from torch import nn
 
 from attacks import dlg, inverting_gradients
 from attacks.gradient_matching import Reconstruction
 from attacks.image_quality import image_grid_png, image_quality
 from attacks.threat_models import Params, ThreatModel
 from audit.core.errors import UserInputError
+from audit.core.lazy_modules import lazy_module
 from audit.core.models import build_model
 from audit.core.seeding import derive_seed, numpy_rng, seed_torch
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
+    nn = lazy_module("torch.nn")
 
 #: name → reconstruct(model, params, observed, threat, image_shape, labels=None, iterations=, restarts=, seed=, data_range=)
 RECONSTRUCTION_ATTACKS: dict[str, Callable[..., Reconstruction]] = {

@@ -34,13 +34,19 @@ data range (here [0, 1]) and start uniform in it, so the default step size is in
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
 from attacks.gradient_matching import Reconstruction, attack_setup, cosine_distance, total_variation
 from attacks.threat_models import Params, ThreatModel
+from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import torch_generator
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
+    nn = lazy_module("torch.nn")
 
 #: the paper runs 4,800 iterations on 32×32 CIFAR-10 (24,000 for ImageNet); on 25×25 LeNet
 #: 2,000 suffice for all but near-black images (README, "Gradient inversion")

@@ -10,15 +10,21 @@ use the recovered labels when none are given.
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import torch
-import torch.nn.functional as F
-from torch import nn
-from torch.func import functional_call
+from typing import TYPE_CHECKING
 
 from attacks.threat_models import Params, ThreatModel
 from audit.core.errors import UserInputError
+from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import torch_generator
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
+    F = lazy_module("torch.nn.functional")
+    nn = lazy_module("torch.nn")
 
 
 def last_layer(params: Params) -> tuple[str, str | None]:
@@ -77,7 +83,7 @@ def expected_probabilities(model: nn.Module, params: Params, image_shape: Sequen
     generator = torch_generator(seed, "labels", "probe")
     probe = low + (high - low) * torch.rand(samples, *image_shape, generator=generator).to(device)
     with torch.no_grad():
-        return F.softmax(functional_call(model, params, (probe,)), dim=1).mean(0).cpu()
+        return F.softmax(torch.func.functional_call(model, params, (probe,)), dim=1).mean(0).cpu()
 
 
 def recover_labels(model: nn.Module, params: Params, observed: Params, threat: ThreatModel,

@@ -19,16 +19,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from audit.core.errors import UserInputError
+from audit.core.lazy_modules import lazy_module
 from audit.core.metrics import held_out_epsilon_lower_bound
 from audit.core.seeding import torch_generator
 from defenses.harmonizer import ACCOUNTINGS, epsilon
 from defenses.ldp import two_point
 from defenses.mechanisms import CLIP_NORMS, MECHANISMS, Mechanism, make_mechanism
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 CANARIES = ("both", "concentrated", "spread")
 #: most noise draws one spread-canary audit may take, --trials × --dim (the default is 10⁸, about

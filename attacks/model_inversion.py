@@ -45,17 +45,26 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import torch
-from torch import nn
 
 from attacks.base import ATTACKS, AttackResult, RunAttack, TargetRun, auxiliary_records, run_result
 from attacks.image_quality import image_grid_png, png_base64
+from audit.core.lazy_modules import lazy_module
 from audit.core.metrics import Estimate
 from audit.core.seeding import derive_seed, numpy_rng, seed_torch, torch_generator
 from defenses.evaluation import logits_of
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from attacks import inverse_network
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
+    nn = lazy_module("torch.nn")
+    inverse_network = lazy_module("attacks.inverse_network")  # an nn.Module: torch at import
 
 #: bootstrap resamples are drawn in blocks of at most this many (resample × record) counts
 _BOOTSTRAP_BLOCK = 4_000_000
@@ -75,46 +84,6 @@ class ModelInversionResult:
 
     def metrics(self) -> dict[str, Estimate]:
         return {name: getattr(self, name) for name in ("mse", "mae", "baseline_mse", "baseline_mae", "mse_gain", "mae_gain")}
-
-
-class InverseNetwork(nn.Module):
-    """x̂ = x̄_y + h(standardised query, one-hot y): an MLP whose last layer starts at zero, so that
-    before any training it outputs the auxiliary mean x̄_y of the record's class (the no-model
-    baseline); the label is an input of h as well, so that what the query says can be read
-    differently in each class."""
-
-    def __init__(self, query_width: int, input_width: int, hidden: Sequence[int],
-                 query_mean: torch.Tensor, query_scale: torch.Tensor, class_means: torch.Tensor,
-                 query_low: torch.Tensor | None = None, query_high: torch.Tensor | None = None):
-        super().__init__()
-        layers: list[nn.Module] = []
-        width = query_width + len(class_means)
-        for size in hidden:
-            layers += [nn.Linear(width, int(size)), nn.ReLU()]
-            width = int(size)
-        head = nn.Linear(width, input_width)
-        nn.init.zeros_(head.weight)
-        nn.init.zeros_(head.bias)
-        self.body = nn.Sequential(*layers, head)
-        self.register_buffer("query_mean", query_mean)
-        self.register_buffer("query_scale", query_scale)
-        self.register_buffer("class_means", class_means)
-        # the standardised range the network was fitted on (None: unbounded)
-        infinite = torch.full_like(query_mean, math.inf)
-        self.register_buffer("query_low", -infinite if query_low is None else query_low)
-        self.register_buffer("query_high", infinite if query_high is None else query_high)
-
-    def standardised(self, query: torch.Tensor) -> torch.Tensor:
-        """The query standardised and clamped to the range of the fitting records: an output
-        coordinate that barely varies on them (a near-constant probability of a noisy model) has a
-        tiny scale, and a target that moves it slightly would otherwise enter the network at
-        thousands of standard deviations — far outside anything it was fitted on — and come out
-        as an arbitrary reconstruction (measured: MSE ≈ 5·10⁶ on DP-FedAvg ε = 8)."""
-        return torch.minimum(torch.maximum((query - self.query_mean) / self.query_scale, self.query_low), self.query_high)
-
-    def forward(self, query: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        one_hot = nn.functional.one_hot(labels, len(self.class_means)).to(query.dtype)
-        return self.class_means[labels] + self.body(torch.cat([self.standardised(query), one_hot], 1))
 
 
 def class_means(inputs: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
@@ -141,7 +110,7 @@ def model_queries(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Te
 
 def train_inverse_network(queries: torch.Tensor, inputs: torch.Tensor, labels: torch.Tensor, seed: int, *,
                           hidden: Sequence[int] = (256, 256), epochs: int = 300, batch_size: int = 64, lr: float = 1e-3,
-                          patience: int = 30, validation_fraction: float = 0.1) -> tuple[InverseNetwork, int]:
+                          patience: int = 30, validation_fraction: float = 0.1) -> tuple[inverse_network.InverseNetwork, int]:
     """Fit g: (query, label) → flattened input on auxiliary triples with Adam and squared error;
     keep the epoch with the lowest error on a held-out ``validation_fraction`` of them (epoch 0 =
     the untrained network = the auxiliary class means), stopping after ``patience`` epochs
@@ -162,7 +131,7 @@ def train_inverse_network(queries: torch.Tensor, inputs: torch.Tensor, labels: t
     with torch.random.fork_rng(devices=[]):
         seed_torch(seed, "model-inversion", "init")
         fitted = (fit_q - query_mean) / query_scale
-        network = InverseNetwork(queries.shape[1], inputs.shape[1], hidden, query_mean, query_scale,
+        network = inverse_network.InverseNetwork(queries.shape[1], inputs.shape[1], hidden, query_mean, query_scale,
                                  class_means(fit_x, fit_y, queries.shape[1]), fitted.min(0).values, fitted.max(0).values)
     network = network.to(queries.device)
     optimiser = torch.optim.Adam(network.parameters(), lr=lr)

@@ -49,17 +49,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import torch
-import torch.nn.functional as F
-from sklearn.ensemble import RandomForestClassifier
-from sklearn.linear_model import LogisticRegression
-from sklearn.pipeline import make_pipeline
-from sklearn.preprocessing import StandardScaler
-from torch import nn
-from torch.func import functional_call, grad
 
 from attacks.base import (
     ATTACKS,
@@ -72,10 +64,25 @@ from attacks.base import (
 )
 from attacks.server_view import UploadView, not_replayed_reason, upload_view
 from audit.core.errors import UserInputError
+from audit.core.lazy_modules import lazy_module
 from audit.core.metrics import Estimate, auc, clopper_pearson
 from audit.core.seeding import derive_seed, numpy_rng, sklearn_random_state, torch_generator
 
-UpdateFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+if TYPE_CHECKING:
+    import torch
+    import torch.nn.functional as F
+    from sklearn import ensemble, linear_model, pipeline, preprocessing
+    from torch import nn
+else:  # imported when first used (audit.core.lazy_modules)
+    ensemble = lazy_module("sklearn.ensemble")
+    linear_model = lazy_module("sklearn.linear_model")
+    pipeline = lazy_module("sklearn.pipeline")
+    preprocessing = lazy_module("sklearn.preprocessing")
+    torch = lazy_module("torch")
+    F = lazy_module("torch.nn.functional")
+    nn = lazy_module("torch.nn")
+
+UpdateFunction = Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor"]
 
 
 @dataclass
@@ -99,16 +106,17 @@ class PropertyInferenceResult:
 
 
 def flat_gradient(model: nn.Module, params: dict[str, torch.Tensor],
-                  loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy) -> UpdateFunction:
-    """``update_of`` for FedSGD-style uploads: the gradient of the mean loss over the client's
-    batch at the global model ``params``, flattened in ``params``' order."""
+                  loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> UpdateFunction:
+    """``update_of`` for FedSGD-style uploads: the gradient of the mean loss (default: cross-entropy)
+    over the client's batch at the global model ``params``, flattened in ``params``' order."""
+    loss = F.cross_entropy if loss is None else loss
     names = list(params)
     detached = {name: value.detach() for name, value in params.items()}
 
     def batch_loss(trainable: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return loss(functional_call(model, trainable, (x,)), y)
+        return loss(torch.func.functional_call(model, trainable, (x,)), y)
 
-    gradient = grad(batch_loss)
+    gradient = torch.func.grad(batch_loss)
 
     def update_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         grads = gradient(detached, x, y)
@@ -118,15 +126,17 @@ def flat_gradient(model: nn.Module, params: dict[str, torch.Tensor],
 
 
 def local_sgd_delta(model: nn.Module, params: dict[str, torch.Tensor], steps: int, lr: float,
-                    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy) -> UpdateFunction:
+                    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> UpdateFunction:
     """``update_of`` for FedAvg-style uploads: the model delta (local − global) after ``steps``
-    full-batch gradient-descent steps of size ``lr`` on the client's records (deterministic)."""
+    full-batch gradient-descent steps of size ``lr`` on the client's records (deterministic;
+    default loss: cross-entropy)."""
+    loss = F.cross_entropy if loss is None else loss
     names = list(params)
 
     def batch_loss(trainable: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return loss(functional_call(model, trainable, (x,)), y)
+        return loss(torch.func.functional_call(model, trainable, (x,)), y)
 
-    gradient = grad(batch_loss)
+    gradient = torch.func.grad(batch_loss)
 
     def update_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         local = {name: value.detach().clone() for name, value in params.items()}
@@ -314,9 +324,9 @@ def property_inference(
 
     classifier_state = sklearn_random_state(seed, "property-inference", "classifier")
     if classifier == "logistic":
-        model = make_pipeline(StandardScaler(), LogisticRegression(max_iter=5000))
+        model = pipeline.make_pipeline(preprocessing.StandardScaler(), linear_model.LogisticRegression(max_iter=5000))
     elif classifier == "random-forest":
-        model = RandomForestClassifier(n_estimators=200, random_state=classifier_state, n_jobs=1)
+        model = ensemble.RandomForestClassifier(n_estimators=200, random_state=classifier_state, n_jobs=1)
     else:
         raise ValueError(f"classifier must be 'logistic' or 'random-forest', got {classifier!r}")
     model.fit(np.stack(shadow), shadow_truth)

@@ -18,16 +18,21 @@ client's data; :func:`reports.soundness.claim_bound`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import torch
 
 from attacks.base import ATTACKS
 from attacks.canary_audit import CanaryAudit, CanaryContext, CanaryInjection, CanaryRun
 from attacks.signals import logit_scaled_confidence
+from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import numpy_rng, torch_generator
 from defenses.evaluation import logits_of
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 
 def mislabelled_records(x: torch.Tensor, y: torch.Tensor, num_classes: int, m: int,

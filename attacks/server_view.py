@@ -27,10 +27,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
+from audit.core.lazy_modules import lazy_module
 from defenses.clipping import clip_rows, clip_rows_per_tensor, tensor_slices
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 #: defense name → how its uploads are privatised
 REPLAYED = {"fedavg": "plain", "fedsam": "plain", "dp-fedavg": "gaussian"}

@@ -15,18 +15,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-from sklearn.ensemble import HistGradientBoostingClassifier
-from sklearn.linear_model import LogisticRegression
-from sklearn.neural_network import MLPClassifier
-from sklearn.pipeline import make_pipeline
-from sklearn.preprocessing import StandardScaler
 
 from attacks.base import ATTACKS, AttackResult, MembershipAttack, MembershipExperiment, Setting
 from audit.core.errors import UserInputError
+from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import derive_seed, numpy_rng, sklearn_random_state
+
+if TYPE_CHECKING:
+    from sklearn import ensemble, linear_model, neural_network, pipeline, preprocessing
+else:  # imported when first used (audit.core.lazy_modules)
+    ensemble = lazy_module("sklearn.ensemble")
+    linear_model = lazy_module("sklearn.linear_model")
+    neural_network = lazy_module("sklearn.neural_network")
+    pipeline = lazy_module("sklearn.pipeline")
+    preprocessing = lazy_module("sklearn.preprocessing")
 
 
 @dataclass(frozen=True)
@@ -66,13 +71,13 @@ class Shokri(MembershipAttack):
 
     def classifier(self, seed: int):
         if self.params.classifier == "logistic":
-            model = LogisticRegression(max_iter=1000)
+            model = linear_model.LogisticRegression(max_iter=1000)
         elif self.params.classifier == "gradient-boosting":
-            model = HistGradientBoostingClassifier(max_iter=100, random_state=sklearn_random_state(seed))
+            model = ensemble.HistGradientBoostingClassifier(max_iter=100, random_state=sklearn_random_state(seed))
         else:
-            model = MLPClassifier(hidden_layer_sizes=(self.params.hidden,), max_iter=300, early_stopping=True,
+            model = neural_network.MLPClassifier(hidden_layer_sizes=(self.params.hidden,), max_iter=300, early_stopping=True,
                                   random_state=sklearn_random_state(seed))
-        return make_pipeline(StandardScaler(), model)
+        return pipeline.make_pipeline(preprocessing.StandardScaler(), model)
 
     def run(self, experiment: MembershipExperiment, progress: Callable[[int, int], None] | None = None) -> list[AttackResult]:
         features = sorted_features(experiment.logits(None)[:, 0], self.params.log_features)  # [runs, records, f]

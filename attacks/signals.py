@@ -11,9 +11,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
-import torch.nn.functional as F
+
+from audit.core.lazy_modules import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn.functional as F
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
+    F = lazy_module("torch.nn.functional")
 
 AUGMENTATIONS = ("none", "flip", "flip+shift")
 _SHIFTS = {"shift-up": (0, 1), "shift-down": (2, 1), "shift-left": (1, 0), "shift-right": (1, 2)}

@@ -18,19 +18,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
-
-import torch
-import torch.nn.functional as F
-from torch import nn
-from torch.func import functional_call
+from typing import TYPE_CHECKING, Literal
 
 from audit.core.errors import UserInputError
+from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import torch_generator
 from defenses.clipping import clip_rows, clip_rows_per_tensor, tensor_slices
 from defenses.noise import gaussian_rows
 
-Params = dict[str, torch.Tensor]
+if TYPE_CHECKING:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
+    F = lazy_module("torch.nn.functional")
+    nn = lazy_module("torch.nn")
+
+Params = dict[str, "torch.Tensor"]
 
 UPLOADS = ("gradient", "update")
 CLIP_MODES = ("flat", "per_tensor")
@@ -56,7 +61,7 @@ def _leaves(params: Params) -> Params:
 
 def _gradient(model: nn.Module, params: Params, images: torch.Tensor, labels: torch.Tensor,
               create_graph: bool) -> Params:
-    loss = cross_entropy(functional_call(model, params, (images,)), labels)
+    loss = cross_entropy(torch.func.functional_call(model, params, (images,)), labels)
     grads = torch.autograd.grad(loss, list(params.values()), create_graph=create_graph)
     return dict(zip(params, grads))
 

@@ -32,10 +32,9 @@ upload stays parallel to it (a Dirac canary then marks one coordinate per tensor
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import torch
 
 from attacks.base import ATTACKS, AttackResult, Setting
 from attacks.canary_audit import (
@@ -46,7 +45,13 @@ from attacks.canary_audit import (
     canary_result,
 )
 from audit.core.errors import UserInputError
+from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import numpy_rng, torch_generator
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 #: ``params.observation`` → the observation set named in the results
 OBSERVATIONS = {"final-model": "final model", "all-iterates": "all iterates"}

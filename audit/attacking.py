@@ -8,9 +8,9 @@ import os
 import secrets
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from tqdm import tqdm
 
 from attacks.base import (
@@ -19,6 +19,7 @@ from attacks.base import (
     TargetRun,
 )
 from attacks.canary_audit import CanaryAudit, CanaryRun
+from audit.core.lazy_modules import lazy_module
 from audit.core.safe_names import inside, slug
 from audit.core.seeding import derive_seed
 from audit.planning import Experiment, Plan, canary_context, canary_relation
@@ -29,6 +30,11 @@ from defenses.claims import PrivacyClaim
 from defenses.engine import initial_vector
 from defenses.training_job import TrainingDiverged
 from reports.soundness import measurement_delta
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 LOG = logging.getLogger(__name__)
 

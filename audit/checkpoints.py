@@ -23,18 +23,25 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file
-from torch import nn
 
 import attacks.catalog  # noqa: F401  (registers the attacks)
 from attacks.base import ATTACKS, AttackResult, MembershipAttack, MembershipExperiment
 from audit.core.errors import UserInputError
+from audit.core.lazy_modules import lazy_module
 from audit.core.schema import from_mapping
+
+if TYPE_CHECKING:
+    import torch
+    from safetensors import torch as safetensors_torch
+    from torch import nn
+else:  # imported when first used (audit.core.lazy_modules)
+    safetensors_torch = lazy_module("safetensors.torch")
+    torch = lazy_module("torch")
+    nn = lazy_module("torch.nn")
 
 
 def load_state_dict(path: str | os.PathLike, template: nn.Module) -> dict[str, torch.Tensor]:
@@ -43,7 +50,7 @@ def load_state_dict(path: str | os.PathLike, template: nn.Module) -> dict[str, t
     if not path.is_file():
         raise UserInputError(f"checkpoints: {path}: no such file")
     try:
-        tensors = load_file(str(path))
+        tensors = safetensors_torch.load_file(str(path))
     except (SafetensorError, OSError, ValueError) as exc:
         raise UserInputError(f"checkpoints: {path}: not a safetensors file ({str(exc).splitlines()[0]}); "
                              "save with safetensors.torch.save_file(model.state_dict(), path) — pickles are not read") from None

@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from audit.core.atomic import write_json
+from audit.core.lazy_modules import lazy_module
 from audit.core.safe_names import inside
 from audit.core.seeding import derive_seed, numpy_rng
 from audit.planning import Plan
 from audit.store import RunStore
 from audit.training import progress_bar
 from defenses.diagnostics import perturbation_robustness, sharpness
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 
 def diagnose_runs(plan: Plan, store: RunStore, out: Path, quiet: bool = False) -> dict[str, list[dict]]:

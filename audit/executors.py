@@ -30,17 +30,21 @@ from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-import torch
 from tqdm import tqdm
 
 from audit.config import config_to_yaml
 from audit.core.errors import UserInputError
+from audit.core.lazy_modules import lazy_module
 from audit.planning import Plan, plan_audit
 from audit.store import RunStore
 from audit.training import run_groups, train_membership_runs
 
 if TYPE_CHECKING:
+    import torch
+
     from audit.config import AuditConfig
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 EXECUTORS = ("local", "process", "ray")
 RAY_MISSING = "--executor ray needs Ray, which is not installed; install it with: pip install 'dpfl-audit[distributed]'"

@@ -39,11 +39,9 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-from torch import nn
 
 from attacks.base import AttackResult, one_run_bounds
 from attacks.canary_audit import canary_result
@@ -56,6 +54,7 @@ from audit.core.audit_power import Power, gdp_mu, one_run_power
 from audit.core.dataset_types import Dataset, Split
 from audit.core.empirical_epsilon import OneRunAudit
 from audit.core.errors import UserInputError
+from audit.core.lazy_modules import lazy_module
 from audit.core.schema import from_mapping
 from audit.core.seeding import derive_seed, numpy_rng
 from audit.external import System, audit_external
@@ -75,7 +74,14 @@ from reports.soundness import (
     measurement_delta,
 )
 
-TrainFunction = Callable[[torch.Tensor, torch.Tensor, int], nn.Module]
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
+    nn = lazy_module("torch.nn")
+
+TrainFunction = Callable[["torch.Tensor", "torch.Tensor", int], "nn.Module"]
 
 #: bounds that stop a typo (1e9 models) before any training
 MAX_MODELS, MAX_CANARIES = 4096, 10**6

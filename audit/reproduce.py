@@ -21,11 +21,9 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
-import torch
 from tqdm import tqdm
 
 import defenses.catalog  # noqa: F401  (registers the defenses)
@@ -33,6 +31,7 @@ from audit import provenance
 from audit.config import AuditConfig
 from audit.core.atomic import write_json, write_text
 from audit.core.errors import UserInputError
+from audit.core.lazy_modules import lazy_module
 from audit.core.output_folder import claim
 from audit.core.schema import from_mapping, to_mapping
 from audit.core.seeding import derive_seed, numpy_rng
@@ -46,6 +45,13 @@ from defenses.claims import PrivacyClaim
 from defenses.diagnostics import sharpness
 from defenses.flat import ParamLayout
 from defenses.training_job import TrainingConfig, TrainingDiverged, TrainingJob
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    pd = lazy_module("pandas")
+    torch = lazy_module("torch")
 
 REPRODUCE_FORMAT = 2  # 2: fully keyed noise streams, sound defaults, claims per observer
 

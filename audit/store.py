@@ -24,16 +24,22 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
 
 from audit.core.atomic import dumps
 from audit.core.errors import UserInputError
+from audit.core.lazy_modules import lazy_module
 from audit.core.safe_names import is_safe
+
+if TYPE_CHECKING:
+    import torch
+    from safetensors import torch as safetensors_torch
+else:  # imported when first used (audit.core.lazy_modules)
+    safetensors_torch = lazy_module("safetensors.torch")
+    torch = lazy_module("torch")
 
 
 def _reason(exc: BaseException) -> str:
@@ -101,15 +107,15 @@ class RunStore:
         global_models: dict[str, torch.Tensor] | None = None,
     ) -> Path:
         def write(staging: Path) -> None:
-            save_file({k: v.detach().cpu().contiguous() for k, v in final_params.items()}, str(staging / "model.safetensors"))
+            safetensors_torch.save_file({k: v.detach().cpu().contiguous() for k, v in final_params.items()}, str(staging / "model.safetensors"))
             np.save(staging / "membership.npy", np.asarray(membership, dtype=np.int64), allow_pickle=False)
             with open(staging / "metrics.jsonl", "w", encoding="utf-8") as out:
                 for row in metrics:
                     out.write(dumps(row, indent=None) + "\n")
             for name, tensors in (("server_view", server_view), ("global_models", global_models)):
                 if tensors:
-                    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
-                              str(staging / f"{name}.safetensors"))
+                    safetensors_torch.save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
+                                                str(staging / f"{name}.safetensors"))
             with open(staging / "manifest.json", "w", encoding="utf-8") as out:
                 out.write(dumps(manifest) + "\n")
 
@@ -168,7 +174,7 @@ class RunStore:
 
     def load_params(self, run_id: str, device: str = "cpu") -> dict[str, torch.Tensor]:
         with self._reading(run_id, "model.safetensors"):
-            return load_file(str(self.path(run_id) / "model.safetensors"), device=device)
+            return safetensors_torch.load_file(str(self.path(run_id) / "model.safetensors"), device=device)
 
     def load_membership(self, run_id: str) -> np.ndarray:
         with self._reading(run_id, "membership.npy"):
@@ -196,7 +202,7 @@ class RunStore:
     def load_tensors(self, run_id: str, name: str) -> dict[str, torch.Tensor]:
         path = self.path(run_id) / f"{name}.safetensors"
         with self._reading(run_id, path.name):
-            return load_file(str(path)) if path.is_file() else {}
+            return safetensors_torch.load_file(str(path)) if path.is_file() else {}
 
     def load_tensor(self, run_id: str, name: str, key: str, device: str = "cpu") -> torch.Tensor:
         """One tensor of a stored file, read without loading the others (e.g. one round's global model)."""

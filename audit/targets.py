@@ -6,9 +6,9 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from attacks.base import (
     MembershipExperiment,
@@ -16,6 +16,7 @@ from attacks.base import (
     TargetRun,
 )
 from audit.config import DatasetConfig, ModelConfig
+from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import derive_seed
 from audit.planning import Experiment, Plan, clients_digest, run_id
 from audit.store import RunStore
@@ -25,6 +26,11 @@ from defenses.engine import initial_vector
 from defenses.flat import ParamLayout
 from defenses.training_job import TrainingJob
 from reports.soundness import measurement_delta
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 
 def membership_experiment(plan: Plan, store: RunStore, experiment: Experiment) -> MembershipExperiment:

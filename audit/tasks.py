@@ -32,17 +32,23 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
-from torch import nn
 
 from audit.config import AuditConfig, DatasetConfig, MembershipConfig, PartitionConfig
 from audit.core.dataset_types import Dataset, Split
 from audit.core.datasets import load_dataset
 from audit.core.errors import UserInputError
+from audit.core.lazy_modules import lazy_module
 from audit.core.models import build_model
 from audit.core.seeding import numpy_rng
 from audit.partitions import partition
+
+if TYPE_CHECKING:
+    from torch import nn
+else:  # imported when first used (audit.core.lazy_modules)
+    nn = lazy_module("torch.nn")
 
 
 @dataclass

@@ -8,14 +8,14 @@ import logging
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from tqdm import tqdm
 
 from attacks.canary_audit import CanaryAudit, CanaryInjection
 from audit import provenance
+from audit.core.lazy_modules import lazy_module
 from audit.core.schema import to_mapping
 from audit.core.seeding import derive_seed
 from audit.planning import (
@@ -34,6 +34,11 @@ from defenses.engine import chunk_size
 from defenses.flat import ParamLayout
 from defenses.run_batch import train_together
 from defenses.training_job import RecordSpec, TrainingDiverged, TrainingJob
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 LOG = logging.getLogger(__name__)
 

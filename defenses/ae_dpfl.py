@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
+from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import numpy_rng, seed_torch, torch_generator
 from defenses.accounting import GaussianSchedule, calibrate_noise, compute_epsilon
 from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
@@ -40,6 +41,11 @@ from defenses.local_training import (
 from defenses.noise import gaussian_rows
 from defenses.release_probe import ReleaseProbe
 from defenses.training_job import TrainingConfig, TrainingDiverged, TrainingJob, TrainingOutcome
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
-
-import torch
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from audit.core.errors import UserInputError
+from audit.core.lazy_modules import lazy_module
 from audit.core.registry import Registry
 from defenses.accounting import AccountingSettings
 from defenses.claims import UNITS, PrivacyClaim
@@ -17,6 +16,11 @@ from defenses.flat import ParamLayout
 from defenses.local_training import LocalObjective, client_batches
 from defenses.release_probe import ReleaseProbe, engine_probe
 from defenses.training_job import RoundContext, TrainingConfig, TrainingJob, TrainingOutcome
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 
 @dataclass(frozen=True)

@@ -21,17 +21,22 @@ same noise hurts less. The accounting is DP-FedAvg's, unchanged.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import torch
 
 from audit.core.errors import UserInputError
+from audit.core.lazy_modules import lazy_module
 from defenses.base import DEFENSES
 from defenses.fedavg import DPFedAvg, DPFedAvgParams
 from defenses.local_training import LocalObjective, mean_loss_gradient
 from defenses.sparsify import exact_fraction, kept_per_tensor, per_tensor_top_mask
 from defenses.training_job import RoundContext, TrainingConfig
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 
 class BLURObjective(LocalObjective):

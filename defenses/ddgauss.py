@@ -50,11 +50,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from audit.core.errors import UserInputError
+from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import numpy_rng
 from defenses.accounting import accountant_label, rdp_to_epsilon
 from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
@@ -67,6 +68,11 @@ from defenses.rotation import padded_dimension, random_signs, rotate, unrotate
 from defenses.secure_aggregation import modular_sum, wrap
 from defenses.subsampled_rdp import INTEGER_ORDERS, without_replacement_subsampled_rdp
 from defenses.training_job import RoundContext, TrainingConfig
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 
 @dataclass(frozen=True)

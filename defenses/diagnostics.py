@@ -15,14 +15,22 @@ Both are seeded: the same model and seed give the same numbers.
 
 from __future__ import annotations
 
-import numpy as np
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
+import numpy as np
+
+from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import torch_generator
 from defenses.evaluation import evaluate
 
-Params = dict[str, torch.Tensor]
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
+    nn = lazy_module("torch.nn")
+
+Params = dict[str, "torch.Tensor"]
 
 
 def filter_normalized_direction(params: Params, generator: torch.Generator) -> Params:

@@ -29,16 +29,21 @@ Reductions (tests): ρ = 0 gives DP-FedAvg bit for bit; p = 1 gives DP-FedSAM.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
-import torch.nn.functional as F
-
+from audit.core.lazy_modules import lazy_module
 from defenses.base import DEFENSES, Defense, PrivacyClaim
 from defenses.fedavg import DPFedAvg, DPFedAvgParams
 from defenses.local_training import LocalObjective, Params
 from defenses.sparsify import kept_per_tensor, per_tensor_top_mask
 from defenses.training_job import RoundContext
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn.functional as F
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
+    F = lazy_module("torch.nn.functional")
 
 SAM_VARIANTS = ("sam", "asam")
 _NORM_GUARD = 1e-12  # as in the paper's code: e = ρ·g/(‖g‖ + 1e-12)

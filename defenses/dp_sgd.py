@@ -14,24 +14,29 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from typing import TYPE_CHECKING
 
-import torch
-import torch.nn.functional as F
-from torch.func import functional_call, grad, vmap
-
+from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import torch_generator
 from defenses.local_training import LocalObjective, Params
 from defenses.mechanisms import Mechanism
 
+if TYPE_CHECKING:
+    import torch
+    import torch.nn.functional as F
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
+    F = lazy_module("torch.nn.functional")
+
 
 def _example_loss(model, params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(functional_call(model, params, (x.unsqueeze(0),)), y.unsqueeze(0))
+    return F.cross_entropy(torch.func.functional_call(model, params, (x.unsqueeze(0),)), y.unsqueeze(0))
 
 
 def per_example_gradients(model, params: Params, x: torch.Tensor, y: torch.Tensor) -> Params:
     """Per-example gradients [C, B, *shape] of C clients' stacked parameters on their own batches."""
-    per_client = vmap(grad(partial(_example_loss, model)), in_dims=(None, 0, 0), randomness="different")
-    return vmap(per_client, in_dims=(0, 0, 0), randomness="different")(params, x, y)
+    per_client = torch.func.vmap(torch.func.grad(partial(_example_loss, model)), in_dims=(None, 0, 0), randomness="different")
+    return torch.func.vmap(per_client, in_dims=(0, 0, 0), randomness="different")(params, x, y)
 
 
 #: per-example gradients are computed in groups of about this many values (16 MB of float32):

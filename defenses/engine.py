@@ -32,9 +32,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-from torch import nn
 
+from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import numpy_rng, philox_rng, seed_torch
 from defenses.dirac_rows import DiracRows
 from defenses.evaluation import evaluate
@@ -50,7 +49,13 @@ from defenses.training_job import (
 )
 
 if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
     from defenses.base import Defense
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
+    nn = lazy_module("torch.nn")
 
 
 LOSS_NAMES = {"train_loss": "training loss", "test_loss": "test loss"}

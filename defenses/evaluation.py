@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
-from torch import nn
-from torch.func import functional_call
+from typing import TYPE_CHECKING
+
+from audit.core.lazy_modules import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
+    F = lazy_module("torch.nn.functional")
+    nn = lazy_module("torch.nn")
 
 
-@torch.no_grad()
 def logits_of(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, batch_size: int = 4096) -> torch.Tensor:
     """Eval-mode logits of ``model`` with ``params`` on ``x``, in batches (float32, on x's device)."""
     was_training = model.training
     model.eval()
     try:
-        parts = [functional_call(model, params, (x[i:i + batch_size],)) for i in range(0, len(x), batch_size)]
+        with torch.no_grad():
+            parts = [torch.func.functional_call(model, params, (x[i:i + batch_size],)) for i in range(0, len(x), batch_size)]
     finally:
         model.train(was_training)
     if not parts:

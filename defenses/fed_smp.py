@@ -22,14 +22,18 @@ sparse update and adds Gaussian noise:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
-
+from audit.core.lazy_modules import lazy_module
 from defenses.base import DEFENSES
 from defenses.fedavg import DPFedAvg, DPFedAvgParams
 from defenses.sparsify import exact_count, random_mask, top_rows
 from defenses.training_job import RoundContext
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 
 @dataclass(frozen=True)

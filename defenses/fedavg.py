@@ -30,11 +30,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
-
-import torch
+from typing import TYPE_CHECKING, Literal
 
 from audit.core.errors import UserInputError
+from audit.core.lazy_modules import lazy_module
 from defenses.accounting import (
     GaussianSchedule,
     accountant_label,
@@ -48,6 +47,11 @@ from defenses.clipping import clip_rows, clip_rows_per_tensor
 from defenses.dirac_rows import DiracRows
 from defenses.noise import gaussian_rows
 from defenses.training_job import RoundContext, TrainingConfig
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 
 @DEFENSES.register("fedavg")

@@ -12,10 +12,11 @@ update norm (§4).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
+from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import torch_generator
 from defenses.base import DEFENSES
 from defenses.subset_training import (
@@ -26,6 +27,11 @@ from defenses.subset_training import (
     masked_public_update,
 )
 from defenses.training_job import RoundContext
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
+from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import torch_generator
 from defenses.base import DEFENSES
 from defenses.clipping import clip_rows
@@ -27,6 +28,11 @@ from defenses.partial_dct import PartialDCT
 from defenses.sparsify import exact_count
 from defenses.subset_training import SubsetFL, SubsetParams, masked_public_update
 from defenses.training_job import RoundContext
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,16 @@ coordinate; S is the norm of one server-side round on the public batch (§4).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
-
+from audit.core.lazy_modules import lazy_module
 from defenses.base import DEFENSES
 from defenses.subset_training import SubsetFL, masked_public_update
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 
 @dataclass(frozen=True)

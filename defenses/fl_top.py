@@ -23,10 +23,9 @@ aggregation, the bandwidth of §4.1 and the accounting), ``top_k_selection.py`` 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
-
+from audit.core.lazy_modules import lazy_module
 from defenses.base import DEFENSES
 from defenses.subset_training import (
     SubsetDPParams,
@@ -37,6 +36,11 @@ from defenses.subset_training import (
 )
 from defenses.top_k_selection import private_top_k, select_top_k
 from defenses.training_job import RoundContext
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,14 @@ Computed in float64 from a torch.Generator; callers cast back.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-import torch
+from audit.core.lazy_modules import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 LDP_MECHANISMS = ("two_point", "laplace", "duchi")
 

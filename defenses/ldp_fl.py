@@ -38,16 +38,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Literal
-
-import torch
+from typing import TYPE_CHECKING, Literal
 
 from audit.core.errors import UserInputError
+from audit.core.lazy_modules import lazy_module
 from defenses.base import DEFENSES, Defense, PrivacyClaim
 from defenses.claims import AdversaryClaim, server_notes
 from defenses.ldp import perturb, shuffle_amplification
 from defenses.release_probe import ReleaseProbe, engine_probe
 from defenses.training_job import RoundContext, TrainingConfig
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 
 @dataclass(frozen=True)

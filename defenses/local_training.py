@@ -25,17 +25,23 @@ import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
-import torch
-import torch.nn.functional as F
-from torch import nn
-from torch.func import functional_call, vmap
 
+from audit.core.lazy_modules import lazy_module
 from defenses.flat import parameters_of
 
-Params = dict[str, torch.Tensor]
+if TYPE_CHECKING:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
+    F = lazy_module("torch.nn.functional")
+    nn = lazy_module("torch.nn")
+
+Params = dict[str, "torch.Tensor"]
 
 
 # --------------------------------------------------------------------------- schedules
@@ -123,7 +129,7 @@ class LocalSchedule:
 
 def stacked_forward(model: nn.Module, params: Params, x: torch.Tensor) -> torch.Tensor:
     """Outputs of C models (stacked parameters [C, *shape]) on their own inputs x [C, B, ...]."""
-    return vmap(partial(functional_call, model), in_dims=(0, 0), randomness="different")(params, (x,))
+    return torch.func.vmap(partial(torch.func.functional_call, model), in_dims=(0, 0), randomness="different")(params, (x,))
 
 
 def masked_mean_cross_entropy(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

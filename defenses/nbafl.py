@@ -37,10 +37,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from audit.core.errors import UserInputError
+from audit.core.lazy_modules import lazy_module
 from defenses.accounting import GaussianSchedule, accountant_label, compute_epsilon
 from defenses.base import DEFENSES, Defense, PrivacyClaim
 from defenses.claims import (
@@ -52,6 +52,11 @@ from defenses.claims import (
 from defenses.clipping import clip_rows
 from defenses.noise import gaussian_rows
 from defenses.training_job import RoundContext, TrainingConfig
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,16 @@ which they are processed, or on whether the batched or the per-client engine pat
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+from audit.core.lazy_modules import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 
 def gaussian_rows(rows: int, dim: int, std: float, generators: list[torch.Generator],

@@ -10,12 +10,18 @@ gradient step of FISTA (Beck & Teboulle 2009) for argmin ½‖A x − y‖² + �
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from scipy import fft
 
+from audit.core.lazy_modules import lazy_module
 from defenses.sparsify import exact_count
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 
 class PartialDCT:

@@ -34,17 +34,21 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from audit.core.errors import UserInputError
+from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import numpy_rng
 from defenses.engine import FederatedEngine, sample_participants
 from defenses.training_job import RoundContext, RunState, TrainingConfig, TrainingJob
 
 if TYPE_CHECKING:
-    from defenses.base import Defense
+    import torch
 
-Views = dict[str, torch.Tensor]
+    from defenses.base import Defense
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
+
+Views = dict[str, "torch.Tensor"]
 
 
 @dataclass(frozen=True)

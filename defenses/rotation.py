@@ -9,8 +9,14 @@ rounding and modular wrap-around rare. R⁻¹ y = D·H·y/√d′ because H·H =
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-import torch
+from audit.core.lazy_modules import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 
 def padded_dimension(dim: int) -> int:
@@ -43,5 +49,6 @@ def unrotate(y: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
     return signs * hadamard(y) / math.sqrt(y.shape[-1])
 
 
-def random_signs(dim: int, generator: torch.Generator, dtype=torch.float64) -> torch.Tensor:
-    return (torch.randint(0, 2, (dim,), generator=generator) * 2 - 1).to(dtype)
+def random_signs(dim: int, generator: torch.Generator, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """±1 per coordinate (float64 unless ``dtype``)."""
+    return (torch.randint(0, 2, (dim,), generator=generator) * 2 - 1).to(torch.float64 if dtype is None else dtype)

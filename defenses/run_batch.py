@@ -19,13 +19,18 @@ FL-TOP's masks).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import torch
-
+from audit.core.lazy_modules import lazy_module
 from defenses.base import Defense
 from defenses.engine import FederatedEngine, optimizer_settings, train_in_chunks
 from defenses.local_training import LocalSchedule, train_batched
 from defenses.training_job import RoundContext, TrainingDiverged, TrainingJob, TrainingOutcome
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 #: parameter values per shared computation (16 MB of float32), see :func:`joint_local_updates`
 CACHE_VALUES = 1 << 22

@@ -7,7 +7,14 @@ inputs so that a sum of n clients fits with high probability.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+from audit.core.lazy_modules import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 
 def wrap(values: torch.Tensor, bits: int) -> torch.Tensor:

@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
-import torch
-
+from audit.core.lazy_modules import lazy_module
 from defenses.flat import ParamLayout
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 ROUNDINGS = ("ceil", "floor", "nearest")
 

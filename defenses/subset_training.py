@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
-import torch
 
 from audit.core.errors import UserInputError
+from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import numpy_rng
 from defenses.accounting import (
     GaussianSchedule,
@@ -50,6 +50,11 @@ from defenses.local_training import (
 from defenses.noise import gaussian_rows
 from defenses.sparsify import exact_count
 from defenses.training_job import RoundContext, TrainingConfig
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 BITS_PER_FLOAT = 32
 

@@ -16,12 +16,11 @@ Both return the K indices sorted; ties go to the lower index (stable sorts).
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-import torch.nn.functional as F
-from torch.func import functional_call, grad
 
+from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import numpy_rng, torch_generator
 from defenses.local_training import (
     LocalObjective,
@@ -31,6 +30,13 @@ from defenses.local_training import (
     train_batched,
 )
 from defenses.noise import gaussian_rows
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn.functional as F
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
+    F = lazy_module("torch.nn.functional")
 
 
 def select_top_k(model: torch.nn.Module, initial: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, steps: int,
@@ -42,10 +48,10 @@ def select_top_k(model: torch.nn.Module, initial: dict[str, torch.Tensor], x: to
     accumulated = torch.zeros(sum(p.numel() for p in params.values()), dtype=torch.float64)
 
     def loss(p):
-        return F.cross_entropy(functional_call(model, p, (x,)), y)
+        return F.cross_entropy(torch.func.functional_call(model, p, (x,)), y)
 
     for _ in range(steps):
-        gradients = grad(loss)(params)
+        gradients = torch.func.grad(loss)(params)
         accumulated += torch.cat([gradients[n].reshape(-1) for n in names]).abs().double().cpu()
         params = {n: params[n] - lr * gradients[n] for n in names}
     if score == "change":

@@ -14,18 +14,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import torch
-from torch import nn
 
+from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import torch_generator
 from defenses.accounting import AccountingSettings
 from defenses.claims import PrivacyClaim
 from defenses.dirac_rows import DiracRows
 from defenses.flat import ParamLayout
 from defenses.local_training import LocalSchedule
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
+    nn = lazy_module("torch.nn")
 
 
 @dataclass(frozen=True)

@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import torch
 
 from audit.core.errors import UserInputError
+from audit.core.lazy_modules import lazy_module
 from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
 from defenses.claims import AdversaryClaim, server_notes
 from defenses.dp_sgd import DPSGDObjective, clip_and_sum
@@ -47,6 +47,11 @@ from defenses.mechanisms import Mechanism, make_mechanism
 from defenses.release_probe import ReleaseProbe
 from defenses.sparsify import exact_fraction
 from defenses.training_job import RoundContext, TrainingConfig
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 
 @dataclass(frozen=True)

@@ -22,12 +22,17 @@ import io
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from audit.core.atomic import write_bytes
+from audit.core.lazy_modules import lazy_module
 from audit.core.safe_names import slug
-from reports import plots
 from reports.document import Results
+
+if TYPE_CHECKING:
+    from reports import plots
+else:  # matplotlib is imported with the first figure (audit.core.lazy_modules)
+    plots = lazy_module("reports.plots")
 
 #: PDF metadata without dates or versions (reproducible bytes)
 PDF_METADATA = {"CreationDate": None, "ModDate": None, "Producer": None, "Creator": None}

@@ -16,16 +16,21 @@ from __future__ import annotations
 import math
 import typing
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 import yaml
 
 from audit.core.atomic import write_text
 from audit.core.audit_power import POWER_TARGET
+from audit.core.lazy_modules import lazy_module
 from defenses.claims import PrivacyClaim
-from reports import plots
 from reports.document import Experiment, Power, Results, Verdict
+
+if TYPE_CHECKING:
+    from reports import plots
+else:  # matplotlib is imported with the first figure (audit.core.lazy_modules)
+    plots = lazy_module("reports.plots")
 
 TEMPLATES = Path(__file__).with_name("templates")
 MAIN_ATTACK_ORDER = ("lira-online", "lira-offline")

@@ -26,15 +26,20 @@ import io
 import json
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from audit.core.lazy_modules import lazy_module
 from audit.core.multiplicity import holm
 from audit.core.typed_json import to_json
-from reports import plots
 from reports.document import Experiment, Results, Row
 from reports.figures import save_figure
 from reports.html import headline_rows
 from reports.soundness import FAMILY_ALPHA, VIOLATION
+
+if TYPE_CHECKING:
+    from reports import plots
+else:  # matplotlib is imported with the first figure (audit.core.lazy_modules)
+    plots = lazy_module("reports.plots")
 
 SWEEP_FORMAT = 1
 #: the summary table's columns after the point's name and axes

@@ -16,7 +16,9 @@ raises ``UserInputError``, which the command line turns into one line and exit c
 These modules import only the standard library and ``audit.core.errors`` at module level:
 everything heavy (torch, the registries, the pipeline) is imported inside the command that
 needs it, so ``import audit.cli`` loads no torch and ``dpfl-audit --help`` stays fast
-(tests/test_public_api.py checks it).
+(tests/test_public_api.py checks it). The registries themselves load torch only when something
+uses it (``audit.core.lazy_modules``): ``list``, ``config``, ``epsilon``, ``check`` and ``scores``
+without ``--out`` load neither torch nor matplotlib (tests/audit/test_light_commands.py).
 """
 
 #: the process's exit codes: success, a failed check (conformance, check), bad input

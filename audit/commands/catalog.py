@@ -4,17 +4,22 @@ the installed extras allow), ``epsilon`` (what a
 (subsampled) Gaussian mechanism costs, or the noise for a target ε) and ``config`` (what a config
 resolves to, or every field's reference).
 
-The registries and the accountants, torch with them, are imported inside each command, never at
-module level (see ``audit.commands``).
+The registries and the accountants are imported inside each command, never at module level (see
+``audit.commands``); they load no torch (``audit.core.lazy_modules``), and ``list`` states the
+claims at the default model's parameter layout without building the model.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from audit.commands import EXIT_OK
+
+if TYPE_CHECKING:
+    from audit.config import AuditConfig
+    from defenses.flat import ParamLayout
 
 
 def command_list(args: argparse.Namespace) -> int:
@@ -74,13 +79,11 @@ def _claims_at_defaults(registry) -> dict[str, dict[str, Any]]:
     """Every defense's claim per observer with its default hyper-parameters at the default audit's
     settings (digits, the default model, 20 clients, every client every round, 30 rounds, δ = 1e-5)."""
     from audit.config import AuditConfig
-    from audit.core.models import build_model
     from defenses.base import AccountingSettings
     from defenses.engine import TrainingConfig
-    from defenses.flat import ParamLayout
 
     config = AuditConfig()
-    layout = ParamLayout.of(build_model(config.model.name, (1, 8, 8), 10, dict(config.model.options)))
+    layout = default_layout(config)
     training, clients = TrainingConfig(), config.partition.clients
     out = {}
     for name in registry.names():
@@ -92,6 +95,19 @@ def _claims_at_defaults(registry) -> dict[str, dict[str, Any]]:
                                                    "observes": a.observes, "amplification": a.amplification,
                                                    "notes": a.notes} for a in claim.adversaries}}
     return out
+
+
+def default_layout(config: AuditConfig) -> ParamLayout:
+    """The parameter layout of the default audit's model on digits (1×8×8, 10 classes), computed
+    without building the model (``list`` imports no torch): the default model is the MLP
+    (tests/audit/test_light_commands.py checks this against the built model)."""
+    from audit.core.models import mlp_parameter_shapes
+    from defenses.flat import ParamLayout
+
+    if config.model.name != "mlp":
+        raise ValueError(f"the default model is '{config.model.name}', not the MLP default_layout computes")
+    shapes = mlp_parameter_shapes((1, 8, 8), 10, **config.model.options)
+    return ParamLayout(tuple(shapes), tuple(shapes.values()))
 
 
 def command_epsilon(args: argparse.Namespace) -> int:

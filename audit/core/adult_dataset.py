@@ -10,13 +10,19 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from audit.core.dataset_files import default_root
 from audit.core.dataset_types import Dataset, Split
 from audit.core.errors import UserInputError
+from audit.core.lazy_modules import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 ADULT_COLUMNS = [
     "age", "workclass", "fnlwgt", "education", "education-num", "marital-status", "occupation",

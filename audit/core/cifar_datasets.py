@@ -10,13 +10,19 @@ a one-line error naming the directories searched and the archive's address.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from audit.core.dataset_files import attempt_download, default_root
 from audit.core.dataset_types import Dataset, Split, image_tensor
 from audit.core.errors import UserInputError
+from audit.core.lazy_modules import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 CIFAR_BINARY = {
     "cifar10": ("https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz", "c32a1d4ab5d03f1284b67883e8d87530",

@@ -10,9 +10,16 @@ registered by name in :data:`audit.core.datasets.DATASETS`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+from audit.core.lazy_modules import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 
 @dataclass

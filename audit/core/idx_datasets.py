@@ -14,13 +14,17 @@ import gzip
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
-
-import torch
+from typing import TYPE_CHECKING, Literal
 
 from audit.core.dataset_files import attempt_download, default_root
 from audit.core.dataset_types import Dataset, Split, image_tensor
 from audit.core.errors import UserInputError
+from audit.core.lazy_modules import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 
 def _read_idx(path: Path) -> torch.Tensor:

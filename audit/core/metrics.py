@@ -12,10 +12,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy import stats
-from sklearn.metrics import roc_curve
+
+from audit.core.lazy_modules import lazy_module
+
+if TYPE_CHECKING:
+    from sklearn import metrics as sklearn_metrics
+else:  # imported when first used (audit.core.lazy_modules)
+    sklearn_metrics = lazy_module("sklearn.metrics")
 
 
 @dataclass(frozen=True)
@@ -45,7 +52,7 @@ def _as_arrays(scores, labels) -> tuple[np.ndarray, np.ndarray]:
 def roc(scores, labels) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(fpr, tpr, thresholds) at every distinct threshold (scikit-learn, no point dropped)."""
     scores, labels = _as_arrays(scores, labels)
-    return roc_curve(labels, scores, drop_intermediate=False)
+    return sklearn_metrics.roc_curve(labels, scores, drop_intermediate=False)
 
 
 def clopper_pearson(successes: int, trials: int, confidence: float = 0.95) -> tuple[float, float]:

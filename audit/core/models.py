@@ -9,15 +9,21 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable, Sequence
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
 from audit.core.errors import UserInputError
+from audit.core.lazy_modules import lazy_module
 from audit.core.registry import Registry
 from audit.core.schema import check_options
 
-ModelFactory = Callable[..., nn.Module]
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
+    nn = lazy_module("torch.nn")
+
+ModelFactory = Callable[..., "nn.Module"]
 MODELS: Registry[ModelFactory] = Registry("model")
 
 
@@ -44,6 +50,19 @@ def mlp(input_shape: Sequence[int], num_classes: int, hidden: tuple[int, ...] = 
         width = int(size)
     layers.append(nn.Linear(width, num_classes))
     return nn.Sequential(*layers)
+
+
+def mlp_parameter_shapes(input_shape: Sequence[int], num_classes: int,
+                         hidden: Sequence[int] = (128,)) -> dict[str, tuple[int, ...]]:
+    """The trainable parameters of :func:`mlp` (name → shape, in the model's order) without building
+    it, so without torch: ``dpfl-audit list`` states the defenses' claims at the default model's size."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    width = int(math.prod(input_shape))
+    for index, size in enumerate([*map(int, hidden), int(num_classes)]):
+        layer = 1 + 2 * index  # nn.Sequential's index: the Flatten first, a ReLU after each hidden layer
+        shapes[f"{layer}.weight"], shapes[f"{layer}.bias"] = (size, width), (size,)
+        width = size
+    return shapes
 
 
 @MODELS.register("cnn2")

@@ -24,9 +24,16 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+from audit.core.lazy_modules import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
 
 #: words of the Mersenne Twister state (MT19937: 624 × 32 bits)
 _MT_WORDS = 624

@@ -36,7 +36,7 @@ def test_a_failed_save_leaves_nothing(tmp_path, monkeypatch):
     def explode(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(store_module, "save_file", explode)
+    monkeypatch.setattr(store_module.safetensors_torch, "save_file", explode)
     with pytest.raises(OSError):
         _save(store, "run-2")
     assert not store.is_complete("run-2")
