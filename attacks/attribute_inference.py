@@ -91,7 +91,7 @@ from attacks.base import (
 from audit.core.dataset_types import Dataset
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
-from audit.core.metrics import Estimate
+from audit.core.metrics import IntervalEstimate
 from audit.core.seeding import derive_seed, numpy_rng, sklearn_random_state
 
 if TYPE_CHECKING:
@@ -137,8 +137,8 @@ class AttributeInferenceResult:
     prior: AttributeAttackScores  # always the auxiliary majority value
     notes: str = ""
 
-    def metrics(self) -> dict[str, Estimate]:
-        """Flat ``"<guess>.<metric>"`` → Estimate, e.g. ``"black_box.advantage"``."""
+    def metrics(self) -> dict[str, IntervalEstimate]:
+        """Flat ``"<guess>.<metric>"`` → IntervalEstimate, e.g. ``"black_box.advantage"``."""
         out = {}
         for guess in GUESSES:
             scores: AttributeAttackScores = getattr(self, guess)

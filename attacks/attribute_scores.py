@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from audit.core.metrics import Estimate, clopper_pearson
+from audit.core.metrics import IntervalEstimate, clopper_pearson
 from audit.core.seeding import numpy_rng
 
 #: bootstrap resamples are drawn in blocks of at most this many (resample × record) counts
@@ -28,9 +28,9 @@ _BOOTSTRAP_BLOCK = 4_000_000
 class AttributeAttackScores:
     """How well one guess of the attribute did on the target records."""
 
-    accuracy: Estimate  # Clopper–Pearson interval
-    macro_f1: Estimate  # percentile bootstrap interval
-    advantage: Estimate  # accuracy − baseline accuracy, paired percentile bootstrap interval
+    accuracy: IntervalEstimate  # Clopper–Pearson interval
+    macro_f1: IntervalEstimate  # percentile bootstrap interval
+    advantage: IntervalEstimate  # accuracy − baseline accuracy, paired percentile bootstrap interval
     predictions: np.ndarray = field(repr=False)  # guessed attribute code per target record
 
 
@@ -73,7 +73,7 @@ def score_guesses(truth: np.ndarray, predictions: np.ndarray, reference: np.ndar
     records = len(truth)
     correct, reference_correct = predictions == truth, reference == truth
     hits = int(correct.sum())
-    accuracy = Estimate(hits / records if records else float("nan"), *clopper_pearson(hits, records, confidence))
+    accuracy = IntervalEstimate(hits / records if records else float("nan"), *clopper_pearson(hits, records, confidence))
     difference = correct.astype(np.float64) - reference_correct
     f1_samples, advantage_samples = [], []
     if records:
@@ -82,11 +82,11 @@ def score_guesses(truth: np.ndarray, predictions: np.ndarray, reference: np.ndar
             advantage_samples.append(weights @ difference / records)
     tail = 100 * (1 - confidence) / 2
 
-    def interval(value: float, samples: list[np.ndarray]) -> Estimate:
+    def interval(value: float, samples: list[np.ndarray]) -> IntervalEstimate:
         if not samples:
-            return Estimate(value)
+            return IntervalEstimate(value)
         pooled = np.concatenate(samples)
-        return Estimate(value, float(np.percentile(pooled, tail)), float(np.percentile(pooled, 100 - tail)))
+        return IntervalEstimate(value, float(np.percentile(pooled, tail)), float(np.percentile(pooled, 100 - tail)))
 
     f1 = float(_macro_f1(np.ones((1, records)), truth, predictions, num_values)[0]) if records else float("nan")
     advantage = float(difference.mean()) if records else float("nan")

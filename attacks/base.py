@@ -46,7 +46,7 @@ from audit.core.empirical_epsilon import (
 from audit.core.errors import UserInputError
 from audit.core.fdp_one_run import FdpOneRunAudit, fdp_audit_of_counts
 from audit.core.lazy_modules import lazy_module
-from audit.core.metrics import Estimate, thin_curve
+from audit.core.metrics import IntervalEstimate, thin_curve
 from audit.core.registry import Registry
 from audit.core.seeding import numpy_rng
 from audit.core.upload_conformance import UploadConformance
@@ -163,7 +163,7 @@ class AttackResult:
     unit: str
     scores: np.ndarray  # [targets, units]
     truth: np.ndarray  # bool [targets, units]
-    metrics: dict[str, Estimate] = field(default_factory=dict)
+    metrics: dict[str, IntervalEstimate] = field(default_factory=dict)
     roc: tuple[list[float], list[float]] = ((), ())
     notes: str = ""
     #: what the ε figures of this result bound: "lower_bound" (a confidence bound) or "estimate"
@@ -223,7 +223,7 @@ def membership_metrics(scores: np.ndarray, truth: np.ndarray, seed: int, confide
                        delta: float = 0.0, coins: tuple[np.ndarray, np.ndarray] | None = None, bootstrap: int = REPLICATES,
                        run_groups: np.ndarray | None = None, accuracy: bool = True,
                        levels: dict[str, tuple[float, ...]] | None = None
-                       ) -> tuple[dict[str, Estimate], tuple[list[float], list[float]], dict[str, OneRunAudit]]:
+                       ) -> tuple[dict[str, IntervalEstimate], tuple[list[float], list[float]], dict[str, OneRunAudit]]:
     """Metrics over the (target, unit) scores, their intervals, a ROC curve for plots, and the
     one-run ε bounds with their counts (ε figure → evidence; empty without ``coins``).
 

@@ -31,7 +31,7 @@ from scipy import stats
 from attacks.base import ONE_RUN_FIGURES, Attack, AttackResult, gdp_note, membership_metrics
 from audit.core.empirical_epsilon import gaussian_fit_epsilon, rescaled
 from audit.core.lazy_modules import lazy_module
-from audit.core.metrics import Estimate
+from audit.core.metrics import IntervalEstimate
 from audit.core.seeding import numpy_rng
 
 if TYPE_CHECKING:
@@ -174,7 +174,7 @@ def canary_result(attack: str, unit: str, statistics: np.ndarray, inserted: np.n
         statistics = np.nan_to_num(statistics, nan=0.0, posinf=1e300, neginf=-1e300)
     truth = inserted.astype(bool)
     flat = statistics.ravel()
-    metrics: dict[str, Estimate] = {}
+    metrics: dict[str, IntervalEstimate] = {}
     roc: tuple[list[float], list[float]] = ([], [])
     evidence = {}
     if truth.any() and (~truth).any():

@@ -45,7 +45,7 @@ CHUNK_ELEMENTS = 1 << 22
 
 
 @dataclass
-class CanaryAudit:
+class MechanismCanary:
     canary: str
     epsilon_lower_bound: float
 
@@ -138,7 +138,7 @@ def audit_mechanism(kind: str, noise: float, clip: float, dim: int, trials: int,
         calibration = np.r_[scores_in[:cut], scores_out[:cut]]
         test = np.r_[scores_in[cut:2 * cut], scores_out[cut:2 * cut]]
         bound = held_out_epsilon_lower_bound(calibration, labels, test, labels, each, delta).value
-        audits.append(CanaryAudit(name, bound))
+        audits.append(MechanismCanary(name, bound))
     lower = max(a.epsilon_lower_bound for a in audits)
     violated = lower > claimed + 1e-9
     claim_text = "no finite claim" if not math.isfinite(claimed) else f"{claimed:.4g}"

@@ -52,7 +52,7 @@ import numpy as np
 from attacks.base import ATTACKS, AttackResult, RunAttack, TargetRun, auxiliary_records, run_result
 from attacks.image_quality import image_grid_png, png_base64
 from audit.core.lazy_modules import lazy_module
-from audit.core.metrics import Estimate
+from audit.core.metrics import IntervalEstimate
 from audit.core.seeding import derive_seed, numpy_rng, seed_torch, torch_generator
 from defenses.evaluation import logits_of
 
@@ -72,17 +72,17 @@ _BOOTSTRAP_BLOCK = 4_000_000
 
 @dataclass
 class ModelInversionResult:
-    mse: Estimate  # mean over target records of the per-record mean squared error (bootstrap interval)
-    mae: Estimate  # the same for the absolute error
-    baseline_mse: Estimate  # reconstructing every record as the auxiliary mean input of its class, eq. (2)
-    baseline_mae: Estimate
-    mse_gain: Estimate  # baseline_mse − mse on the same records (paired bootstrap); > 0: the outputs help
-    mae_gain: Estimate
+    mse: IntervalEstimate  # mean over target records of the per-record mean squared error (bootstrap interval)
+    mae: IntervalEstimate  # the same for the absolute error
+    baseline_mse: IntervalEstimate  # reconstructing every record as the auxiliary mean input of its class, eq. (2)
+    baseline_mae: IntervalEstimate
+    mse_gain: IntervalEstimate  # baseline_mse − mse on the same records (paired bootstrap); > 0: the outputs help
+    mae_gain: IntervalEstimate
     reconstructions: torch.Tensor = field(repr=False)  # x̂ per target record, shaped like the inputs
     epochs_trained: int = 0  # the epoch whose network was kept (lowest held-out error)
     notes: str = ""
 
-    def metrics(self) -> dict[str, Estimate]:
+    def metrics(self) -> dict[str, IntervalEstimate]:
         return {name: getattr(self, name) for name in ("mse", "mae", "baseline_mse", "baseline_mae", "mse_gain", "mae_gain")}
 
 
@@ -162,7 +162,7 @@ def train_inverse_network(queries: torch.Tensor, inputs: torch.Tensor, labels: t
     return network, best_epoch
 
 
-def _paired_bootstrap(per_record: dict[str, np.ndarray], seed: int, resamples: int, confidence: float) -> dict[str, Estimate]:
+def _paired_bootstrap(per_record: dict[str, np.ndarray], seed: int, resamples: int, confidence: float) -> dict[str, IntervalEstimate]:
     """Mean of each per-record series with a percentile bootstrap interval; one set of resamples
     for all series, so differences of series are paired."""
     records = len(next(iter(per_record.values())))
@@ -180,10 +180,10 @@ def _paired_bootstrap(per_record: dict[str, np.ndarray], seed: int, resamples: i
     out = {}
     for name, values in per_record.items():
         if not samples[name]:
-            out[name] = Estimate(float(values.mean()) if records else math.nan)
+            out[name] = IntervalEstimate(float(values.mean()) if records else math.nan)
             continue
         pooled = np.concatenate(samples[name])
-        out[name] = Estimate(float(values.mean()), float(np.percentile(pooled, tail)), float(np.percentile(pooled, 100 - tail)))
+        out[name] = IntervalEstimate(float(values.mean()), float(np.percentile(pooled, tail)), float(np.percentile(pooled, 100 - tail)))
     return out
 
 

@@ -65,7 +65,7 @@ from attacks.base import (
 from attacks.server_view import UploadView, not_replayed_reason, upload_view
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
-from audit.core.metrics import Estimate, auc, clopper_pearson
+from audit.core.metrics import IntervalEstimate, auc, clopper_pearson
 from audit.core.seeding import derive_seed, numpy_rng, sklearn_random_state, torch_generator
 
 if TYPE_CHECKING:
@@ -87,8 +87,8 @@ UpdateFunction = Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor"]
 
 @dataclass
 class PropertyInferenceResult:
-    auc: Estimate  # DeLong interval
-    accuracy: Estimate  # decision at probability 0.5; Clopper–Pearson interval
+    auc: IntervalEstimate  # DeLong interval
+    accuracy: IntervalEstimate  # decision at probability 0.5; Clopper–Pearson interval
     scores: np.ndarray = field(repr=False)  # the classifier's probability of "has the property", per target client
     truth: np.ndarray = field(repr=False)  # bool per target client
     majority_accuracy: float = float("nan")  # accuracy of always guessing the more common truth
@@ -98,7 +98,7 @@ class PropertyInferenceResult:
     summed: int = 1  # uploads in each observation (1: each upload alone; m: the aggregate of m)
     notes: str = ""
 
-    def metrics(self) -> dict[str, Estimate]:
+    def metrics(self) -> dict[str, IntervalEstimate]:
         return {"auc": self.auc, "accuracy": self.accuracy}
 
 
@@ -334,7 +334,7 @@ def property_inference(
 
     correct = int(((scores >= 0.5) == target_truth).sum())
     clients = len(target_truth)
-    accuracy = Estimate(correct / clients, *clopper_pearson(correct, clients, confidence))
+    accuracy = IntervalEstimate(correct / clients, *clopper_pearson(correct, clients, confidence))
     majority = float(max(target_truth.mean(), 1.0 - target_truth.mean()))
     summed = (f", each summed with {others} upload{'s' if others > 1 else ''} of random auxiliary batches as the "
               "server sees the target's" if others else "")

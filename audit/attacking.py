@@ -22,7 +22,7 @@ from attacks.canary_audit import CanaryAudit, CanaryRun
 from audit.core.lazy_modules import lazy_module
 from audit.core.safe_names import inside, slug
 from audit.core.seeding import derive_seed
-from audit.planning import Experiment, Plan, canary_context, canary_relation
+from audit.planning import Plan, PlannedExperiment, canary_context, canary_relation
 from audit.store import RunStore
 from audit.targets import membership_experiment, target_run
 from audit.training import divergence_reason, progress_bar, trained_claim, warn
@@ -38,7 +38,7 @@ else:  # imported when first used (audit.core.lazy_modules)
 
 LOG = logging.getLogger(__name__)
 
-def evaluate_canaries(plan: Plan, store: RunStore, experiment: Experiment, audit: CanaryAudit) -> list[AttackResult]:
+def evaluate_canaries(plan: Plan, store: RunStore, experiment: PlannedExperiment, audit: CanaryAudit) -> list[AttackResult]:
     """The audit's results on its canary runs (none where it did not run)."""
     ids = plan.canary_ids.get((experiment.key, audit.label))
     if not ids:
@@ -68,7 +68,7 @@ def evaluate_canaries(plan: Plan, store: RunStore, experiment: Experiment, audit
     return results
 
 
-def _save_scores(out: Path, experiment: Experiment, result: AttackResult) -> None:
+def _save_scores(out: Path, experiment: PlannedExperiment, result: AttackResult) -> None:
     if result.scores is None or not np.size(result.scores):
         return  # run attacks have metrics, not scores per unit
     folder = inside(out, out / "attacks" / experiment.key)

@@ -31,7 +31,7 @@ from audit.core.errors import UserInputError
 if TYPE_CHECKING:
     import torch
 
-    from audit.planning import Experiment, Plan
+    from audit.planning import Plan, PlannedExperiment
 
 #: default of ``--max-hours``: a day of training at the machine's peak is no typo-sized audit
 DEFAULT_MAX_HOURS = 24.0
@@ -39,7 +39,7 @@ _BYTES = 4  # float32 parameters
 
 
 @dataclass(frozen=True)
-class Estimate:
+class CostEstimate:
     trainings: int  # federated trainings (membership, canary and side runs)
     examples: float  # training examples processed (forward and backward), all trainings
     flops: float  # training FLOPs, a lower bound
@@ -120,7 +120,7 @@ def _canary_trainings(plan: Plan, dim: int) -> int:
     return sum(audit.run_count(dim) for audit in plan.canary_audits)
 
 
-def _run_examples(experiment: Experiment, records: float, clients: int) -> float:
+def _run_examples(experiment: PlannedExperiment, records: float, clients: int) -> float:
     """Examples one training of ``experiment`` processes: local training, plus evaluation passes
     (a forward pass, a third of a training example) every ``eval_every`` rounds."""
     training = experiment.training
@@ -133,7 +133,7 @@ def _run_examples(experiment: Experiment, records: float, clients: int) -> float
     return training.rounds * local + evaluations * records / 3
 
 
-def estimate(plan: Plan) -> Estimate:
+def estimate(plan: Plan) -> CostEstimate:
     """The cost of ``plan``'s training, before any of it runs."""
     import numpy as np
     config, task = plan.config, plan.task
@@ -159,7 +159,7 @@ def estimate(plan: Plan) -> Estimate:
         held = max(held, runs * per_run)  # the runs of an experiment may train together
     data = float(task.pool.features.numel() + task.test.features.numel()) * _BYTES
     canaries = max((a.memory_bytes(params) for a in plan.canary_audits), default=0.0)
-    return Estimate(len(plan.experiments) * (runs + others), examples, examples * per_example,
+    return CostEstimate(len(plan.experiments) * (runs + others), examples, examples * per_example,
                     matmul_peak(config.device if config.device.startswith("cuda") else "cpu"), stored, held + data,
                     canaries)
 
@@ -182,7 +182,7 @@ def _parameters(plan: Plan) -> int:
     return sum(p.numel() for p in plan.task.model_factory().parameters())
 
 
-def check_budget(plan: Plan, out: str | os.PathLike, max_hours: float = DEFAULT_MAX_HOURS) -> Estimate:
+def check_budget(plan: Plan, out: str | os.PathLike, max_hours: float = DEFAULT_MAX_HOURS) -> CostEstimate:
     """The plan's estimate, or a one-line :class:`UserInputError` when it exceeds ``max_hours``
     (0: no limit), the machine's memory or the free disk space under ``out``."""
     cost = estimate(plan)

@@ -50,7 +50,7 @@ from attacks.record_canaries import mislabelled_records
 from attacks.signals import logit_scaled_confidence
 from audit.checkpoints import membership_attacks, score_models
 from audit.config import DatasetConfig
-from audit.core.audit_power import Power, gdp_mu, one_run_power
+from audit.core.audit_power import AuditPower, gdp_mu, one_run_power
 from audit.core.dataset_types import Dataset, Split
 from audit.core.empirical_epsilon import OneRunAudit
 from audit.core.errors import UserInputError
@@ -312,7 +312,7 @@ class GradientCanaryAudit:
     noise_multiplier: float  # σ the claim accounts (the readings' standardisation)
     evidence: dict[str, OneRunAudit]  # "epsilon_one_run" (Steinke et al.), "epsilon_one_run_fdp"
     verdicts: list[Verdict]  # one per figure, decided together (Holm over the family)
-    power: Power | None  # the f-DP test's power and tight bound at the claim (None: no bound to test)
+    power: AuditPower | None  # the f-DP test's power and tight bound at the claim (None: no bound to test)
     held_out_spread: float  # standard deviation of the held-out canaries' readings z_t (1: noise alone)
     explanation: str  # why ε_LB and the tight bound differ
     results: Results  # the results document (written under ``out`` when given)
@@ -339,7 +339,7 @@ def _accepts_attach(train: Callable[..., Any]) -> bool:
     return any(p.name == "attach" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
-def _explanation(epsilon_lb: float, power: Power | None, claim: PrivacyClaim, noise_multiplier: float,
+def _explanation(epsilon_lb: float, power: AuditPower | None, claim: PrivacyClaim, noise_multiplier: float,
                  sample_rate: float, steps: int, delta: float, spread: float) -> str:
     """Why the measured bound and the design's tight bound differ, with the numbers behind it."""
     if power is None:

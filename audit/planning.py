@@ -40,7 +40,7 @@ STORE_FORMAT = 6  # bump when a change makes stored runs incompatible (or trains
 
 
 @dataclass
-class Experiment:
+class PlannedExperiment:
     """One defense configuration (one ε of a sweep), trained as N membership runs."""
 
     key: str
@@ -56,7 +56,7 @@ class Experiment:
 class Plan:
     config: AuditConfig
     task: Task
-    experiments: list[Experiment]
+    experiments: list[PlannedExperiment]
     attacks: list[Attack]
     membership: Membership
     accounting: AccountingSettings
@@ -171,7 +171,7 @@ def plan_audit(config: AuditConfig) -> Plan:
     num_clients = config.partition.clients
     layout = ParamLayout.of(task.model_factory())
 
-    experiments: list[Experiment] = []
+    experiments: list[PlannedExperiment] = []
     used_keys: set[str] = set()
     for i, entry, cls, params, training in defense_specs:
         base = cls(params, layout)
@@ -188,7 +188,7 @@ def plan_audit(config: AuditConfig) -> Plan:
             if target is not None:
                 label = f"{label} (ε={_format_epsilon(target)})"
             claim = defense.privacy_claim(training, num_clients, training.rounds, entry.delta, accounting)
-            experiments.append(Experiment(key, label, defense, training, entry.delta, target, claim))
+            experiments.append(PlannedExperiment(key, label, defense, training, entry.delta, target, claim))
     unit = config.membership.unit
     if unit == "auto":  # audit whole clients when a defense protects whole clients
         unit = "client" if any(e.claim.unit == "client" for e in experiments) else "record"
@@ -200,7 +200,7 @@ def plan_audit(config: AuditConfig) -> Plan:
                 target_record=_record_spec(config, attack_list, target=True))
 
 
-def design_relation(relation: str, unit: str, experiments: list[Experiment]) -> Relation:
+def design_relation(relation: str, unit: str, experiments: list[PlannedExperiment]) -> Relation:
     """``membership.relation`` resolved: "auto" takes the neighbouring relation of the client-level
     claims when they all agree (so the design measures what they promise), else add/remove."""
     designs: dict[str, Relation] = {"add-remove": "add-remove", "replace-one": "replace-one", "zero-out": "zero-out"}
@@ -211,14 +211,14 @@ def design_relation(relation: str, unit: str, experiments: list[Experiment]) -> 
     return claimed.pop() if unit == "client" and len(claimed) == 1 else "add-remove"
 
 
-def canary_relation(experiment: Experiment, audit: CanaryAudit) -> str:
+def canary_relation(experiment: PlannedExperiment, audit: CanaryAudit) -> str:
     """The neighbouring relation of a canary audit's design. Canary clients follow a zero-out claim
     (every canary takes part, a held-out one uploads nothing); otherwise a canary is added or
     not (a canary record changes its client's data: add/remove per record)."""
     return "zero-out" if audit.unit == "client" and experiment.claim.relation == "zero-out" else "add-remove"
 
 
-def _check_attack_targets(attacks: list[Attack], unit: str, experiments: list[Experiment], config: AuditConfig,
+def _check_attack_targets(attacks: list[Attack], unit: str, experiments: list[PlannedExperiment], config: AuditConfig,
                           task: Task) -> None:
     """Each attack's parameters against every experiment it will run on (rounds, clients, runs, the
     dataset's classes and attributes), so that none is found unfit only after training."""
@@ -255,7 +255,7 @@ def _check_clients(config: AuditConfig, defense_specs: list[tuple]) -> None:
                                      f"allowed: 0 to {clients - 1}")
 
 
-def run_id(plan: Plan, experiment: Experiment, run_index: int) -> str:
+def run_id(plan: Plan, experiment: PlannedExperiment, run_index: int) -> str:
     """A stable id: the experiment key, the run index and a hash of everything that determines the run."""
     config = plan.config
     fingerprint = {
@@ -287,7 +287,7 @@ def clients_digest(clients: list[np.ndarray]) -> str:
     return digest.hexdigest()
 
 
-def canary_run_id(plan: Plan, experiment: Experiment, audit: CanaryAudit, index: int) -> str:
+def canary_run_id(plan: Plan, experiment: PlannedExperiment, audit: CanaryAudit, index: int) -> str:
     base = run_id(plan, experiment, plan.canary_base_run(index))
     fingerprint = {"base": base, "audit": audit.name, "label": audit.label, "params": to_mapping(asdict(audit.params)),
                    "index": index, "record": asdict(canary_record(plan, audit))}
@@ -301,7 +301,7 @@ def canary_record(plan: Plan, audit: CanaryAudit) -> RecordSpec:
     return replace(plan.record, global_rounds="all") if audit.needs_iterates() else plan.record
 
 
-def canary_context(plan: Plan, experiment: Experiment, delta: float | None = None) -> CanaryContext:
+def canary_context(plan: Plan, experiment: PlannedExperiment, delta: float | None = None) -> CanaryContext:
     task = plan.task
     return CanaryContext(experiment.key, experiment.defense, experiment.training, task.pool.features, task.pool.labels,
                          task.test.features, task.test.labels, task.dataset.num_classes, ParamLayout.of(task.model_factory()),

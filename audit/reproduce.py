@@ -38,7 +38,7 @@ from audit.core.seeding import derive_seed, numpy_rng
 from audit.planning import check_device
 from audit.reproductions import STUDIES
 from audit.store import RunStore
-from audit.study import Arm, ClaimCheck, Results, RunResult, Study
+from audit.study import Arm, ClaimCheck, RunResult, Study, StudyResults
 from audit.tasks import Task, build_task, run_clients
 from defenses.base import DEFENSES, AccountingSettings, Defense
 from defenses.claims import PrivacyClaim
@@ -189,7 +189,7 @@ def _epsilon_set(values: list[float | None]) -> str:
     return ", ".join(text) or "–"
 
 
-def render(study: Study, results: Results, claims: list[ClaimCheck], elapsed: float, dataset_note: str,
+def render(study: Study, results: StudyResults, claims: list[ClaimCheck], elapsed: float, dataset_note: str,
            proxy: dict | None = None) -> str:
     arms = study.arms
     lines = [f"# Reproduction: {study.title}", "", f"Paper: {study.paper}", "",
@@ -259,7 +259,7 @@ def reproduce(study: Study, out: Path, quiet: bool = False) -> dict[str, Any]:
         runs.append(runner.run(arm, epsilon, seed))
         bar.update(1)
     bar.close()
-    results = Results(runs)
+    results = StudyResults(runs)
     proxy = {"dim": runner.layout.dim, "clients": runner.config.partition.clients,
              "client_rate": runner.config.training.client_rate}
     study.proxy.clear()

@@ -63,7 +63,7 @@ class ClaimCheck:
     evaluated: bool = True  # False: the reproduction does not test this claim at all
 
 
-class Results:
+class StudyResults:
     """Access to the runs of a study by arm, target ε and metric."""
 
     def __init__(self, runs: list[RunResult]):
@@ -270,7 +270,7 @@ def judge(claim: str, steps: list[Step], relation: Relation, percent: bool = Tru
     return ClaimCheck(claim, holds, f"{head}: " + "; ".join(texts) + note)
 
 
-def compare(results: Results, better: str, worse: str, epsilons: Sequence[float | None], metric: str = "final_accuracy",
+def compare(results: StudyResults, better: str, worse: str, epsilons: Sequence[float | None], metric: str = "final_accuracy",
             claim: str | None = None, at_epsilon: bool = False, margin: float = 0.0, strict: bool = False) -> ClaimCheck:
     """"``better`` ≥ ``worse`` + margin" (``strict``: >) at every ε of ``epsilons``, judged per ε on the
     paired differences (same seed) by the rule of :func:`judge`. ``at_epsilon``: accuracy read where
@@ -287,7 +287,7 @@ def compare(results: Results, better: str, worse: str, epsilons: Sequence[float 
     return judge(claim or f"{better} {relation.op} {worse}", steps, relation, percent=at_epsilon or metric in ACCURACY_METRICS)
 
 
-def smaller(results: Results, smaller_arm: str, larger_arm: str, epsilons: Sequence[float | None], metric: str,
+def smaller(results: StudyResults, smaller_arm: str, larger_arm: str, epsilons: Sequence[float | None], metric: str,
             claim: str) -> ClaimCheck:
     """"``smaller_arm``'s metric is below ``larger_arm``'s" at every ε, on paired differences (strict: a tie is not below)."""
     steps = [paired_step(where_epsilon(e), results.by_seed(smaller_arm, e, metric), results.by_seed(larger_arm, e, metric))
@@ -305,7 +305,7 @@ class Study:
     epsilons: list[float | None]  # target ε per experiment; None: the arms' own noise
     delta: float
     seeds: int
-    claims: Callable[[Results], list[ClaimCheck]]
+    claims: Callable[[StudyResults], list[ClaimCheck]]
     paper_tables: str  # markdown
     notes: list[str] = field(default_factory=list)
     reductions: list[tuple[Arm, Arm]] = field(default_factory=list)  # must train to bit-identical models
@@ -317,5 +317,5 @@ class Study:
     #: alternative ε figures of the claims to show as columns (e.g. "sound" beside UDP-FL's paper_1d ε)
     alternative_epsilons: list[str] = field(default_factory=list)
     #: extra markdown after our table, from the results and {"dim", "client_rate", "clients"} of the proxy
-    extra_tables: Callable[[Results, dict], str] | None = None
+    extra_tables: Callable[[StudyResults, dict], str] | None = None
     proxy: dict = field(default_factory=dict)  # filled in by reproduce(): the proxy's model size and sampling

@@ -18,7 +18,7 @@ from attacks.base import (
 from audit.config import DatasetConfig, ModelConfig
 from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import derive_seed
-from audit.planning import Experiment, Plan, clients_digest, run_id
+from audit.planning import Plan, PlannedExperiment, clients_digest, run_id
 from audit.store import RunStore
 from audit.tasks import build_task, record_membership
 from audit.training import trained_claim
@@ -33,7 +33,7 @@ else:  # imported when first used (audit.core.lazy_modules)
     torch = lazy_module("torch")
 
 
-def membership_experiment(plan: Plan, store: RunStore, experiment: Experiment) -> MembershipExperiment:
+def membership_experiment(plan: Plan, store: RunStore, experiment: PlannedExperiment) -> MembershipExperiment:
     ids = plan.run_ids[experiment.key]
     device = plan.config.device
     model = plan.task.model_factory().to(device)
@@ -65,7 +65,7 @@ def membership_experiment(plan: Plan, store: RunStore, experiment: Experiment) -
     )
 
 
-def target_run(plan: Plan, store: RunStore, experiment: Experiment) -> TargetRun:
+def target_run(plan: Plan, store: RunStore, experiment: PlannedExperiment) -> TargetRun:
     """Run 0 of an experiment as the server holds it, for the run attacks."""
     rid = plan.run_ids[experiment.key][0]
     device, task = plan.config.device, plan.task
@@ -89,7 +89,7 @@ def target_run(plan: Plan, store: RunStore, experiment: Experiment) -> TargetRun
         members=np.flatnonzero(plan.keep[0]), pool_attributes=task.pool.attributes, train_side=train_side)
 
 
-def side_run(plan: Plan, store: RunStore, experiment: Experiment, dataset: str, root: str | None) -> SideRun:
+def side_run(plan: Plan, store: RunStore, experiment: PlannedExperiment, dataset: str, root: str | None) -> SideRun:
     """The experiment's defense trained on ``dataset`` with an MLP — same clients, training and
     target ε — for attacks its own data cannot serve. Stored like every run (resumable)."""
     config = plan.config

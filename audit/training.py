@@ -19,8 +19,8 @@ from audit.core.lazy_modules import lazy_module
 from audit.core.schema import to_mapping
 from audit.core.seeding import derive_seed
 from audit.planning import (
-    Experiment,
     Plan,
+    PlannedExperiment,
     canary_context,
     canary_record,
     canary_relation,
@@ -48,7 +48,7 @@ def progress_bar(total: int, desc: str, quiet: bool) -> tqdm:
                 mininterval=0.5, bar_format="{desc}: {n_fmt}/{total_fmt} |{bar}| {elapsed}<{remaining}{postfix}")
 
 
-def _manifest(plan: Plan, experiment: Experiment, rid: str, run_index: int, job: TrainingJob, outcome, seconds: float,
+def _manifest(plan: Plan, experiment: PlannedExperiment, rid: str, run_index: int, job: TrainingJob, outcome, seconds: float,
               members: np.ndarray) -> dict[str, Any]:
     last = outcome.metrics[-1] if outcome.metrics else {}
     return {
@@ -86,7 +86,7 @@ class PendingRun:
     extra: dict[str, Any] | None = None
 
 
-def train_and_store(plan: Plan, store: RunStore, experiment: Experiment, runs: list[PendingRun]
+def train_and_store(plan: Plan, store: RunStore, experiment: PlannedExperiment, runs: list[PendingRun]
                     ) -> list[tuple[PendingRun, TrainingDiverged]]:
     """Train runs of one experiment together (:func:`defenses.run_batch.train_together`: one
     batched computation where the defense allows it) and store each that finished; returns the
@@ -130,7 +130,7 @@ def warn(text: str) -> None:
     LOG.warning(text)
 
 
-def _job(plan: Plan, experiment: Experiment, clients: list[np.ndarray], seed: int, pool_x=None, pool_y=None,
+def _job(plan: Plan, experiment: PlannedExperiment, clients: list[np.ndarray], seed: int, pool_x=None, pool_y=None,
          update_canaries: torch.Tensor | None = None, record: RecordSpec | None = None,
          canary_rounds: tuple[int, int] | None = None) -> TrainingJob:
     task, device = plan.task, plan.config.device
@@ -143,7 +143,7 @@ def _job(plan: Plan, experiment: Experiment, clients: list[np.ndarray], seed: in
                        canary_rounds=canary_rounds)
 
 
-def membership_pending(plan: Plan, store: RunStore, experiment: Experiment, r: int) -> PendingRun | None:
+def membership_pending(plan: Plan, store: RunStore, experiment: PlannedExperiment, r: int) -> PendingRun | None:
     """Membership run ``r`` of ``experiment`` as a run to train, or None when the store has it."""
     rid = run_id(plan, experiment, r)
     if store.is_complete(rid):
@@ -152,7 +152,7 @@ def membership_pending(plan: Plan, store: RunStore, experiment: Experiment, r: i
     return PendingRun(rid, r, job, np.flatnonzero(plan.keep[r]))
 
 
-def train_membership_runs(plan: Plan, store: RunStore, experiment: Experiment, runs: list[int]) -> list[str]:
+def train_membership_runs(plan: Plan, store: RunStore, experiment: PlannedExperiment, runs: list[int]) -> list[str]:
     """Membership runs ``runs`` of ``experiment``, trained together unless the store has them; returns
     the ids of those stored. A run whose training diverges is not stored; the lowest-index one is
     noted in ``plan.diverged``."""
@@ -164,7 +164,7 @@ def train_membership_runs(plan: Plan, store: RunStore, experiment: Experiment, r
     return [rid for rid in (run_id(plan, experiment, r) for r in runs) if store.is_complete(rid)]
 
 
-def joint_run_limit(plan: Plan, experiment: Experiment) -> int:
+def joint_run_limit(plan: Plan, experiment: PlannedExperiment) -> int:
     """How many runs train together by default: as many as fit the batched computation one
     run's round would use (the engine's chunk of about 2^25 values), at least one."""
     dim = ParamLayout.of(plan.task.model_factory()).dim
@@ -174,7 +174,7 @@ def joint_run_limit(plan: Plan, experiment: Experiment) -> int:
     return max(1, int(chunk_size(training, dim, experiment.defense.memory_factor(training)) // per_round))
 
 
-def run_groups(plan: Plan, store: RunStore, experiment: Experiment, batch_runs: int | None = None,
+def run_groups(plan: Plan, store: RunStore, experiment: PlannedExperiment, batch_runs: int | None = None,
                parts: int = 1) -> list[list[int]]:
     """The membership runs of ``experiment`` not yet stored, in groups trained together: groups of
     ``batch_runs`` (default :func:`joint_run_limit`), and at least ``parts`` groups when there are
@@ -185,7 +185,7 @@ def run_groups(plan: Plan, store: RunStore, experiment: Experiment, batch_runs: 
     return [pending[i:i + size] for i in range(0, len(pending), size)]
 
 
-def trained_claim(plan: Plan, store: RunStore, experiment: Experiment) -> PrivacyClaim:
+def trained_claim(plan: Plan, store: RunStore, experiment: PlannedExperiment) -> PrivacyClaim:
     """The claim of the trained runs (some depend on the run's clients, e.g. NbAFL's smallest client)."""
     ids = plan.run_ids.get(experiment.key)
     return PrivacyClaim.from_dict(store.load_manifest(ids[0])["claim"]) if ids else experiment.claim
@@ -201,7 +201,7 @@ def dirac_rows(injection: CanaryInjection, relation: str, dim: int, device: str)
                      torch.as_tensor(values, dtype=torch.float32, device=device), dim)
 
 
-def train_canary_runs(plan: Plan, store: RunStore, experiment: Experiment, audit: CanaryAudit, quiet: bool = False) -> None:
+def train_canary_runs(plan: Plan, store: RunStore, experiment: PlannedExperiment, audit: CanaryAudit, quiet: bool = False) -> None:
     """An audit's runs: membership run i's clients plus the inserted canaries (records joined to
     clients' data, or canary clients), with a seed of their own."""
     reason = audit.not_applicable(experiment.defense) or audit.refused(experiment.defense, experiment.training)

@@ -13,7 +13,7 @@ claim allows* and the *optimal attack* on it:
 * a pure claim (δ = 0) is tight for ε-randomised response: each canary's ±1 score is right with
   probability e^ε/(1 + e^ε) (Steinke et al. 2023 show their bound is tight for it).
 
-Two figures (:class:`Power`): ``tight_bound`` — the median ε lower bound the audit reports when
+Two figures (:class:`AuditPower`): ``tight_bound`` — the median ε lower bound the audit reports when
 the mechanism is exactly as private as claimed (the most this design can certify), and
 ``detection`` — the probability that it reports a violation of the claim (at the family-adjusted
 level) when the true ε is twice the claim. ``needed`` extrapolates, by a normal approximation of
@@ -86,7 +86,7 @@ def tight_scores(rng: np.random.Generator, inserted: np.ndarray, epsilon: float,
 
 
 @dataclass(frozen=True)
-class Power:
+class AuditPower:
     """What the audit could show against the claim (ε, δ) with ``canaries`` coins."""
 
     canaries: int
@@ -235,7 +235,7 @@ def _simulation(canaries: int, epsilon: float, delta: float, seed: int) -> _Simu
 @lru_cache(maxsize=256)
 def one_run_power(canaries: int, epsilon: float, delta: float, level: float, seed: int = 0,
                   simulations: int = MAX_SIMULATIONS, method: str = "steinke",
-                  fractions: tuple[float, ...] = GUESS_FRACTIONS) -> Power:
+                  fractions: tuple[float, ...] = GUESS_FRACTIONS) -> AuditPower:
     """Power of the one-run audit with ``canaries`` independent coins against an (ε, δ) claim,
     its violation test (``method``: "steinke" or "fdp") run at ``level``. Deterministic in ``seed``.
 
@@ -249,7 +249,7 @@ def one_run_power(canaries: int, epsilon: float, delta: float, level: float, see
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if canaries < 2 or not math.isfinite(epsilon) or not 0 <= delta < 1:
-        return Power(canaries, level, 0.0, 0.0, None)
+        return AuditPower(canaries, level, 0.0, 0.0, None)
     if not set(fractions) <= set(FRACTION_GRID):
         raise ValueError(f"fractions must be levels of {FRACTION_GRID}, got {fractions}")
     simulation = _simulation(canaries, epsilon, delta, seed)
@@ -272,7 +272,7 @@ def one_run_power(canaries: int, epsilon: float, delta: float, level: float, see
     tight_bound = max(_bound(method, canaries, g, int(c), delta, alpha) for g, c in zip(guesses, medians))
     rng = np.random.default_rng([seed, canaries, *_float_key(epsilon), *_float_key(delta), 1])
     needed = None if detection >= POWER_TARGET else _needed(method, canaries, epsilon, delta, level, rng)
-    return Power(canaries, level, tight_bound, detection, needed, done, math.sqrt(smoothed * (1 - smoothed) / done))
+    return AuditPower(canaries, level, tight_bound, detection, needed, done, math.sqrt(smoothed * (1 - smoothed) / done))
 
 
 @lru_cache(maxsize=256)

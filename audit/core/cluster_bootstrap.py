@@ -46,7 +46,7 @@ import numpy as np
 from scipy.stats import norm
 from scipy.stats import t as student_t
 
-from audit.core.metrics import Estimate
+from audit.core.metrics import IntervalEstimate
 
 #: bootstrap replicates per interval
 REPLICATES = 300  # per one-way bootstrap: the SE of a standard deviation estimate is ≈ 4 %
@@ -242,7 +242,7 @@ def resample_weights(rng: np.random.Generator, runs: int, units: int, over: str,
 def two_way_intervals(scores: np.ndarray, truth: np.ndarray, rng: np.random.Generator, confidence: float = 0.95,
                       fprs: tuple[float, ...] = (0.001, 0.01), replicates: int = REPLICATES,
                       extra: dict[str, Callable[[np.ndarray], float]] | None = None,
-                      run_groups: np.ndarray | None = None) -> dict[str, Estimate]:
+                      run_groups: np.ndarray | None = None) -> dict[str, IntervalEstimate]:
     """Point values and two-way intervals of the pooled ROC metrics of ``scores`` [runs, units]
     with membership ``truth`` [runs, units].
 
@@ -283,12 +283,12 @@ def two_way_intervals(scores: np.ndarray, truth: np.ndarray, rng: np.random.Gene
     out = {}
     for name, value in point.items():
         if name in unresolved:
-            out[name] = Estimate(math.nan)
+            out[name] = IntervalEstimate(math.nan)
             continue
         variance, dof = combined_variance(variances["runs"][name], variances["units"][name], variances["cells"][name],
                                           clusters["runs"], clusters["units"])
         half = critical_value(confidence, dof) * math.sqrt(variance) if math.isfinite(variance) else math.nan
-        out[name] = Estimate(value, max(0.0, value - half), min(1.0, value + half)) if math.isfinite(half) else Estimate(value)
+        out[name] = IntervalEstimate(value, max(0.0, value - half), min(1.0, value + half)) if math.isfinite(half) else IntervalEstimate(value)
     return out
 
 

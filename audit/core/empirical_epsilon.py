@@ -34,7 +34,7 @@ from scipy import stats
 from scipy.optimize import brentq
 from scipy.special import ndtr
 
-from audit.core.metrics import Estimate
+from audit.core.metrics import IntervalEstimate
 
 # --------------------------------------------------------------------------- one-run audit (Steinke et al. 2023)
 
@@ -110,8 +110,8 @@ class OneRunAudit:
     #: the abstention levels tried (fractions of the canaries), for the power simulation
     fractions: tuple[float, ...] = GUESS_FRACTIONS
 
-    def as_estimate(self) -> Estimate:
-        return Estimate(self.epsilon, self.epsilon, math.inf)
+    def as_estimate(self) -> IntervalEstimate:
+        return IntervalEstimate(self.epsilon, self.epsilon, math.inf)
 
     def count_p_value(self, guesses: int, correct: int, epsilon: float, delta: float) -> float:
         """The p-value of one abstention level's counts under (ε, δ)-DP (this analysis: Steinke et al.'s)."""
@@ -331,7 +331,7 @@ def shift_interval(shift: float, inserted: int, held_out: int, confidence: float
 
 
 def gaussian_fit_epsilon(inserted: np.ndarray, held_out: np.ndarray, delta: float,
-                         confidence: float = 0.95) -> Estimate:
+                         confidence: float = 0.95) -> IntervalEstimate:
     """Andrew et al. 2024's estimate (§3): fit N(μ₁, σ²) to the inserted canaries' statistics and
     N(μ₀, σ²) to the held-out ones; ε is that of the Gaussian pair at δ, a function of the
     standardised shift t = (μ₁ − μ₀)/σ alone (the ε of a Gaussian mechanism with μ-GDP, μ = |t|).
@@ -359,4 +359,4 @@ def gaussian_fit_epsilon(inserted: np.ndarray, held_out: np.ndarray, delta: floa
     shift = _shift(*rescaled(inserted, held_out))  # the shift is scale-free; its sums must not overflow
     low, high = shift_interval(shift, len(inserted), len(held_out), confidence)
     smallest = 0.0 if low <= 0.0 <= high else min(abs(low), abs(high))
-    return Estimate(epsilon_of(shift), epsilon_of(smallest), epsilon_of(max(abs(low), abs(high))))
+    return IntervalEstimate(epsilon_of(shift), epsilon_of(smallest), epsilon_of(max(abs(low), abs(high))))

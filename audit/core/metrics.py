@@ -26,7 +26,7 @@ else:  # imported when first used (audit.core.lazy_modules)
 
 
 @dataclass(frozen=True)
-class Estimate:
+class IntervalEstimate:
     """A value with a confidence interval (NaN bounds when none applies)."""
 
     value: float
@@ -65,7 +65,7 @@ def clopper_pearson(successes: int, trials: int, confidence: float = 0.95) -> tu
     return low, high
 
 
-def auc(scores, labels, confidence: float = 0.95) -> Estimate:
+def auc(scores, labels, confidence: float = 0.95) -> IntervalEstimate:
     """ROC AUC with DeLong's variance (DeLong, DeLong, Clarke-Pearson 1988), via midranks.
 
     The interval treats scores as independent; scores pooled over leave-one-out targets are
@@ -80,7 +80,7 @@ def auc(scores, labels, confidence: float = 0.95) -> Estimate:
     value = float(v10.mean())
     variance = (v10.var(ddof=1) / m if m > 1 else 0.0) + (v01.var(ddof=1) / n if n > 1 else 0.0)
     half = float(stats.norm.ppf(0.5 + confidence / 2) * math.sqrt(max(variance, 0.0)))
-    return Estimate(value, max(0.0, value - half), min(1.0, value + half))
+    return IntervalEstimate(value, max(0.0, value - half), min(1.0, value + half))
 
 
 def auc_convex_hull(scores, labels) -> float:
@@ -102,7 +102,7 @@ def auc_convex_hull(scores, labels) -> float:
     return float(np.sum(np.diff(xs) * (ys[1:] + ys[:-1]) / 2.0))
 
 
-def tpr_at_fpr(scores, labels, target_fpr: float, confidence: float = 0.95) -> Estimate:
+def tpr_at_fpr(scores, labels, target_fpr: float, confidence: float = 0.95) -> IntervalEstimate:
     """Largest TPR with empirical FPR ≤ ``target_fpr``, with a Clopper–Pearson interval."""
     scores, labels = _as_arrays(scores, labels)
     fpr, tpr, _ = roc(scores, labels)
@@ -111,7 +111,7 @@ def tpr_at_fpr(scores, labels, target_fpr: float, confidence: float = 0.95) -> E
     positives = int(labels.sum())
     true_positives = int(round(tpr[best] * positives))
     low, high = clopper_pearson(true_positives, positives, confidence)
-    return Estimate(float(tpr[best]), low, high)
+    return IntervalEstimate(float(tpr[best]), low, high)
 
 
 def balanced_accuracy(scores, labels) -> float:
@@ -190,14 +190,14 @@ def best_threshold_for_epsilon(scores, labels, confidence: float = 0.95, delta: 
 
 
 def held_out_epsilon_lower_bound(calibration_scores, calibration_labels, test_scores, test_labels,
-                                 confidence: float = 0.95, delta: float = 0.0) -> Estimate:
+                                 confidence: float = 0.95, delta: float = 0.0) -> IntervalEstimate:
     """ε lower bound with the threshold chosen on calibration data and counted on separate test data.
 
     Choosing the threshold on the same data the counts come from would bias the bound upward.
     """
     threshold = best_threshold_for_epsilon(calibration_scores, calibration_labels, confidence, delta)
     bound = epsilon_lower_bound(*confusion_at(test_scores, test_labels, threshold), confidence=confidence, delta=delta)
-    return Estimate(bound, bound, math.inf)
+    return IntervalEstimate(bound, bound, math.inf)
 
 
 def thin_curve(fpr, tpr, max_points: int = 400) -> tuple[list[float], list[float]]:
@@ -211,13 +211,13 @@ def thin_curve(fpr, tpr, max_points: int = 400) -> tuple[list[float], list[float
     return [float(v) for v in fpr[index]], [float(v) for v in tpr[index]]
 
 
-def mean_estimate(values, confidence: float = 0.95) -> Estimate:
+def mean_estimate(values, confidence: float = 0.95) -> IntervalEstimate:
     """Mean of per-item values with a Student-t interval (NaN bounds below two finite values)."""
     finite = np.asarray([v for v in values if math.isfinite(v)], dtype=np.float64)
     if len(finite) == 0:
-        return Estimate(math.nan)
+        return IntervalEstimate(math.nan)
     mean = float(finite.mean())
     if len(finite) < 2:
-        return Estimate(mean)
+        return IntervalEstimate(mean)
     half = float(stats.t.ppf(0.5 + confidence / 2, len(finite) - 1) * finite.std(ddof=1) / math.sqrt(len(finite)))
-    return Estimate(mean, mean - half, mean + half)
+    return IntervalEstimate(mean, mean - half, mean + half)

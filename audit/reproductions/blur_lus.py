@@ -19,7 +19,7 @@ import math
 
 from audit import study as checks
 from audit.reproductions.proxy import proxy_dataset
-from audit.study import Arm, ClaimCheck, Relation, Results, Study, compare, smaller
+from audit.study import Arm, ClaimCheck, Relation, Study, StudyResults, compare, smaller
 
 PAPER = "Cheng, Wang, Zhang, Cheng, Differentially Private Federated Learning with Local Regularization and Sparsification (CVPR 2022)"
 
@@ -69,7 +69,7 @@ def study(quick: bool, dataset: str, data_root: str | None) -> Study:
         "accounting": {"accountant": "rdp", "conversion": "classic"},
     }
 
-    def claims(results: Results) -> list[ClaimCheck]:
+    def claims(results: StudyResults) -> list[ClaimCheck]:
         checks = []
         for clip in clips:
             s = "" if len(clips) == 1 else f"-S{clip:g}"
@@ -121,7 +121,7 @@ def study(quick: bool, dataset: str, data_root: str | None) -> Study:
     )
 
 
-def _close(results: Results, first: str, second: str, epsilons: list, tolerance: float, claim: str) -> ClaimCheck:
+def _close(results: StudyResults, first: str, second: str, epsilons: list, tolerance: float, claim: str) -> ClaimCheck:
     """"``first`` ≈ ``second`` within ``tolerance``" at every ε (Table 1 shows it at each ε, not on
     average): |mean paired difference| ≤ tolerance at each ε."""
     steps = [checks.paired_step(checks.where_epsilon(e), results.by_seed(first, e), results.by_seed(second, e))
@@ -129,7 +129,7 @@ def _close(results: Results, first: str, second: str, epsilons: list, tolerance:
     return checks.judge(claim, steps, Relation("±", tolerance))
 
 
-def _gain_shrinks(results: Results, ours: str, baseline: str, epsilons: list) -> ClaimCheck:
+def _gain_shrinks(results: StudyResults, ours: str, baseline: str, epsilons: list) -> ClaimCheck:
     """Table 1 (Cheng et al. 2022, CNN-2): BLUR+LUS's gain over DP-FedAvg is +4.83 pt at ε = 2 and
     shrinks to +2.73 at ε = 8. A *gain* largest at the smallest ε: the gain there must be positive,
     and larger than the gain at every larger ε (each judged on paired differences, same seed)."""

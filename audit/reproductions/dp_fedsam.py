@@ -22,7 +22,7 @@ from dataclasses import replace
 
 from audit import study as checks
 from audit.reproductions.proxy import proxy_dataset
-from audit.study import Arm, ClaimCheck, Relation, Results, Study, compare, smaller
+from audit.study import Arm, ClaimCheck, Relation, Study, StudyResults, compare, smaller
 from defenses.accounting import GaussianSchedule, epsilon_trajectory
 
 PAPER = ("Shi, Wei, Shen, Liu, Wang, Yuan, Tao, Towards the Flatter Landscape and Better Generalization in "
@@ -95,7 +95,7 @@ def study(quick: bool, dataset: str, data_root: str | None) -> Study:
     }
     levels = [4.0, 6.0, 8.0]
 
-    def claims(results: Results) -> list[ClaimCheck]:
+    def claims(results: StudyResults) -> list[ClaimCheck]:
         best = [None]
         checks = [
             compare(results, "dp-fedsam", "dp-fedavg", best, "best_accuracy", "DP-FedSAM > DP-FedAvg (Table I, best round)", strict=True),
@@ -147,7 +147,7 @@ def study(quick: bool, dataset: str, data_root: str | None) -> Study:
     )
 
 
-def _gap(results: Results, first: str, second: str) -> ClaimCheck:
+def _gap(results: StudyResults, first: str, second: str) -> ClaimCheck:
     """Table IV (Shi et al. 2023): DP-FedSAM's train − test gap is smaller than DP-FedAvg's (10.75 vs
     17.35 pt), judged on the paired difference of the two gaps (same seed)."""
     def gaps(arm: str) -> dict[int, float]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from audit.reproductions.proxy import proxy_dataset
-from audit.study import Arm, ClaimCheck, Results, Study, compare
+from audit.study import Arm, ClaimCheck, Study, StudyResults, compare
 from defenses.subset_training import kept_count, table_kilobytes
 
 PAPER = ("Kerkouche, Ács, Castelluccia, Genevès, Constrained Differentially Private Federated Learning for "
@@ -92,7 +92,7 @@ def study(quick: bool, dataset: str, data_root: str | None) -> Study:
         "accounting": {"accountant": "rdp", "conversion": "classic"},
     }
 
-    def claims(results: Results) -> list[ClaimCheck]:
+    def claims(results: StudyResults) -> list[ClaimCheck]:
         small, large = min(fractions), max(fractions)
         tag = {f: f"{100 * f:g}" for f in fractions}
         table, matching, total = table1_bandwidth()
@@ -114,7 +114,7 @@ def study(quick: bool, dataset: str, data_root: str | None) -> Study:
                                  "not evaluated by this reproduction (it compares accuracy and bandwidth)", evaluated=False))
         return checks
 
-    def extra(results: Results, proxy: dict) -> str:
+    def extra(results: StudyResults, proxy: dict) -> str:
         table, matching, total = table1_bandwidth()
         lines = ["## Bandwidth of our runs (per client, KB, the paper's formula with our n and C at each run's best round)", "",
                  "| configuration | best round | down KB | up KB |", "|---|---|---|---|"]

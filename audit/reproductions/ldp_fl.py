@@ -12,7 +12,16 @@ images); here each client has 80.
 from __future__ import annotations
 
 from audit.reproductions.proxy import proxy_dataset
-from audit.study import Arm, ClaimCheck, Relation, Results, Study, judge, level_step, paired_step
+from audit.study import (
+    Arm,
+    ClaimCheck,
+    Relation,
+    Study,
+    StudyResults,
+    judge,
+    level_step,
+    paired_step,
+)
 from defenses.ldp import shuffle_amplification
 
 PAPER = "Sun, Qian, Chen, LDP-FL: Practical Private Aggregation in Federated Learning with Local Differential Privacy (IJCAI 2021)"
@@ -45,7 +54,7 @@ def study(quick: bool, dataset: str, data_root: str | None) -> Study:
         "accounting": {"accountant": "rdp", "conversion": "improved"},
     }
 
-    def claims(results: Results) -> list[ClaimCheck]:
+    def claims(results: StudyResults) -> list[ClaimCheck]:
         clean = results.by_seed("noise-free", None)
         close = [e for e in EPSILONS if e >= 0.5]
         # every ε ≥ 0.5 at most 2 pt below noise-free (the paper's MNIST row: 0.87 to 1.90 pt below);

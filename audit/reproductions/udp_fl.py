@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 from audit.reproductions.proxy import proxy_dataset
-from audit.study import Arm, ClaimCheck, Relation, Results, Study, compare, judge, paired_step
+from audit.study import Arm, ClaimCheck, Relation, Study, StudyResults, compare, judge, paired_step
 
 PAPER = ("Feng, Mohammady, Hong, Yan, Kundu, Wang, Hong, Universally Harmonizing Differential Privacy Mechanisms "
          "for Federated Learning (arXiv 2407.14710)")
@@ -51,7 +51,7 @@ def study(quick: bool, dataset: str, data_root: str | None) -> Study:
         "accounting": {"accountant": "rdp", "conversion": "classic"},
     }
 
-    def claims(results: Results) -> list[ClaimCheck]:
+    def claims(results: StudyResults) -> list[ClaimCheck]:
         dp = list(epsilons)
         out = [
             compare(results, "gaussian", "laplace", dp, claim="Gaussian ≥ Laplace at every ε (Table 4)"),
@@ -103,7 +103,7 @@ def study(quick: bool, dataset: str, data_root: str | None) -> Study:
     )
 
 
-def _paper_epsilon_sound(results: Results, kind: str) -> ClaimCheck:
+def _paper_epsilon_sound(results: StudyResults, kind: str) -> ClaimCheck:
     """Whether the paper's one-dimensional ε (Feng et al. 2024, §4) bounds the noise it calibrates,
     added to every coordinate of an ℓ2-clipped gradient: every run's sound ε must be at most its
     paper ε (the accounting is deterministic, so seeds agree; each target ε is shown once)."""

@@ -38,7 +38,7 @@ from attacks.property_inference import (
 )
 from attacks.server_view import UploadView, upload_view
 from audit.core.datasets import load_dataset
-from audit.core.metrics import Estimate
+from audit.core.metrics import IntervalEstimate
 from audit.core.models import build_model
 from audit.core.seeding import torch_generator
 from defenses.fedavg import DPFedAvg, DPFedAvgParams, FedAvg
@@ -83,7 +83,7 @@ def _trained_params(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: i
     return {name: value.detach().clone() for name, value in model.named_parameters()}
 
 
-def _contains(estimate: Estimate, value: float) -> bool:
+def _contains(estimate: IntervalEstimate, value: float) -> bool:
     return estimate.low <= value <= estimate.high
 
 
@@ -95,7 +95,7 @@ def _well_formed(result) -> None:
             assert 0.0 <= metric.low <= metric.value <= metric.high <= 1.0
         assert -1.0 <= scores.advantage.low <= scores.advantage.value <= scores.advantage.high <= 1.0
         assert np.isclose(scores.advantage.value, scores.accuracy.value - result.baseline.accuracy.value)
-    assert result.baseline.advantage == Estimate(0.0, 0.0, 0.0)
+    assert result.baseline.advantage == IntervalEstimate(0.0, 0.0, 0.0)
 
 
 # --------------------------------------------------------------------------- attribute inference
@@ -256,7 +256,7 @@ def test_advantage_interval_is_paired():
     truth = rng.integers(0, 2, 300)
     baseline = np.where(rng.random(300) < 0.7, truth, 1 - truth)
     same = score_guesses(truth, baseline.copy(), baseline, 2, seed=1)
-    assert same.advantage == Estimate(0.0, 0.0, 0.0)
+    assert same.advantage == IntervalEstimate(0.0, 0.0, 0.0)
 
     better = baseline.copy()
     wrong = np.flatnonzero(baseline != truth)[:5]

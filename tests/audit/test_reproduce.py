@@ -10,7 +10,7 @@ import pytest
 from audit.cli import main
 from audit.core.errors import UserInputError
 from audit.reproduce import make_study, reproduce
-from audit.study import Results, RunResult, compare, smaller
+from audit.study import RunResult, StudyResults, compare, smaller
 
 
 def _run(arm, epsilon, seed, accuracy, norm=0.5):
@@ -19,22 +19,22 @@ def _run(arm, epsilon, seed, accuracy, norm=0.5):
 
 
 def test_compare_verdicts():
-    results = Results([_run("a", 1, 0, 0.80), _run("a", 1, 1, 0.82), _run("b", 1, 0, 0.79), _run("b", 1, 1, 0.83)])
+    results = StudyResults([_run("a", 1, 0, 0.80), _run("a", 1, 1, 0.82), _run("b", 1, 0, 0.79), _run("b", 1, 1, 0.83)])
     check = compare(results, "a", "b", [1])  # +1 and −1 pt: a tie on average, which "≥" allows
     assert check.holds and "the claimed way in 1 of 2 pairs" in check.detail and "within seed noise" in check.detail
-    tied = Results([_run("a", 1, s, 0.8) for s in (0, 1)] + [_run("b", 1, s, 0.8) for s in (0, 1)])
+    tied = StudyResults([_run("a", 1, s, 0.8) for s in (0, 1)] + [_run("b", 1, s, 0.8) for s in (0, 1)])
     assert compare(tied, "a", "b", [1]).holds and not compare(tied, "a", "b", [1], strict=True).holds
     assert not compare(results, "b", "a", [1], margin=0.01).holds
     assert compare(results, "a", "missing", [1]).holds is None
-    assert compare(Results([_run("a", 1, 0, 0.9), _run("b", 1, 0, 0.1)]), "a", "b", [1]).holds is None  # one seed: undecided
-    norms = Results([_run("a", 1, s, 0.8, norm=0.2) for s in (0, 1)] + [_run("b", 1, s, 0.8, norm=0.4) for s in (0, 1)])
+    assert compare(StudyResults([_run("a", 1, 0, 0.9), _run("b", 1, 0, 0.1)]), "a", "b", [1]).holds is None  # one seed: undecided
+    norms = StudyResults([_run("a", 1, s, 0.8, norm=0.2) for s in (0, 1)] + [_run("b", 1, s, 0.8, norm=0.4) for s in (0, 1)])
     assert smaller(norms, "a", "b", [1], "update_norm_mean", "a smaller").holds
 
 
 def test_at_epsilon_reads_the_last_round_within_budget():
     run = RunResult("a", None, 0, 3.0, 0.9, 0.9, 0.9, {1: 0.5, 2: 0.7, 3: 0.9}, {1: 1.0, 2: 2.0, 3: 3.0}, 1, 1, 1, 1, None, 0)
-    assert Results([run]).at_epsilon("a", 2.0).tolist() == [0.7]
-    assert np.isnan(Results([run]).at_epsilon("a", 0.5)).all()
+    assert StudyResults([run]).at_epsilon("a", 2.0).tolist() == [0.7]
+    assert np.isnan(StudyResults([run]).at_epsilon("a", 0.5)).all()
 
 
 #: the arms each shrunk study keeps (enough for its claims to be judged)

@@ -13,7 +13,7 @@ import pytest
 
 from audit.reproduce import render
 from audit.reproductions import blur_lus, dp_fedsam, fl_top, ldp_fl, udp_fl
-from audit.study import ClaimCheck, Results, RunResult, compare
+from audit.study import ClaimCheck, RunResult, StudyResults, compare
 
 
 def run(arm: str, epsilon: float | None, seed: int, accuracy: float = 0.5, *, norm: float = 0.5,
@@ -43,7 +43,7 @@ def find(checks: list[ClaimCheck], start: str) -> ClaimCheck:
 def claims(module, runs: list[RunResult], dim: int = 1000) -> list[ClaimCheck]:
     study = module.study(quick=True, dataset="digits", data_root=None)
     study.proxy.update({"dim": dim, "clients": 100, "client_rate": 1.0})
-    return study.claims(Results(runs))
+    return study.claims(StudyResults(runs))
 
 
 # ---------------------------------------------------------------- compare: "at every ε", ties, missing runs
@@ -71,9 +71,9 @@ def test_at_every_epsilon_holds_where_every_epsilon_goes_the_claimed_way():
 
 
 def test_a_tie_satisfies_at_least_but_not_better_than():
-    tie = compare(Results(grid("a", {1.0: [0.80, 0.70]}) + grid("b", {1.0: [0.79, 0.71]})), "a", "b", [1.0])
+    tie = compare(StudyResults(grid("a", {1.0: [0.80, 0.70]}) + grid("b", {1.0: [0.79, 0.71]})), "a", "b", [1.0])
     assert tie.holds is True and "within seed noise" in tie.detail  # ≥: a tie on average holds
-    assert compare(Results(grid("a", {1.0: [0.80, 0.70]}) + grid("b", {1.0: [0.79, 0.71]})), "a", "b", [1.0], strict=True).holds is False
+    assert compare(StudyResults(grid("a", {1.0: [0.80, 0.70]}) + grid("b", {1.0: [0.79, 0.71]})), "a", "b", [1.0], strict=True).holds is False
     staircase = {8.0: [0.70, 0.72]}
     for gaussian, expected in (([0.70, 0.72], False), ([0.69, 0.71], True)):  # tied: not "Staircase > Gaussian"
         runs = grid("staircase", staircase) + grid("gaussian", {8.0: gaussian})
@@ -85,27 +85,27 @@ def test_missing_or_diverged_runs_leave_a_claim_undecided_never_holding():
     gaussian = {2.0: GAUSSIAN[2.0], 4.0: GAUSSIAN[4.0], 8.0: [0.60, 0.60]}
     check = find(claims(udp_fl, grid("gaussian", gaussian) + grid("laplace", laplace)), "Gaussian ≥ Laplace at every ε")
     assert check.holds is None and "ε=4: no complete pair" in check.detail
-    one_seed = compare(Results(grid("a", {1.0: [0.9]}) + grid("b", {1.0: [0.1]})), "a", "b", [1.0])
+    one_seed = compare(StudyResults(grid("a", {1.0: [0.9]}) + grid("b", {1.0: [0.1]})), "a", "b", [1.0])
     assert one_seed.holds is None and "one pair, no interval" in one_seed.detail
-    diverged = compare(Results(grid("a", {1.0: [0.9, math.nan, 0.9]}) + grid("b", {1.0: [0.1, 0.1, 0.1]})), "a", "b", [1.0])
+    diverged = compare(StudyResults(grid("a", {1.0: [0.9, math.nan, 0.9]}) + grid("b", {1.0: [0.1, 0.1, 0.1]})), "a", "b", [1.0])
     assert diverged.holds is True and "1 seed(s) missing" in diverged.detail  # the two complete pairs decide
-    assert compare(Results(grid("a", {1.0: [0.9, 0.9]})), "a", "nothing", [1.0]).holds is None
+    assert compare(StudyResults(grid("a", {1.0: [0.9, 0.9]})), "a", "nothing", [1.0]).holds is None
     # a reversal at an ε with enough pairs is decided even where another ε lacks runs
-    against = compare(Results(grid("a", {1.0: [0.1, 0.1], 2.0: [0.9]}) + grid("b", {1.0: [0.5, 0.5], 2.0: [0.1]})), "a", "b", [1.0, 2.0])
+    against = compare(StudyResults(grid("a", {1.0: [0.1, 0.1], 2.0: [0.9]}) + grid("b", {1.0: [0.5, 0.5], 2.0: [0.1]})), "a", "b", [1.0, 2.0])
     assert against.holds is False
 
 
 def test_epsilon_none_never_pools_runs_of_several_targets():
     runs = grid("a", {2.0: [0.9, 0.9], 8.0: [0.1, 0.1]}) + grid("b", {None: [0.5, 0.5]})
-    assert compare(Results(runs), "a", "b", [None]).holds is None  # two runs per seed: which ε?
-    assert compare(Results(runs), "a", "b", [2.0]).holds is True and compare(Results(runs), "a", "b", [8.0]).holds is False
+    assert compare(StudyResults(runs), "a", "b", [None]).holds is None  # two runs per seed: which ε?
+    assert compare(StudyResults(runs), "a", "b", [2.0]).holds is True and compare(StudyResults(runs), "a", "b", [8.0]).holds is False
 
 
 def test_render_marks_undecided_apart_from_not_evaluated():
     study = ldp_fl.study(quick=True, dataset="digits", data_root=None)
     checks = [ClaimCheck("decided", True, "holds: x"), ClaimCheck("short", None, "undecided: y"),
               ClaimCheck("skipped", None, "not evaluated by this reproduction", evaluated=False)]
-    text = render(study, Results([]), checks, 1.0, "synthetic")
+    text = render(study, StudyResults([]), checks, 1.0, "synthetic")
     assert "**HOLDS** — decided" in text and "**UNDECIDED** — short" in text and "**NOT EVALUATED** — skipped" in text
 
 
