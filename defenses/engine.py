@@ -39,6 +39,7 @@ from defenses.dirac_rows import DiracRows
 from defenses.evaluation import evaluate
 from defenses.flat import ParamLayout, parameters_of
 from defenses.local_training import TRAINERS, LocalSchedule, OptimizerSettings
+from defenses.round_defense import RoundDefense
 from defenses.training_job import (
     RoundContext,
     RunState,
@@ -52,7 +53,6 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from defenses.base import Defense
 else:  # imported when first used (audit.core.lazy_modules)
     torch = lazy_module("torch")
     nn = lazy_module("torch.nn")
@@ -157,7 +157,7 @@ def norm_list(norms: torch.Tensor) -> list[float]:
 class FederatedEngine:
     """Runs a round-based defense on a :class:`TrainingJob`."""
 
-    def __init__(self, defense: Defense, job: TrainingJob):
+    def __init__(self, defense: RoundDefense, job: TrainingJob):
         self.defense = defense
         self.job = job
 

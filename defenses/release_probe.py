@@ -39,12 +39,12 @@ from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import numpy_rng
 from defenses.engine import FederatedEngine, sample_participants
+from defenses.round_defense import RoundDefense
 from defenses.training_job import RoundContext, RunState, TrainingConfig, TrainingJob
 
 if TYPE_CHECKING:
     import torch
 
-    from defenses.base import Defense
 else:  # imported when first used (audit.core.lazy_modules)
     torch = lazy_module("torch")
 
@@ -84,7 +84,7 @@ class ReleaseProbe:
     bound: float
     views: Callable[[torch.Tensor, int], Views]
     contribution: str
-    defense: Defense
+    defense: RoundDefense
     one_coordinate: bool = False
     rounds: int = 1
     draw: Callable[[int, int], Trial] | None = None
@@ -131,10 +131,10 @@ class _RoundStart:
 
     global_vector: torch.Tensor
     lr: float
-    defense: Defense
+    defense: RoundDefense
 
 
-def _started(defense: Defense, job: TrainingJob) -> tuple[FederatedEngine, TrainingJob, RunState]:
+def _started(defense: RoundDefense, job: TrainingJob) -> tuple[FederatedEngine, TrainingJob, RunState]:
     """The engine with the run started; a defense that rejects Poisson sampling below rate 1 (an
     analysis for exactly m clients per round, as DDGauss's) is run with fixed-size sampling at
     the same rate, which is how it would be trained."""
@@ -150,7 +150,7 @@ def _started(defense: Defense, job: TrainingJob) -> tuple[FederatedEngine, Train
     return engine, job, engine.start()
 
 
-def engine_probe(defense: Defense, job: TrainingJob) -> ReleaseProbe:
+def engine_probe(defense: RoundDefense, job: TrainingJob) -> ReleaseProbe:
     """A round-based defense's privatise → release path in every round of ``job``'s run.
 
     The defense is prepared and bound as in training (:meth:`FederatedEngine.start`), and the
