@@ -81,7 +81,8 @@ class WeightedRoc:
         self.positive = np.asarray(truth).astype(bool).ravel()
         self.size = flat.size
         self.unit = np.arange(flat.size) if units is None else np.asarray(units).ravel()
-        stratum = np.zeros(flat.size, dtype=np.int64) if strata is None else np.unique(np.asarray(strata).ravel(), return_inverse=True)[1]
+        stratum = (np.zeros(flat.size, dtype=np.int64) if strata is None
+                   else np.unique(np.asarray(strata).ravel(), return_inverse=True)[1])
         # cells are compared within a stratum and, inside it, never with a cell of their own unit:
         # tie groups of the descending order per stratum, and per (stratum, unit)
         self.stratum_group, self.stratum_of_group = self._tie_groups(flat, stratum)
