@@ -40,8 +40,8 @@ or read its parameters (white-box). Guesses per target record:
   guess from everything the attacker has except the model. The black-box attacks use y, so a
   baseline without it would credit the model with what the label alone gives away (an attribute
   that is a function of y: the model would seem to leak it entirely); and a baseline weaker than
-  one the attacker could have picked would credit it with the difference. Were p̂ the population's posterior p(v | x₋ₐ, y), its guess would be the
-  Bayes decision, and no guess made from x₋ₐ, y and a model that does not depend on the
+  one the attacker could have picked would credit it with the difference. Were p̂ the population's posterior p(v | x₋ₐ, y), its
+  guess would be the Bayes decision, and no guess made from x₋ₐ, y and a model that does not depend on the
   record's attribute could beat it in expectation, whatever the rule: a positive advantage then
   means the model carries something of the record itself (up to how well the classifier
   estimates that posterior).
@@ -266,11 +266,13 @@ def best_baseline(aux_others: np.ndarray, aux_labels: np.ndarray, aux_codes: np.
     k = min(folds, int(counts[counts > 0].min()) if counts.any() else 0)
     if (counts > 0).sum() < 2 or k < 2:  # nothing to choose between: the first candidate
         aux, target = inputs[BASELINE_CANDIDATES[0]]
-        return BaselineChoice(BASELINE_CANDIDATES[0], {}, 0, baseline_posterior(aux, aux_codes, target, num_values, seed, classifier))
+        return BaselineChoice(BASELINE_CANDIDATES[0], {}, 0,
+                              baseline_posterior(aux, aux_codes, target, num_values, seed, classifier))
     # one set of folds for every candidate (a RandomState splitter would draw new folds on each use)
     splits = list(model_selection.StratifiedKFold(k, shuffle=True, random_state=sklearn_random_state(seed, "baseline-folds"))
                   .split(aux_codes, aux_codes))
-    accuracy = {name: float(model_selection.cross_val_score(_baseline_classifier(seed, classifier), aux, aux_codes, cv=splits).mean())
+    accuracy = {name: float(model_selection.cross_val_score(_baseline_classifier(seed, classifier), aux,
+                                                            aux_codes, cv=splits).mean())
                 for name, (aux, _) in inputs.items()}
     accuracy["majority"] = float(np.mean([np.mean(aux_codes[test] == majority) for _, test in splits]))
     chosen = max(BASELINE_CANDIDATES, key=lambda name: (accuracy[name], -BASELINE_CANDIDATES.index(name)))

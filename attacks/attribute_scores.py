@@ -4,8 +4,8 @@ Per guess (on the target records of attribute inference, :mod:`attacks.attribute
 accuracy with a Clopper–Pearson interval; macro-F1 (over the values present in the truth or the
 guesses, as scikit-learn averages it) with a percentile bootstrap interval; and the
 **advantage** = accuracy − the reference's accuracy (the no-model baseline on the other
-features and the true label, as ART's ``AttributeInferenceBaselineTrueLabel``). Both guesses concern the same records, so the advantage
-interval is a *paired* bootstrap: each resample of records counts the difference of the two
+features and the true label, as ART's ``AttributeInferenceBaselineTrueLabel``). Both guesses concern the same records, so the
+advantage interval is a *paired* bootstrap: each resample of records counts the difference of the two
 correct-indicators on the same records, so the records' common difficulty cancels (a guess
 equal to the reference gets exactly [0, 0]). The same resamples (one seed, stream
 ``(seed, "attribute-inference", "bootstrap")``) serve every guess.

@@ -202,14 +202,16 @@ MEMBERSHIP_METRICS = {
                        "(two-way bootstrap 95 %); null (not estimable) when a member is compared with fewer than "
                        "1,000 non-member scores: below that it would be the TPR at FPR 0",
     "tpr_at_fpr_1%": "largest TPR with FPR ≤ 1 %, as above (two-way bootstrap 95 %); null below 100 non-member scores",
-    "balanced_accuracy": "best balanced accuracy over thresholds (optimistic: the threshold sees the truth; two-way bootstrap 95 %)",
+    "balanced_accuracy": "best balanced accuracy over thresholds (optimistic: the threshold sees the truth; "
+                         "two-way bootstrap 95 %)",
     "accuracy": "accuracy at the threshold that is best on the other runs (the target's truth unseen; two-way bootstrap "
                 "95 %, the thresholds re-fitted in every resample)",
     "epsilon_one_run": "ε lower bound of the one-run count (Steinke, Nasr, Jagielski 2023; 95 %) over independent coins: "
                        "canaries, or the (run, unit) pairs of target runs scored without each other's membership",
     "epsilon_one_run_fdp": "ε lower bound of the same count through the f-DP analysis of the (ε, δ) trade-off curve "
                            "(Mahloujifar, Melis, Chaudhuri 2024; 95 %)",
-    "epsilon_gaussian_fit": "ε estimate from Gaussians fitted to inserted and held-out canaries (Andrew et al. 2024; exact noncentral-t 95 % interval of the shift; only at δ > 0: a Gaussian pair has no finite ε at δ = 0)",
+    "epsilon_gaussian_fit": "ε estimate from Gaussians fitted to inserted and held-out canaries (Andrew et al. 2024; exact "
+                            "noncentral-t 95 % interval of the shift; only at δ > 0: a Gaussian pair has no finite ε at δ = 0)",
 }
 
 #: the ε lower bounds of a one-run count (:func:`membership_metrics`)
@@ -232,8 +234,8 @@ def membership_metrics(scores: np.ndarray, truth: np.ndarray, seed: int, confide
     one unit see each other's truth. Intervals come from
     :func:`audit.core.cluster_bootstrap.two_way_intervals`: scores of one unit across runs and of
     one run across units are correlated, so no interval treats the pairs as independent. ``accuracy``
-    False leaves out the leave-one-run-out accuracy (canary audits report none). ``coins`` = (scores, inserted) of independent inclusion coins whose
-    guesses may use any output but none of those coins' truth (target runs scored from other
+    False leaves out the leave-one-run-out accuracy (canary audits report none). ``coins`` = (scores, inserted) of independent
+    inclusion coins whose guesses may use any output but none of those coins' truth (target runs scored from other
     runs' membership only, or canaries); the one-run count on them gives two valid ε lower bounds
     at ``delta`` (the δ the claim allows for this unit, :func:`reports.soundness.measurement_delta`):
     Steinke et al.'s (``epsilon_one_run``) and the f-DP analysis of the same counts

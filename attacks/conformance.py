@@ -591,7 +591,8 @@ def plan_defense(defense: Defense, setup: Setup, trials: int, seed: int,
     probe = defense.release_probe(setup.job)
     if probe is None:
         return Plan(DefenseConformance(name, True, NO_PROBE, shown,
-                                       note="a private defense without a release probe cannot be audited (Defense.release_probe)"))
+                                       note="a private defense without a release probe cannot be audited "
+                                            "(Defense.release_probe)"))
     training = probe.training or setup.training
     claim = probe.defense.privacy_claim(training, len(setup.job.clients), 1, setup.delta, setup.accounting)
     covered = [a for a in claim.adversaries if a.covered]

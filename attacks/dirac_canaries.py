@@ -85,7 +85,8 @@ STATISTICS = {
 @dataclass(frozen=True)
 class DiracCanaryParams:
     coins: int = field(default=100_000, metadata={
-        "min": 4, "max": 10_000_000, "help": "independent coins in all: runs of up to one canary per model coordinate until this many"})
+        "min": 4, "max": 10_000_000,
+        "help": "independent coins in all: runs of up to one canary per model coordinate until this many"})
     per_run: int = field(default=0, metadata={"min": 0, "help": "canary clients per run (0: one per model coordinate)"})
     amplitude: float = field(default=1000.0, metadata={
         "min": 1.0, "max": 1e6, "help": "U/S: a canary's raw update is ±U on its coordinate, U = amplitude × the clip"})
@@ -110,7 +111,8 @@ def preregistered_levels(claim: PrivacyClaim | None, coins: int) -> dict[str, tu
 @ATTACKS.register("dirac-canaries")
 class DiracCanaries(CanaryAudit):
     name = "dirac-canaries"
-    summary = "Dirac canary clients at scale (one per coordinate, 10⁵ coins), read by the released models, every iterate and the server"
+    summary = ("Dirac canary clients at scale (one per coordinate, 10⁵ coins), read by the released models, every "
+               "iterate and the server")
     reference = ("Nasr et al. 2023 (Dirac canaries, every iterate); Andrew et al. 2024 (canary clients); "
                  "Steinke, Nasr, Jagielski 2023 and Mahloujifar, Melis, Chaudhuri 2024 (one-run bounds)")
     Params = DiracCanaryParams
@@ -118,7 +120,8 @@ class DiracCanaries(CanaryAudit):
 
     def not_applicable(self, defense) -> str | None:
         if not defense.update_canaries:
-            return f"'{defense.name}' cannot take canary clients (its privatisation needs client data, or clients do not upload updates)"
+            return (f"'{defense.name}' cannot take canary clients (its privatisation needs client data, or clients "
+                    "do not upload updates)")
         if not defense.private:
             return f"'{defense.name}' makes no DP claim: Dirac canaries audit a claim"
         return None

@@ -129,7 +129,8 @@ def dlg(model: nn.Module, params: Params, observed: Params, threat: ThreatModel,
     device = next(iter(params.values())).device
     params = {name: value.detach() for name, value in params.items()}
     observed = {name: value.detach() for name, value in observed.items()}
-    fixed = None if labels is None else labels_for(model, params, observed, threat, image_shape, labels, data_range, seed).to(device)
+    fixed = None if labels is None else labels_for(model, params, observed, threat, image_shape, labels,
+                                                   data_range, seed).to(device)
     num_classes = int(params[last_layer(params)[0]].shape[0])  # the dummy labels' length
     best = Reconstruction(torch.empty(0), torch.empty(0, dtype=torch.int64), float("inf"))
     for restart in range(restarts):

@@ -53,7 +53,8 @@ class ReconstructionParams:
     local_steps: int = field(default=3, metadata={"min": 1, "help": "local SGD steps of the update threat model"})
     round: int = field(default=1, metadata={"min": 1, "help": "round whose global model the server sends (1: the initial model)"})
     clients: int = field(default=1, metadata={"min": 1, "help": "clients attacked, one after another"})
-    iterations: int = field(default=500, metadata={"min": 1, "help": "attack iterations (`dpfl-audit invert` defaults to the attack's own)"})
+    iterations: int = field(default=500,
+                            metadata={"min": 1, "help": "attack iterations (`dpfl-audit invert` defaults to the attack's own)"})
     restarts: int = field(default=1, metadata={"min": 1, "help": "random restarts, the best match kept"})
     max_images: int = field(default=32, metadata={"min": 1, "help": "skip when a secure sum hides more records than this"})
 

@@ -56,7 +56,8 @@ def _moments(signals: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.n
     return weights.sum(0).astype(np.float64), (w * signals).sum(0), (w * signals ** 2).sum(0)
 
 
-def _gaussians(count: np.ndarray, total: np.ndarray, squares: np.ndarray, per_example: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _gaussians(count: np.ndarray, total: np.ndarray, squares: np.ndarray,
+               per_example: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Means, variances and a usable-mask per (record, view) from moments (count broadcast over views)."""
     n = count[:, None]
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -112,8 +113,10 @@ class LiRA(MembershipAttack):
             own = signals[target]
             own_in, own_out = keep[target] & references[target], ~keep[target] & references[target]
             # moments of the references = totals minus the target's own contribution
-            moments_in = tuple(t - c for t, c in zip(totals_in, (own_in.astype(np.float64), own_in[:, None] * own, own_in[:, None] * own ** 2)))
-            moments_out = tuple(t - c for t, c in zip(totals_out, (own_out.astype(np.float64), own_out[:, None] * own, own_out[:, None] * own ** 2)))
+            moments_in = tuple(t - c for t, c in zip(totals_in, (own_in.astype(np.float64), own_in[:, None] * own,
+                                                                 own_in[:, None] * own ** 2)))
+            moments_out = tuple(t - c for t, c in zip(totals_out, (own_out.astype(np.float64), own_out[:, None] * own,
+                                                                   own_out[:, None] * own ** 2)))
             mean_out, var_out, usable_out = _gaussians(*moments_out, per_example)
             mean_in, var_in, usable_in = _gaussians(*moments_in, per_example)
             # A record no reference excluded (or included) borrows the average in/out shift.

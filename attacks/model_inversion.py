@@ -162,7 +162,8 @@ def train_inverse_network(queries: torch.Tensor, inputs: torch.Tensor, labels: t
     return network, best_epoch
 
 
-def _paired_bootstrap(per_record: dict[str, np.ndarray], seed: int, resamples: int, confidence: float) -> dict[str, IntervalEstimate]:
+def _paired_bootstrap(per_record: dict[str, np.ndarray], seed: int, resamples: int,
+                      confidence: float) -> dict[str, IntervalEstimate]:
     """Mean of each per-record series with a percentile bootstrap interval; one set of resamples
     for all series, so differences of series are paired."""
     records = len(next(iter(per_record.values())))
@@ -183,7 +184,8 @@ def _paired_bootstrap(per_record: dict[str, np.ndarray], seed: int, resamples: i
             out[name] = IntervalEstimate(float(values.mean()) if records else math.nan)
             continue
         pooled = np.concatenate(samples[name])
-        out[name] = IntervalEstimate(float(values.mean()), float(np.percentile(pooled, tail)), float(np.percentile(pooled, 100 - tail)))
+        out[name] = IntervalEstimate(float(values.mean()), float(np.percentile(pooled, tail)),
+                                     float(np.percentile(pooled, 100 - tail)))
     return out
 
 

@@ -340,7 +340,8 @@ def property_inference(
               "server sees the target's" if others else "")
     notes = (f"{shadow_updates} shadow updates (half with the property, fraction {property_fraction[0]:g}–"
              f"{property_fraction[1]:g} of {batch_size} records{summed}) → {classifier} on "
-             + (f"a {sketch_width}-bucket count sketch of the {dimension}-dim updates" if sketch else f"the {dimension}-dim updates")
+             + (f"a {sketch_width}-bucket count sketch of the {dimension}-dim updates" if sketch
+                else f"the {dimension}-dim updates")
              + f"; {clients} target clients ({int(target_truth.sum())} with the property)")
     return PropertyInferenceResult(
         auc=auc(scores, target_truth, confidence), accuracy=accuracy, scores=scores, truth=target_truth,

@@ -98,7 +98,8 @@ class Shokri(MembershipAttack):
                 if y.all() or not y.any():
                     continue  # no contrast to learn from: these records keep the uninformative 0.5
                 if len(y) > self.params.max_per_class:
-                    chosen = numpy_rng(experiment.seed, "shokri", fold, int(label)).choice(len(y), self.params.max_per_class, replace=False)
+                    chosen = numpy_rng(experiment.seed, "shokri", fold,
+                                       int(label)).choice(len(y), self.params.max_per_class, replace=False)
                     x, y = x[chosen], y[chosen]
                 model = self.classifier(derive_seed(experiment.seed, "shokri", fold, int(label)))
                 model.fit(x, y)

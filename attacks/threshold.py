@@ -59,7 +59,8 @@ class ThresholdAttack(MembershipAttack):
             total += self.score(experiment.logits(round_number)[:, 0], labels)
             if progress is not None:
                 progress(i + 1, len(rounds))
-        notes = f"score: {self.statistic}; threshold for the accuracy chosen on the other runs; {rounds_note(experiment, self.params.rounds)}"
+        notes = (f"score: {self.statistic}; threshold for the accuracy chosen on the other runs; "
+                 f"{rounds_note(experiment, self.params.rounds)}")
         scores = total / len(rounds)
         # the score reads the target model alone, no run's membership: every run's coins are independent
         return [self.result("", experiment, scores, notes, independent=(np.arange(experiment.runs), scores))]

@@ -85,7 +85,8 @@ class UpdateCanaryAudit(CanaryAudit):
 
     def not_applicable(self, defense) -> str | None:
         if not defense.update_canaries:
-            return f"'{defense.name}' cannot take canary clients (its privatisation needs client data, or clients do not upload updates)"
+            return (f"'{defense.name}' cannot take canary clients (its privatisation needs client data, or clients "
+                    "do not upload updates)")
         return None
 
     @property
@@ -184,7 +185,8 @@ class ClientCanaries(UpdateCanaryAudit):
 @ATTACKS.register("gradient-canaries")
 class GradientCanaries(UpdateCanaryAudit):
     name = "gradient-canaries"
-    summary = "white-box Dirac canaries: a canary client's update is ±S on one coordinate (one per tensor under per-tensor clipping)"
+    summary = ("white-box Dirac canaries: a canary client's update is ±S on one coordinate (one per tensor under "
+               "per-tensor clipping)")
     reference = "Dirac canaries (Nasr et al. 2021/2023; Steinke et al. 2023, §6); the one-run audit of Steinke et al. 2023"
 
     def directions(self, context: CanaryContext, run: int) -> torch.Tensor:

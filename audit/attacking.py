@@ -81,7 +81,8 @@ def _save_scores(out: Path, experiment: PlannedExperiment, result: AttackResult)
     temporary.replace(inside(out, folder / f"{name}.npz"))
 
 
-def attack_runs(plan: Plan, store: RunStore, out: Path, quiet: bool = False) -> tuple[dict[str, list[AttackResult]], dict[str, float]]:
+def attack_runs(plan: Plan, store: RunStore, out: Path,
+                quiet: bool = False) -> tuple[dict[str, list[AttackResult]], dict[str, float]]:
     """Run every attack on every experiment; scores are saved under ``<out>/attacks/<experiment>/``."""
     results: dict[str, list[AttackResult]] = {}
     timings: dict[str, float] = {}

@@ -180,7 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     # σ below 1e-6 is no privacy at all (ε > 10¹⁰), and below ~1e-150 dp-accounting divides by σ² = 0
     noise.add_argument("--noise", type=_bounded(float, 1e-6, 1e7), help="noise multiplier σ (noise std / clip)")
     noise.add_argument("--target-epsilon", type=_bounded(float, 0, 1e4, low_open=True), help="calibrate σ to this ε instead")
-    epsilon.add_argument("--rate", type=_bounded(float, 0, 1, low_open=True), required=True, help="sampling rate q (Poisson) or m/N (fixed)")
+    epsilon.add_argument("--rate", type=_bounded(float, 0, 1, low_open=True), required=True,
+                         help="sampling rate q (Poisson) or m/N (fixed)")
     epsilon.add_argument("--steps", type=_bounded(int, 0, 10**9), required=True, help="number of rounds/steps T")
     epsilon.add_argument("--delta", type=_bounded(float, 0, 1, low_open=True), required=True, help="δ")
     epsilon.add_argument("--accountant", choices=["rdp", "pld"], default="rdp")
@@ -204,12 +205,16 @@ def build_parser() -> argparse.ArgumentParser:
     mechanism.add_argument("--mechanism", required=True, help="gaussian, laplace, staircase or ldp-two-point")
     # the lower bounds keep the noise's scale z·C a normal float (its square underflowed to 0 at 1e-300);
     # the staircase's ε has its own upper bound, checked by the command
-    mechanism.add_argument("--noise", type=_bounded(float, 1e-6, 1e7), help="z (gaussian), λ (laplace) or ε (staircase, at most 100)")
+    mechanism.add_argument("--noise", type=_bounded(float, 1e-6, 1e7),
+                           help="z (gaussian), λ (laplace) or ε (staircase, at most 100)")
     # below 1e-6 the mechanism's two outputs are equally likely to within rounding (its scores overflow)
     mechanism.add_argument("--epsilon", type=_bounded(float, 1e-6, 100), help="ε of the ldp-two-point mechanism")
-    mechanism.add_argument("--clip", type=_bounded(float, 1e-6, 1e6), default=1.0, help="C: sensitivity of the clipped gradient (default 1)")
-    mechanism.add_argument("--dim", type=_bounded(int, 1, 10**6), default=1000, help="d: coordinates the noise is added to (default 1000)")
-    mechanism.add_argument("--trials", type=_bounded(int, 1, 10**7), default=100000, help="runs of the mechanism, half with the canary")
+    mechanism.add_argument("--clip", type=_bounded(float, 1e-6, 1e6), default=1.0,
+                           help="C: sensitivity of the clipped gradient (default 1)")
+    mechanism.add_argument("--dim", type=_bounded(int, 1, 10**6), default=1000,
+                           help="d: coordinates the noise is added to (default 1000)")
+    mechanism.add_argument("--trials", type=_bounded(int, 1, 10**7), default=100000,
+                           help="runs of the mechanism, half with the canary")
     mechanism.add_argument("--accounting", default="paper_1d", help="paper_1d (UDP-FL's claim) or sound")
     mechanism.add_argument("--clip-norm", default="l2", help="l2 (default) or l1")
     mechanism.add_argument("--canary", default="both", help="concentrated, spread or both (default; the larger bound counts)")
@@ -225,24 +230,31 @@ def build_parser() -> argparse.ArgumentParser:
     conformance.add_argument("--param", action="append", default=[], metavar="[DEFENSE.]FIELD=VALUE",
                              help="a hyper-parameter (YAML value) for every named defense, or for one: "
                                   "fed-smp-randk.keep_fraction=0.25; repeatable")
-    conformance.add_argument("--trials", type=_bounded(int, 1, 10**6), default=1000, help="coupled trials per candidate input (default: %(default)s)")
+    conformance.add_argument("--trials", type=_bounded(int, 1, 10**6), default=1000,
+                             help="coupled trials per candidate input (default: %(default)s)")
     conformance.add_argument("--alpha", type=_bounded(float, 0, 1, low_open=True), default=0.05,
                              help="family-wise error level of the run's intervals and bounds (default: %(default)s)")
-    conformance.add_argument("--delta", type=_bounded(float, 0, 1, low_open=True), default=1e-5, help="δ of the claims checked (default: %(default)s)")
+    conformance.add_argument("--delta", type=_bounded(float, 0, 1, low_open=True), default=1e-5,
+                             help="δ of the claims checked (default: %(default)s)")
     conformance.add_argument("--seed", type=_seed, default=0)
     conformance.add_argument("--quiet", action="store_true", help="no progress bar")
     conformance.add_argument("--json", action="store_true", help="machine-readable output")
 
-    invert = commands.add_parser("invert", help="reconstruct a client's images from its (clipped, noised) gradient; SSIM, PSNR, MSE")
+    invert = commands.add_parser("invert",
+                                 help="reconstruct a client's images from its (clipped, noised) gradient; SSIM, PSNR, MSE")
     invert.add_argument("--attack", required=True, help="dlg, idlg or inverting-gradients")
     invert.add_argument("--dataset", default="lfw-faces", help="image dataset (default: %(default)s)")
     invert.add_argument("--model", default="lenet", help="model, untrained, initialised from the seed (default: %(default)s)")
     invert.add_argument("--batch-size", type=_bounded(int, 1, 256), default=1, help="images per gradient (default: %(default)s)")
     invert.add_argument("--clip", type=_bounded(float, 0, 1e6), help="clip the gradient to this ℓ2 norm C (flat, all parameters)")
-    invert.add_argument("--noise", type=_bounded(float, 0, 1e7), help="noise multiplier σ: add N(0, (σC)²) per coordinate (needs --clip)")
-    invert.add_argument("--iterations", type=_bounded(int, 0, 10**6), help="optimiser iterations per restart (default: the attack's)")
-    invert.add_argument("--restarts", type=_bounded(int, 0, 1000), default=1, help="random restarts, the best matching loss kept (default: 1)")
-    invert.add_argument("--images", type=_bounded(int, 0, 10**4), help="private images attacked, in batches of --batch-size (default: one batch)")
+    invert.add_argument("--noise", type=_bounded(float, 0, 1e7),
+                        help="noise multiplier σ: add N(0, (σC)²) per coordinate (needs --clip)")
+    invert.add_argument("--iterations", type=_bounded(int, 0, 10**6),
+                        help="optimiser iterations per restart (default: the attack's)")
+    invert.add_argument("--restarts", type=_bounded(int, 0, 1000), default=1,
+                        help="random restarts, the best matching loss kept (default: 1)")
+    invert.add_argument("--images", type=_bounded(int, 0, 10**4),
+                        help="private images attacked, in batches of --batch-size (default: one batch)")
     invert.add_argument("--seed", type=_seed, default=0, help="seed of the model, the images, the noise and the attack")
     invert.add_argument("--data-root", help="directory of the dataset's files (for mnist, cifar10, ...)")
     invert.add_argument("--out", default="invert-out", help="where grid.png and results.json go (default: %(default)s)")
@@ -256,9 +268,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "reconstruction grids, as PNG and PDF")
 
     check = commands.add_parser("check", help="CI gate: hold results to a policy of leakage/utility rules; exit 1 when one fails")
-    check.add_argument("results", metavar="RESULTS", help="results directory of `dpfl-audit run` (holding results.json) or its results.json")
-    check.add_argument("--policy", required=True, metavar="POLICY.yaml", help="policy YAML file of rules (see examples/policy.yaml)")
-    check.add_argument("--baseline", metavar="OLD_RESULTS", help="results of an earlier audit (directory or results.json) for no-regression rules")
+    check.add_argument("results", metavar="RESULTS",
+                       help="results directory of `dpfl-audit run` (holding results.json) or its results.json")
+    check.add_argument("--policy", required=True, metavar="POLICY.yaml",
+                       help="policy YAML file of rules (see examples/policy.yaml)")
+    check.add_argument("--baseline", metavar="OLD_RESULTS",
+                       help="results of an earlier audit (directory or results.json) for no-regression rules")
     check.add_argument("--junit", metavar="FILE", help="also write the outcomes as JUnit XML to this file")
     check.add_argument("--json", action="store_true", help="machine-readable output")
 

@@ -37,19 +37,25 @@ MIN_EPSILON = 1e-6
 @dataclass(frozen=True)
 class DatasetConfig:
     name: str = field(default="digits", metadata={"help": "registry name (see `dpfl-audit list`) or module:callable"})
-    root: str | None = field(default=None, metadata={"help": "directory (or file) holding the data; default $DPFL_AUDIT_DATA/<name> or ~/.cache/dpfl-audit/data/<name>"})
-    options: dict = field(default_factory=dict, metadata={"help": "loader options, e.g. {split: letters} for emnist, {download: false}"})
+    root: str | None = field(default=None, metadata={"help": "directory (or file) holding the data; default "
+                                                             "$DPFL_AUDIT_DATA/<name> or ~/.cache/dpfl-audit/data/<name>"})
+    options: dict = field(default_factory=dict,
+                          metadata={"help": "loader options, e.g. {split: letters} for emnist, {download: false}"})
     test_fraction: float = field(default=0.2, metadata={"min": 0.0, "max": 1.0, "min_exclusive": True, "max_exclusive": True,
                                                         "help": "held-out share when the dataset has no official test split"})
-    max_pool: int | None = field(default=None, metadata={"min": 2, "max": 10**9, "help": "cap the candidate pool at this many records (stratified sample)"})
-    max_test: int | None = field(default=None, metadata={"min": 1, "max": 10**9, "help": "cap the test split at this many records"})
+    max_pool: int | None = field(default=None, metadata={"min": 2, "max": 10**9, "help": "cap the candidate pool at this many "
+                                                                                         "records (stratified sample)"})
+    max_test: int | None = field(default=None,
+                                 metadata={"min": 1, "max": 10**9, "help": "cap the test split at this many records"})
 
 
 @dataclass(frozen=True)
 class PartitionConfig:
-    name: Literal["iid", "dirichlet", "shards"] = field(default="iid", metadata={"help": "how a run's records are split into clients"})
+    name: Literal["iid", "dirichlet", "shards"] = field(default="iid",
+                                                        metadata={"help": "how a run's records are split into clients"})
     clients: int = field(default=20, metadata={"min": 1, "max": MAX_CLIENTS, "help": "number of clients N"})
-    alpha: float = field(default=0.5, metadata={"min": 0.0, "min_exclusive": True, "max": 1e6, "help": "Dirichlet concentration (dirichlet)"})
+    alpha: float = field(default=0.5,
+                         metadata={"min": 0.0, "min_exclusive": True, "max": 1e6, "help": "Dirichlet concentration (dirichlet)"})
     classes_per_client: int = field(default=2, metadata={"min": 1, "max": 10_000, "help": "shards per client (shards)"})
     min_client_size: int = field(default=1, metadata={"min": 1, "max": 10**9, "help": "smallest client allowed"})
 
@@ -57,7 +63,8 @@ class PartitionConfig:
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = field(default="mlp", metadata={"help": "registry name or module:callable(input_shape, num_classes, **options)"})
-    options: dict = field(default_factory=lambda: {"hidden": [128]}, metadata={"help": "factory options, e.g. {hidden: [128]} for mlp"})
+    options: dict = field(default_factory=lambda: {"hidden": [128]},
+                          metadata={"help": "factory options, e.g. {hidden: [128]} for mlp"})
 
 
 @dataclass(frozen=True)
@@ -67,14 +74,16 @@ class DefenseEntry:
     params: dict = field(default_factory=dict, metadata={"help": "the defense's hyper-parameters (see `dpfl-audit list`)"})
     epsilons: list[float] | None = field(default=None, metadata={"min": MIN_EPSILON, "max": MAX_EPSILON,
                                                                  "min_length": 1, "max_length": 100,
-                                                                 "help": "calibrate the noise to each target ε (one experiment per ε)"})
+                                                                 "help": "calibrate the noise to each target ε "
+                                                                         "(one experiment per ε)"})
     delta: float = field(default=1e-5, metadata={"min": 0.0, "max": 1.0, "min_exclusive": True, "max_exclusive": True})
     training: dict = field(default_factory=dict, metadata={"help": "overrides of the training section for this defense"})
 
 
 @dataclass(frozen=True)
 class MembershipConfig:
-    runs: int = field(default=16, metadata={"min": 2, "max": MAX_RUNS, "help": "runs N; each includes every pool record with probability `inclusion`"})
+    runs: int = field(default=16, metadata={"min": 2, "max": MAX_RUNS,
+                                            "help": "runs N; each includes every pool record with probability `inclusion`"})
     inclusion: float = field(default=0.5, metadata={"min": 0.0, "max": 1.0, "min_exclusive": True, "max_exclusive": True})
     unit: Literal["auto", "record", "client"] = field(default="auto", metadata={
         "help": "what a run includes at random: records, or whole clients (auto: client when a defense claims client-level DP)"})
@@ -97,7 +106,8 @@ class RecordConfig:
         default="final", metadata={"min": 1, "help": "rounds whose global model each run stores"})
     upload_rounds: Literal["none", "final", "all"] | list[int] = field(
         default="none", metadata={"min": 1, "help": "rounds whose uploads (server view) each run stores"})
-    upload_clients: Literal["all"] | list[int] = field(default="all", metadata={"min": 0, "help": "clients whose uploads are stored"})
+    upload_clients: Literal["all"] | list[int] = field(default="all",
+                                                       metadata={"min": 0, "help": "clients whose uploads are stored"})
 
 
 @dataclass(frozen=True)
@@ -112,12 +122,14 @@ class DiagnosticsConfig:
     enabled: bool = field(default=True, metadata={"help": "compute loss-landscape diagnostics of every trained run"})
     # at least one radius and one std: the report's diagnostics table has a column for each
     sharpness_radii: list[float] = field(default_factory=lambda: [0.05, 0.1, 0.2], metadata={
-        "min_length": 1, "min": 0.0, "min_exclusive": True, "max": 100.0, "help": "radii along filter-normalised random directions (Li et al. 2018)"})
+        "min_length": 1, "min": 0.0, "min_exclusive": True, "max": 100.0,
+        "help": "radii along filter-normalised random directions (Li et al. 2018)"})
     sharpness_directions: int = field(default=4, metadata={"min": 1, "max": 1000})
     perturbation_stds: list[float] = field(default_factory=lambda: [0.005, 0.01, 0.02], metadata={
         "min_length": 1, "min": 0.0, "min_exclusive": True, "max": 100.0, "help": "std s of the weight perturbation N(0, s²I)"})
     perturbation_repeats: int = field(default=3, metadata={"min": 1, "max": 1000})
-    max_records: int = field(default=1000, metadata={"min": 1, "max": 10**7, "help": "records of the training/test data evaluated"})
+    max_records: int = field(default=1000,
+                             metadata={"min": 1, "max": 10**7, "help": "records of the training/test data evaluated"})
 
 
 def _default_training() -> TrainingConfig:
@@ -131,7 +143,8 @@ def _default_defenses() -> list[DefenseEntry]:
 
 
 def _default_attacks() -> list[AttackEntry]:
-    return [AttackEntry("lira"), AttackEntry("rmia"), AttackEntry("shokri"), AttackEntry("loss-threshold"), AttackEntry("record-canaries"),
+    return [AttackEntry("lira"), AttackEntry("rmia"), AttackEntry("shokri"), AttackEntry("loss-threshold"),
+            AttackEntry("record-canaries"),
             AttackEntry("client-canaries"), AttackEntry("dirac-canaries"), AttackEntry("gradient-inversion"),
             AttackEntry("attribute-inference")]
 

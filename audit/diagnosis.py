@@ -35,8 +35,8 @@ def diagnose_runs(plan: Plan, store: RunStore, out: Path, quiet: bool = False) -
     device = plan.config.device
     model = plan.task.model_factory().to(device)
     test_x, test_y = plan.task.test.features.to(device), plan.task.test.labels.to(device)
-    keep_test = torch.as_tensor(numpy_rng(plan.config.seed, "diagnostics", "test").permutation(len(test_y))[:settings.max_records],
-                                device=device)
+    keep_test = torch.as_tensor(
+        numpy_rng(plan.config.seed, "diagnostics", "test").permutation(len(test_y))[:settings.max_records], device=device)
     for experiment in plan.experiments:
         if experiment.key in plan.diverged:
             continue  # nothing finished to diagnose

@@ -103,7 +103,8 @@ def _records(x: Any, y: Any, field: str) -> tuple[torch.Tensor, torch.Tensor]:
     if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
         raise UserInputError(f"{field}: features and labels must be torch tensors, got {type(x).__name__}, {type(y).__name__}")
     if y.dim() != 1 or y.dtype != torch.int64:
-        raise UserInputError(f"{field}: labels must be a 1-D int64 tensor of class indices, got {y.dtype} of shape {tuple(y.shape)}")
+        raise UserInputError(f"{field}: labels must be a 1-D int64 tensor of class indices, got {y.dtype} of "
+                             f"shape {tuple(y.shape)}")
     if x.dim() < 2 or len(x) != len(y) or len(y) == 0:
         raise UserInputError(f"{field}: features must be [records, ...] with one row per label; "
                              f"got {tuple(x.shape)} for {len(y)} labels")
@@ -225,7 +226,8 @@ def audit_training(train: TrainFunction, features: torch.Tensor, labels: torch.T
     copy test records and the utility is each membership model's test accuracy. Returns the results
     document, written under ``out`` when given. Bad input is a one-line :class:`UserInputError`."""
     if not callable(train):
-        raise UserInputError(f"train: must be a function train(features, labels, seed) -> torch.nn.Module, got {type(train).__name__}")
+        raise UserInputError("train: must be a function train(features, labels, seed) -> torch.nn.Module, got "
+                             f"{type(train).__name__}")
     if not isinstance(claim, PrivacyClaim):
         raise UserInputError(f"claim: must be a PrivacyClaim (audit.external.stated_claim), got {type(claim).__name__}")
     if claim.is_private and claim.unit != "record":
@@ -400,7 +402,8 @@ def gradient_canary_audit(train: Callable[..., nn.Module], features: torch.Tenso
         raise UserInputError(f"claim unit: '{claim.unit}' is not allowed; allowed: record (a canary is one per-example gradient)")
     if isinstance(noise_multiplier, bool) or not isinstance(noise_multiplier, (int, float)) or not (
             math.isfinite(noise_multiplier) and noise_multiplier > 0):
-        raise UserInputError(f"noise_multiplier: must be a finite number > 0 (the σ the claim accounts), got {noise_multiplier!r}")
+        raise UserInputError("noise_multiplier: must be a finite number > 0 (the σ the claim accounts), got "
+                             f"{noise_multiplier!r}")
     if isinstance(sample_rate, bool) or not isinstance(sample_rate, (int, float)) or not 0 < sample_rate <= 1:
         raise UserInputError(f"sample_rate: must be a number in (0, 1] (the claim's Poisson rate q), got {sample_rate!r}")
     features, labels = _records(features, labels, "features")

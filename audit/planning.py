@@ -36,7 +36,10 @@ from defenses.training_job import RecordSpec, TrainingConfig
 
 Relation = Literal["add-remove", "replace-one", "zero-out"]
 
-STORE_FORMAT = 6  # bump when a change makes stored runs incompatible (or trains them differently: 3 = Philox batch streams, 4 = fully keyed noise streams, claims per observer, 5 = membership designs matching the claim's relation, zero-out canary clients, 6 = DDGauss canary clients without a noise share, LDP-FL zero-centred ranges that hold the tensor, FL-TOP family claims zero-out)
+# bump when a change makes stored runs incompatible (or trains them differently: 3 = Philox batch streams, 4 = fully keyed noise
+# streams, claims per observer, 5 = membership designs matching the claim's relation, zero-out canary clients, 6 = DDGauss canary
+# clients without a noise share, LDP-FL zero-centred ranges that hold the tensor, FL-TOP family claims zero-out)
+STORE_FORMAT = 6
 
 
 @dataclass

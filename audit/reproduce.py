@@ -73,7 +73,8 @@ class Runner:
         self.accounting = AccountingSettings(self.config.accounting.accountant, self.config.accounting.conversion)
         labels = self.task.pool.labels.numpy()
         everything = np.ones(len(labels), dtype=bool)
-        self.clients = [run_clients(labels, everything, self.config.partition, self.config.seed, seed) for seed in range(study.seeds)]
+        self.clients = [run_clients(labels, everything, self.config.partition, self.config.seed, seed)
+                        for seed in range(study.seeds)]
 
     def defense(self, arm: Arm, training: TrainingConfig, epsilon: float | None) -> Defense:
         cls = DEFENSES.get(arm.defense, f"arm {arm.key}")
@@ -198,7 +199,8 @@ def render(study: Study, results: StudyResults, claims: list[ClaimCheck], elapse
     lines += [f"- {note}" for note in study.notes] + [""]
     columns = study.table_columns or [(f"ε={e:g}" if e is not None else "accuracy", "final", e) for e in study.epsilons]
     header = ["configuration"] + [c[0] for c in columns] + ["claimed ε (released models)", "against the server"] + \
-        [f"{name} ε" for name in study.alternative_epsilons] + ["pre-clip norm (first → last)", "clip fraction", "train − test gap"]
+        [f"{name} ε" for name in study.alternative_epsilons] + ["pre-clip norm (first → last)",
+                                                                "clip fraction", "train − test gap"]
     if study.sharpness_radius is not None:
         header.append(f"sharpness (r={study.sharpness_radius})")
     lines.append("## Our numbers")
@@ -275,7 +277,8 @@ def reproduce(study: Study, out: Path, quiet: bool = False) -> dict[str, Any]:
         "study": study.name, "title": study.title, "paper": study.paper, "config": study.config, "notes": study.notes,
         "runs": [asdict(r) for r in runs], "claims": [asdict(c) for c in checks], "seconds": elapsed,
         "versions": provenance.versions()})
-    frame = pd.DataFrame([{k: v for k, v in asdict(r).items() if k not in ("accuracy_by_round", "epsilon_by_round")} for r in runs])
+    frame = pd.DataFrame([{k: v for k, v in asdict(r).items()
+                           if k not in ("accuracy_by_round", "epsilon_by_round")} for r in runs])
     write_text(out / "reproduction.csv", frame.to_csv(index=False, lineterminator="\n"))
     return {"markdown": markdown, "claims": checks, "paths": {"md": str(out / "reproduction.md"),
                                                               "json": str(out / "reproduction.json"),

@@ -107,7 +107,8 @@ class RunStore:
         global_models: dict[str, torch.Tensor] | None = None,
     ) -> Path:
         def write(staging: Path) -> None:
-            safetensors_torch.save_file({k: v.detach().cpu().contiguous() for k, v in final_params.items()}, str(staging / "model.safetensors"))
+            safetensors_torch.save_file({k: v.detach().cpu().contiguous() for k, v in final_params.items()},
+                                        str(staging / "model.safetensors"))
             np.save(staging / "membership.npy", np.asarray(membership, dtype=np.int64), allow_pickle=False)
             with open(staging / "metrics.jsonl", "w", encoding="utf-8") as out:
                 for row in metrics:
@@ -193,7 +194,8 @@ class RunStore:
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    raise self.corrupted(run_id, "metrics.jsonl", f"line {number} is not valid JSON ({exc.msg} at column {exc.colno})") from None
+                    raise self.corrupted(run_id, "metrics.jsonl",
+                                         f"line {number} is not valid JSON ({exc.msg} at column {exc.colno})") from None
                 if not isinstance(row, dict):
                     raise self.corrupted(run_id, "metrics.jsonl", f"line {number} is not a JSON object")
                 rows.append(row)

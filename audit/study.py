@@ -219,7 +219,8 @@ def judge(claim: str, steps: list[Step], relation: Relation, percent: bool = Tru
         n = len(step.values)
         label = f"{step.where}: " if step.where else ""
         if n == 0:
-            texts.append(f"{label}no complete pair" + (f" ({step.missing} seed(s) with a run or value missing)" if step.missing else ""))
+            texts.append(f"{label}no complete pair" +
+                         (f" ({step.missing} seed(s) with a run or value missing)" if step.missing else ""))
             short.append(step)
             continue
         mean = float(np.mean(step.values))

@@ -157,7 +157,8 @@ def _resolved(membership: MembershipConfig, unit: str) -> MembershipConfig:
         raise UserInputError(f"membership.relation: '{membership.relation}' is available for membership.unit: client; "
                              "records are audited with add-remove")
     if membership.relation == "replace-one" and membership.inclusion != 0.5:
-        raise UserInputError(f"membership.inclusion: replace-one pairs need 0.5 (one client of each pair), got {membership.inclusion}")
+        raise UserInputError("membership.inclusion: replace-one pairs need 0.5 (one client of each pair), got "
+                             f"{membership.inclusion}")
     return membership
 
 
@@ -200,7 +201,8 @@ def record_membership(pool_labels: np.ndarray, membership: MembershipConfig, spe
     return Membership("record", "add-remove", keep, parts, owners)
 
 
-def run_clients(pool_labels: np.ndarray, keep_row: np.ndarray, spec: PartitionConfig, seed: int, run_index: int) -> list[np.ndarray]:
+def run_clients(pool_labels: np.ndarray, keep_row: np.ndarray, spec: PartitionConfig, seed: int,
+                run_index: int) -> list[np.ndarray]:
     """Partition the records ``keep_row`` includes into clients afresh (the reproduction runs'
     data, where no membership is audited); returns pool indices per client."""
     members = np.flatnonzero(keep_row)

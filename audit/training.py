@@ -201,7 +201,8 @@ def dirac_rows(injection: CanaryInjection, relation: str, dim: int, device: str)
                      torch.as_tensor(values, dtype=torch.float32, device=device), dim)
 
 
-def train_canary_runs(plan: Plan, store: RunStore, experiment: PlannedExperiment, audit: CanaryAudit, quiet: bool = False) -> None:
+def train_canary_runs(plan: Plan, store: RunStore, experiment: PlannedExperiment, audit: CanaryAudit,
+                      quiet: bool = False) -> None:
     """An audit's runs: membership run i's clients plus the inserted canaries (records joined to
     clients' data, or canary clients), with a seed of their own."""
     reason = audit.not_applicable(experiment.defense) or audit.refused(experiment.defense, experiment.training)

@@ -60,9 +60,11 @@ from audit.validation import (  # noqa: E402
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--replicates", type=int, default=200, help="replicates of the simulated designs (b) and (c)")
-    parser.add_argument("--pipeline-replicates", type=int, default=200, help="replicates of the pipeline designs (a) and (b1); 0 skips them")
+    parser.add_argument("--pipeline-replicates", type=int, default=200,
+                        help="replicates of the pipeline designs (a) and (b1); 0 skips them")
     parser.add_argument("--fit-replicates", type=int, default=1000,
-                        help="replicates of each Gaussian-fit design (e) (100 and 1,000 canaries × μ ∈ {0.5, 1, 2}); 0 skips them")
+                        help="replicates of each Gaussian-fit design (e) (100 and 1,000 canaries × μ ∈ {0.5, "
+                             "1, 2}); 0 skips them")
     parser.add_argument("--accuracy-replicates", type=int, default=200,
                         help="replicates of the accuracy designs (f) (null and μ = 1); 0 skips them")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "coverage.json")
@@ -76,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append((label, name, tally.hits, tally.total, tally.rate, ""))
     for epsilon, delta in ((1.0, 1e-5), (2.0, 0.0), (0.5, 0.0)) if args.replicates else ():
         rate, n = tight_claim(args.replicates, epsilon, delta)
-        rows.append((f"(c) tight claim ε = {epsilon:g}, δ = {delta:g}", "experiments with a VIOLATION", round(rate * n), n, rate, ""))
+        rows.append((f"(c) tight claim ε = {epsilon:g}, δ = {delta:g}", "experiments with a VIOLATION",
+                     round(rate * n), n, rate, ""))
     for canaries in (100, 1000) if args.fit_replicates else ():
         for mu in (0.5, 1.0, 2.0):
             tally = gaussian_fit_coverage(args.fit_replicates, canaries, mu)

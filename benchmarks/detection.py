@@ -110,7 +110,8 @@ VARIANTS = (
     Variant("halved-noise", f"{BROKEN}:HalvedNoise", "half the noise std in every round", lambda rounds, clients: 2.0),
     Variant("noise-halved-from-mid-run", f"{BROKEN}:NoiseHalvedFromMidRun", "half the noise std from round ⌊T/2⌋ on", _mid_run),
     Variant("noise-0.8-after-round-1", f"{BROKEN}:NoiseShrunkAfterFirstRound", "0.8 of the noise std from round 2 on", _shrunk),
-    Variant("clip-at-3S", f"{BROKEN}:ClipsAtThreeTimesTheBound", "clips to 3·S, noise and claim for S", lambda rounds, clients: 3.0),
+    Variant("clip-at-3S", f"{BROKEN}:ClipsAtThreeTimesTheBound", "clips to 3·S, noise and claim for S",
+            lambda rounds, clients: 3.0),
     # the deployment's |P_t| (all N clients at q = 1); during the audit its canaries make it ≈ 10⁴
     Variant("noise-over-count", f"{BROKEN}:NoiseOverCountNotItsRoot", "upload noise std Sσ/|P_t|, not Sσ/√|P_t|",
             lambda rounds, clients: math.sqrt(clients)),
@@ -188,7 +189,8 @@ def audit_figures(experiment: dict[str, Any]) -> dict[str, Any]:
     released claim, the power against 2ε and the most the design can certify (of the
     best-powered released bound), and why the audit did not run where it did not."""
     attacks = _dirac_attacks(experiment)
-    skipped = [s["reason"] for s in experiment.get("skipped_attacks", []) if str(s.get("attack", "")).startswith("dirac-canaries")]
+    skipped = [s["reason"] for s in experiment.get("skipped_attacks", [])
+               if str(s.get("attack", "")).startswith("dirac-canaries")]
     violating = sorted({a["observation"] for a in attacks for v in a["verdicts"] if v["status"] == "violation"})
     # what caught it: an ε lower bound above the claim, or the uploads' test against the claimed mechanism
     caught = {kind: any(v["status"] == "violation" and v.get("kind") == kind for a in attacks for v in a["verdicts"])
@@ -398,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=None,
                         help="keep the audits' folders here (a rerun resumes them); default: a temporary folder")
     parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads (1: on a shared machine more threads run slower, and the figures are per thread count)")
+                        help="torch threads (1: on a shared machine more threads run slower, and the figures "
+                             "are per thread count)")
     args = parser.parse_args(argv)
     if args.seeds < 1 or args.honest_seeds < 0:
         parser.error("--seeds must be ≥ 1 and --honest-seeds ≥ 0")

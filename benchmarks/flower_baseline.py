@@ -6,8 +6,8 @@ from the global model and train one local epoch over a fresh permutation of thei
 records in batches of 5 (3 plain SGD steps, lr 0.1, mean cross-entropy); the server clips each
 update w_i - w to L2 norm 1, averages, and adds N(0, (σ·S/n)²) with σ = 1, S = 1, n = 100 to the
 average. Workload 2 (``--workload cnn``) is the same with MNIST's test split (100 clients of 80
-records), the sigmoid LeNet and batches of 16 (5 steps). Here Flower runs exactly that: a ``NumPyClient`` per client id does the local training
-with plain torch (``nn.Module`` + ``torch.optim.SGD``) and returns its new weights, and the server
+records), the sigmoid LeNet and batches of 16 (5 steps). Here Flower runs exactly that: a ``NumPyClient`` per client id does the
+local training with plain torch (``nn.Module`` + ``torch.optim.SGD``) and returns its new weights, and the server
 strategy is ``FedAvg`` (all clients fit, no federated evaluation, the same initial model as ours)
 wrapped in Flower's own ``DifferentialPrivacyServerSideFixedClipping`` (server-side fixed
 clipping + Gaussian noise on the aggregate, the same mechanism as our ``noise_placement =

@@ -88,9 +88,11 @@ REFERENCES: list[dict[str, Any]] = [
                  "logit-scaled confidence, 2 queries (image and its mirror)"),
      "references_per_target": 15,
      "figures": [
-         {"attack": "LiRA online (per-example variance)", "ours": "lira-per-example-online", "auc": 0.6676, "tpr_at_fpr_0.1%": 0.0169},
+         {"attack": "LiRA online (per-example variance)", "ours": "lira-per-example-online", "auc": 0.6676,
+          "tpr_at_fpr_0.1%": 0.0169},
          {"attack": "LiRA online, fixed variance", "ours": "lira-online", "auc": 0.6856, "tpr_at_fpr_0.1%": 0.0593},
-         {"attack": "LiRA offline (per-example variance)", "ours": "lira-per-example-offline", "auc": 0.5488, "tpr_at_fpr_0.1%": 0.0130},
+         {"attack": "LiRA offline (per-example variance)", "ours": "lira-per-example-offline", "auc": 0.5488,
+          "tpr_at_fpr_0.1%": 0.0130},
          {"attack": "LiRA offline, fixed variance", "ours": "lira-offline", "auc": 0.5549, "tpr_at_fpr_0.1%": 0.0299},
          {"attack": "global threshold (logit-scaled confidence)", "ours": PHI_BASELINE, "auc": 0.5921, "tpr_at_fpr_0.1%": 0.0009},
      ]},
@@ -191,7 +193,8 @@ def phi_baseline(config: Any, folder: Path) -> dict[str, Any]:
     scores = signals.logit_scaled_confidence(logits, experiment.labels.numpy())
     metrics, _, _ = membership_metrics(scores, experiment.keep.astype(bool), seed=config.seed)
     return {"attack": PHI_BASELINE, **{m: _estimate(metrics[m]) for m in METRICS},
-            "notes": "not a registered attack: a global threshold on the logit-scaled confidence (tensorflow/privacy mi_lira_2021 plot.py)"}
+            "notes": "not a registered attack: a global threshold on the logit-scaled confidence (tensorflow/privacy "
+                     "mi_lira_2021 plot.py)"}
 
 
 def _value(setting: dict[str, Any], attack: str, metric: str) -> float | None:
@@ -259,7 +262,8 @@ def reference_table(settings: dict[str, dict[str, Any]]) -> str:
     lines = []
     for reference in REFERENCES:
         lines.append(f"reference: {reference['source']}\n  {reference['url']}\n  {reference['setting']}")
-        lines.append(f"  {'reference attack':<44} {'AUC':>7} {'TPR@0.1 %':>10}   {'ours (many)':<26} {'AUC':>6} {'TPR@0.1 %':>10}")
+        lines.append(f"  {'reference attack':<44} {'AUC':>7} {'TPR@0.1 %':>10}   {'ours (many)':<26} "
+                     f"{'AUC':>6} {'TPR@0.1 %':>10}")
         ours = settings.get("many")
         for figure in reference["figures"]:
             auc = tpr = "n/a"
@@ -286,25 +290,30 @@ def orderings_text(checks: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=None, help="membership runs of the 'many' setting (default 32; --quick 6)")
-    parser.add_argument("--few-runs", type=int, default=4, help="membership runs of the 'few' setting (default 4, the fewest LiRA takes; 0 skips it)")
+    parser.add_argument("--few-runs", type=int, default=4,
+                        help="membership runs of the 'few' setting (default 4, the fewest LiRA takes; 0 skips it)")
     parser.add_argument("--quick", action="store_true", help="a tiny version (seconds): 600-record pool, MLP 128, 15 epochs")
     parser.add_argument("--dataset", choices=("mnist", "digits"), default="mnist")
     parser.add_argument("--data-root", type=Path, default=DEFAULT_MNIST, help="folder with the MNIST t10k IDX files")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None,
                         help=f"JSON file to write (default {DEFAULT_OUT.relative_to(ROOT)}; with --quick nothing unless given)")
-    parser.add_argument("--workdir", type=Path, default=None, help="keep the audits' folders (report.html, runs) here; default: a temporary folder")
-    parser.add_argument("--batch-runs", type=int, default=8, help="runs trained together (the progress bar moves after each group)")
+    parser.add_argument("--workdir", type=Path, default=None,
+                        help="keep the audits' folders (report.html, runs) here; default: a temporary folder")
+    parser.add_argument("--batch-runs", type=int, default=8,
+                        help="runs trained together (the progress bar moves after each group)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (default 1: with another busy process on the machine, 2 threads ran 7x slower here)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     runs = args.runs if args.runs is not None else (6 if args.quick else 32)
     if runs < 4 or (args.few_runs and args.few_runs < 4):
-        parser.error("LiRA needs at least 4 runs (3 reference models per target): --runs and --few-runs must be ≥ 4 (or --few-runs 0)")
+        parser.error("LiRA needs at least 4 runs (3 reference models per target): --runs and --few-runs must be "
+                     "≥ 4 (or --few-runs 0)")
     if args.dataset == "mnist" and not (args.data_root / "t10k-labels-idx1-ubyte.gz").exists() \
             and not (args.data_root / "t10k-labels-idx1-ubyte").exists():
-        parser.error(f"--data-root: no MNIST t10k files in {args.data_root} (see ../shared/data/README.md), or use --dataset digits")
+        parser.error(f"--data-root: no MNIST t10k files in {args.data_root} (see ../shared/data/README.md), or "
+                     "use --dataset digits")
     out = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
     torch.set_num_threads(args.threads)
     settings = [Setting("many", runs, "many reference models")]
@@ -316,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="dpfl-strength-") as scratch:
         folder = args.workdir or Path(scratch)
         for i, setting in enumerate(settings, 1):
-            print(f"[{i}/{len(settings)}] {setting.name}: {setting.runs} runs, training and attacking ...", file=sys.stderr, flush=True)
+            print(f"[{i}/{len(settings)}] {setting.name}: {setting.runs} runs, training and attacking ...",
+                  file=sys.stderr, flush=True)
             measured[setting.name] = run_setting(setting, args, folder)
             print(table(measured[setting.name]), flush=True)
             print(flush=True)

@@ -52,11 +52,13 @@ else:  # imported when first used (audit.core.lazy_modules)
 class AEDPFLParams:
     noise_multiplier: float = field(default=20.0, metadata={"min": 0.0, "min_exclusive": True,
                                                             "help": "σ_v: std of the summed vote noise (sensitivity 1)"})
-    queries: int = field(default=1000, metadata={"min": 1, "help": "K: server queries (capped by the public half of the held-out split)"})
+    queries: int = field(default=1000,
+                         metadata={"min": 1, "help": "K: server queries (capped by the public half of the held-out split)"})
     local_epochs: int = field(default=20, metadata={"min": 1, "help": "epochs of each agent's non-private local training"})
     server_epochs: int = field(default=30, metadata={"min": 1, "help": "epochs of the server's training on the voted labels"})
     public_fraction: float = field(default=0.5, metadata={"min": 0.0, "max": 1.0, "min_exclusive": True, "max_exclusive": True,
-                                                          "help": "share of the held-out split used as the server's unlabeled data"})
+                                                          "help": "share of the held-out split used as the "
+                                                                  "server's unlabeled data"})
 
 
 def vote_histogram(predictions: torch.Tensor, num_classes: int) -> torch.Tensor:
@@ -95,7 +97,8 @@ class AEDPFL(Defense):
         report = compute_epsilon(self.schedule(queries), delta, accounting.accountant, accounting.conversion)
         sigma = self.params.noise_multiplier
         mechanism = f"{queries} noisy-argmax votes, Gaussian σ_v={sigma:.4g} on each vote histogram (sensitivity 1)"
-        notes = "client-level; the server sees only the summed noisy votes (simulated secure aggregation); local models never leave the agents"
+        notes = ("client-level; the server sees only the summed noisy votes (simulated secure aggregation); local models "
+                 "never leave the agents")
         one_query = gaussian_round_epsilon(sigma, delta, accounting.accountant, accounting.conversion)
         # every agent votes on every query, so knowing who took part teaches the server nothing: the
         # released model (trained on the voted labels) and the server's histograms get the same figure

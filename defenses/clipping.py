@@ -27,7 +27,8 @@ def clip_rows(updates: torch.Tensor, clip: float) -> tuple[torch.Tensor, torch.T
     return updates * scale.to(updates.dtype)[:, None], norms, clipped
 
 
-def clip_rows_per_tensor(updates: torch.Tensor, clip: float, slices: list[slice]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def clip_rows_per_tensor(updates: torch.Tensor, clip: float,
+                         slices: list[slice]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Clip every parameter tensor of every row to ℓ2 norm ≤ ``clip`` separately.
 
     This is what DP-FedSAM's public code does: the whole update's sensitivity is

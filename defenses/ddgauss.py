@@ -82,7 +82,8 @@ class DDGaussParams:
     bits: int = field(default=16, metadata={"min": 2, "max": 62, "help": "bit width of the SecAgg field (reference code: 16)"})
     beta: float = field(default=math.exp(-0.5), metadata={"min": 0.0, "max": 1.0, "max_exclusive": True,
                                                            "help": "β of conditional rounding (reference: e^-0.5)"})
-    k_stddevs: float = field(default=4.0, metadata={"min": 0.0, "min_exclusive": True, "help": "k of the γ heuristic (reference: 4)"})
+    k_stddevs: float = field(default=4.0,
+                             metadata={"min": 0.0, "min_exclusive": True, "help": "k of the γ heuristic (reference: 4)"})
     gamma: float = field(default=0.0, metadata={"min": 0.0, "help": "rounding granularity γ (0: the paper's heuristic)"})
 
 
@@ -104,7 +105,8 @@ class DDGaussSetting:
         first = scaled + math.sqrt(self.dim)
         if self.beta == 0:
             return first
-        second = math.sqrt(scaled ** 2 + self.dim / 4 + math.sqrt(2 * math.log(1 / self.beta)) * (scaled + math.sqrt(self.dim) / 2))
+        second = math.sqrt(scaled ** 2 + self.dim / 4 + math.sqrt(2 * math.log(1 / self.beta)) *
+                           (scaled + math.sqrt(self.dim) / 2))
         return min(first, second)
 
     @property
@@ -203,7 +205,8 @@ class DDGauss(Defense):
 
     def _conversion(self, accounting: AccountingSettings) -> str:
         if accounting.accountant != "rdp":
-            raise UserInputError("accounting.accountant: ddgauss is accounted with RDP only (no PLD of the discrete mechanism here)")
+            raise UserInputError("accounting.accountant: ddgauss is accounted with RDP only (no PLD of the "
+                                 "discrete mechanism here)")
         return accounting.conversion
 
     def calibrate(self, target_epsilon: float, delta: float, training: TrainingConfig, num_clients: int,

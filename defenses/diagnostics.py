@@ -67,7 +67,8 @@ def perturbation_robustness(model: nn.Module, params: Params, x: torch.Tensor, y
     for k in range(repeats):
         for j, std in enumerate(stds):
             generator = torch_generator(seed, "perturbation", k, j)
-            moved = {n: p + std * torch.randn(p.shape, generator=generator, dtype=p.dtype).to(p.device) for n, p in params.items()}
+            moved = {n: p + std * torch.randn(p.shape, generator=generator, dtype=p.dtype).to(p.device)
+                     for n, p in params.items()}
             accuracy[k, j] = evaluate(model, moved, x, y)[1]
     mean = accuracy.mean(0)
     return {"stds": list(stds), "base_accuracy": base_accuracy, "accuracy": mean.tolist(),

@@ -73,8 +73,10 @@ class DiracRows:
             raise ValueError("these rows already carry noise")
         device, dtype = self.values.device, self.values.dtype
         own = torch.randn(len(self), generator=generator, dtype=torch.float64).mul_(std)
-        owners = torch.zeros(self.dim, dtype=torch.float64).index_add_(0, self.coords.cpu(), torch.ones(len(self), dtype=torch.float64))
-        others = torch.randn(self.dim, generator=generator, dtype=torch.float64) * (std * (len(self) - owners).clamp_min(0).sqrt())
+        owners = torch.zeros(self.dim, dtype=torch.float64).index_add_(0, self.coords.cpu(),
+                                                                       torch.ones(len(self), dtype=torch.float64))
+        others = (torch.randn(self.dim, generator=generator, dtype=torch.float64)
+                  * (std * (len(self) - owners).clamp_min(0).sqrt()))
         total = others.index_add_(0, self.coords.cpu(), own)
         return replace(self, own_noise=own.to(device=device, dtype=dtype), noise_total=total.to(device=device, dtype=dtype))
 

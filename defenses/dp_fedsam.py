@@ -52,10 +52,7 @@ _NORM_GUARD = 1e-12  # as in the paper's code: e = ρ·g/(‖g‖ + 1e-12)
 def sam_perturbation(params: Params, gradients: Params, rho: float, variant: str) -> Params:
     """e for stacked clients [C, *shape]: ρ·g/‖g‖ (SAM) or ρ·w²g/‖|w|g‖ (ASAM), norms per client."""
     clients = next(iter(params.values())).shape[0]
-    if variant == "sam":
-        direction = gradients
-    else:
-        direction = {n: params[n].abs() * gradients[n] for n in params}
+    direction = gradients if variant == "sam" else {n: params[n].abs() * gradients[n] for n in params}
     norm = torch.sqrt(sum((direction[n] ** 2).reshape(clients, -1).sum(1) for n in params)) + _NORM_GUARD
     scale = rho / norm
     if variant == "sam":

@@ -71,15 +71,18 @@ class DPFedAvgParams:
     clip: float = field(default=1.0, metadata={"min": 0.0, "min_exclusive": True,
                                                "help": "S: ℓ2 bound on each client's update"})
     noise_multiplier: float = field(default=1.0, metadata={"min": 0.0, "min_exclusive": True,
-                                                           "help": "σ: noise std of the sum is σS (set by calibration when 'epsilons' is given)"})
+                                                           "help": "σ: noise std of the sum is σS (set by calibration when "
+                                                                   "'epsilons' is given)"})
     noise_placement: Literal["client", "aggregate"] = field(
-        default="client", metadata={"help": "client: each upload gets N(0,S²σ²/|P_t|); aggregate: a trusted aggregator adds N(0,S²σ²) to the sum"})
+        default="client",
+        metadata={"help": "client: each upload gets N(0,S²σ²/|P_t|); aggregate: a trusted aggregator adds N(0,S²σ²) to the sum"})
     denominator: Literal["realized", "expected"] = field(
         default="realized", metadata={"help": "divide the sum by the realized |P_t| (paper) or the expected qN"})
     secure_aggregation: bool = field(
         default=False, metadata={"help": "simulated secure aggregation: the server sees only the sum of uploads"})
     clip_mode: Literal["flat", "per_tensor"] = field(
-        default="flat", metadata={"help": "flat: one ℓ2 clip over all parameters; per_tensor: each tensor to S (sensitivity S√L, accounted)"})
+        default="flat",
+        metadata={"help": "flat: one ℓ2 clip over all parameters; per_tensor: each tensor to S (sensitivity S√L, accounted)"})
 
 
 @DEFENSES.register("dp-fedavg")

@@ -44,7 +44,8 @@ class FLCSParams(SubsetParams):
 
 @dataclass(frozen=True)
 class FLCSDPParams(FLCSParams):
-    clip: float = field(default=0.0, metadata={"min": 0.0, "help": "S on the compressed update (0: calibrate on the public batch)"})
+    clip: float = field(default=0.0,
+                        metadata={"min": 0.0, "help": "S on the compressed update (0: calibrate on the public batch)"})
     noise_multiplier: float = field(default=1.5406, metadata={"min": 0.0, "min_exclusive": True, "help": "σ"})
 
 

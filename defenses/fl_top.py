@@ -46,13 +46,15 @@ else:  # imported when first used (audit.core.lazy_modules)
 @dataclass(frozen=True)
 class FLTopParams(SubsetParams):
     init_steps: int = field(default=10, metadata={"min": 1, "help": "T_init: SGD steps on the public batch"})
-    topk_score: Literal["abs_gradient", "change"] = field(default="abs_gradient", metadata={"help": "Σ|g| (default) or |w_T − w0|"})
+    topk_score: Literal["abs_gradient", "change"] = field(default="abs_gradient",
+                                                          metadata={"help": "Σ|g| (default) or |w_T − w0|"})
 
 
 @dataclass(frozen=True)
 class FLTopDPParams(SubsetDPParams):
     init_steps: int = field(default=10, metadata={"min": 1, "help": "T_init: SGD steps on the public batch"})
-    topk_score: Literal["abs_gradient", "change"] = field(default="abs_gradient", metadata={"help": "Σ|g| (default) or |w_T − w0|"})
+    topk_score: Literal["abs_gradient", "change"] = field(default="abs_gradient",
+                                                          metadata={"help": "Σ|g| (default) or |w_T − w0|"})
     topk_selection: Literal["public", "private"] = field(
         default="public", metadata={"help": "choose the Top-K on public data, or from the clients' noisy local top-K (§3.2.3)"})
 

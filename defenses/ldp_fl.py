@@ -58,15 +58,19 @@ else:  # imported when first used (audit.core.lazy_modules)
 class LDPFLParams:
     epsilon: float = field(default=1.0, metadata={"min": 0.0, "min_exclusive": True,
                                                   "help": "ε per weight per report (set from 'epsilons')"})
-    mechanism: Literal["two_point", "laplace", "duchi"] = field(default="two_point", metadata={"help": "per-scalar ε-LDP mechanism"})
+    mechanism: Literal["two_point", "laplace", "duchi"] = field(default="two_point",
+                                                                metadata={"help": "per-scalar ε-LDP mechanism"})
     range_mode: Literal["fixed", "adaptive"] = field(default="fixed", metadata={"help": "one (c, r) for all, or per tensor"})
     center: float = field(default=0.0, metadata={"help": "c for range_mode fixed"})
     radius: float = field(default=0.075, metadata={"min": 0.0, "min_exclusive": True,
-                                                   "help": "r for range_mode fixed (paper's MNIST: 0.075); adaptive: the radius of a constant tensor"})
-    adaptive_center: Literal["zero", "midpoint"] = field(default="zero", metadata={"help": "adaptive: c = 0, r = max − min; or the midpoint"})
+                                                   "help": "r for range_mode fixed (paper's MNIST: 0.075); adaptive: the radius "
+                                                           "of a constant tensor"})
+    adaptive_center: Literal["zero", "midpoint"] = field(default="zero",
+                                                         metadata={"help": "adaptive: c = 0, r = max − min; or the midpoint"})
     range_source: Literal["global_prev", "secure_minmax", "local"] = field(
         default="global_prev", metadata={"help": "where an adaptive range's min/max come from (local is unsafe)"})
-    server_view: Literal["unlinked", "linked"] = field(default="unlinked", metadata={"help": "shuffled per-id multisets, or linked rows"})
+    server_view: Literal["unlinked", "linked"] = field(default="unlinked",
+                                                       metadata={"help": "shuffled per-id multisets, or linked rows"})
     shuffle_delta: float = field(default=1e-5, metadata={"min": 0.0, "max": 1.0, "min_exclusive": True, "max_exclusive": True,
                                                          "help": "δ for reporting the shuffling-amplification bound"})
 
@@ -75,7 +79,8 @@ class LDPFLParams:
 class LDPFL(Defense):
     name = "ldp-fl"
     summary = "Per-weight ε-LDP (two-point, Laplace or Duchi) on clipped local models, split and shuffled"
-    reference = "Sun, Qian, Chen 2021, LDP-FL: Practical Private Aggregation in Federated Learning with Local Differential Privacy"
+    reference = ("Sun, Qian, Chen 2021, LDP-FL: Practical Private Aggregation in Federated Learning with Local "
+                 "Differential Privacy")
     Params = LDPFLParams
     private = True
 
@@ -85,7 +90,8 @@ class LDPFL(Defense):
 
     def validate(self, training: TrainingConfig, num_clients: int) -> None:
         if training.aggregation != "uniform" or training.server_lr != 1.0:
-            raise UserInputError("training.aggregation: ldp-fl averages the reported weights per id; use 'uniform' and server_lr 1")
+            raise UserInputError("training.aggregation: ldp-fl averages the reported weights per id; use "
+                                 "'uniform' and server_lr 1")
 
     def range_leak(self) -> str | None:
         """Why the clipping range is a non-private release of the clients' data (None: it is public)."""
@@ -121,8 +127,8 @@ class LDPFL(Defense):
                          f"need ε0 ≤ ln(k/(16 ln(4/δ))) = {threshold:.3g}")
         else:
             alternatives["shuffled_per_id_round"] = amplified
-            notes.append(f"shuffling amplification applies per id and round: ε_c = {amplified:.4g} at δ = {self.params.shuffle_delta:g}, "
-                         "still composing over ids and rounds")
+            notes.append(f"shuffling amplification applies per id and round: ε_c = {amplified:.4g} at δ = "
+                         f"{self.params.shuffle_delta:g}, still composing over ids and rounds")
         leak = self.range_leak()
         if leak:
             notes.insert(0, f"range_leak: no finite ε: {leak}" + (" (unsafe: per-client ranges also link a client's items)"

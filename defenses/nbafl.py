@@ -151,8 +151,8 @@ class NbAFL(Defense):
                  f"the paper's record-level ε = {self.params.epsilon:g} (its Theorem, as recalled — the sensitivity 2C/m it "
                  "assumes does not hold for local SGD, and basic composition leaves the total δ at up to "
                  f"L·δ = {exposures * delta:.3g}) and the RDP figure given that sensitivity are alternatives, neither proven")
-        mechanism = (f"uplink N(0, σ_U²), σ_U = {sigma_u:.4g} on clipped models (C = {self.params.clip:g}, m = {self._smallest}), "
-                     f"L = {exposures:g} exposures")
+        mechanism = (f"uplink N(0, σ_U²), σ_U = {sigma_u:.4g} on clipped models (C = {self.params.clip:g}, m "
+                     f"= {self._smallest}), L = {exposures:g} exposures")
         return PrivacyClaim(released.epsilon, delta, "client", label, mechanism, notes,
                             alternatives={"paper_record_level": self.params.epsilon, "rdp_given_sensitivity": given.epsilon},
                             relation="replace-one", adversary="released", adversaries=adversaries)
@@ -161,7 +161,8 @@ class NbAFL(Defense):
         training = ctx.training
         models = ctx.global_vector[None, :] + updates
         clipped, norms, was_clipped = clip_rows(models, self.params.clip)
-        std = uplink_std(self.params.clip, self.params.epsilon, self._delta, self.exposures(training, ctx.num_clients), self._smallest)
+        std = uplink_std(self.params.clip, self.params.epsilon, self._delta,
+                         self.exposures(training, ctx.num_clients), self._smallest)
         generators = [ctx.client_generator(int(c), "noise") for c in ctx.participants]
         noisy = clipped + gaussian_rows(len(ctx.participants), updates.shape[1], std, generators, updates.device)
         diagnostics = {"clip_fraction": float(was_clipped.double().mean()), "clip_input_norms": norms, "uplink_std": std}

@@ -39,7 +39,8 @@ class PartialDCT:
 
     def compress(self, x: np.ndarray) -> np.ndarray:
         """[C, d] → [C, M]."""
-        return np.concatenate([fft.dct(x[:, s:e], norm="ortho", axis=1)[:, rows] for (s, e), rows in zip(self.bounds, self.rows)], axis=1)
+        return np.concatenate([fft.dct(x[:, s:e], norm="ortho", axis=1)[:, rows] for (s, e), rows in zip(self.bounds, self.rows)],
+                              axis=1)
 
     def adjoint(self, y: np.ndarray) -> np.ndarray:
         """[M] → [d]."""

@@ -233,8 +233,8 @@ class SubsetFL(Defense):
         kilobytes = {"table_kb_up": table_kilobytes(self.upload_floats(dim), rounds, training.sampling_rate(num_clients)),
                      "table_kb_down": table_kilobytes(self.download_floats(dim), rounds, training.sampling_rate(num_clients))}
         if not self.private:
-            claim = PrivacyClaim.non_private(f"non-private; bandwidth per client (paper's formula): {kilobytes['table_kb_up']:.2f} KB up, "
-                                             f"{kilobytes['table_kb_down']:.2f} KB down")
+            claim = PrivacyClaim.non_private("non-private; bandwidth per client (paper's formula): "
+                                             f"{kilobytes['table_kb_up']:.2f} KB up, {kilobytes['table_kb_down']:.2f} KB down")
             return replace(claim, alternatives=kilobytes)
         schedule = self.schedule(training, num_clients, rounds)
         largest = training.round_size(num_clients) if training.sampling == "fixed" else num_clients
@@ -253,7 +253,8 @@ class SubsetFL(Defense):
                  "the amplified ε holds against observers of the released models; the server, which picks 𝕂, "
                  f"gets ε = {adversaries[1].epsilon:.4g}",
                  "the clip S is calibrated on public data" if not getattr(self.params, "clip", 0.0) else "fixed clip S",
-                 f"bandwidth per client (paper's formula): {kilobytes['table_kb_up']:.2f} KB up, {kilobytes['table_kb_down']:.2f} KB down"]
+                 f"bandwidth per client (paper's formula): {kilobytes['table_kb_up']:.2f} KB up, "
+                 f"{kilobytes['table_kb_down']:.2f} KB down"]
         if self.extra_rounds:
             notes.append("private Top-K selection costs one extra noisy round, accounted")
         return PrivacyClaim(released.epsilon, delta, "client", released.accountant, schedule.describe(), "; ".join(notes),

@@ -43,14 +43,16 @@ class TrainingConfig:
         default="poisson", metadata={"help": "client sampling: Poisson(q) or a fixed-size sample without replacement"})
     client_rate: float = field(default=1.0, metadata={"min": 0.0, "min_exclusive": True, "max": 1.0,
                                                       "help": "q: Poisson rate, or m/N for fixed-size sampling"})
-    clients_per_round: int | None = field(default=None, metadata={"min": 1, "max": 100_000, "help": "m for fixed-size sampling (overrides client_rate)"})
+    clients_per_round: int | None = field(default=None, metadata={"min": 1, "max": 100_000,
+                                                                  "help": "m for fixed-size sampling (overrides client_rate)"})
     local_unit: Literal["epochs", "iterations"] = field(default="epochs", metadata={"help": "what local_steps counts"})
     local_steps: int = field(default=1, metadata={"min": 1, "max": 100_000, "help": "local epochs or SGD iterations per round"})
     batch_size: int = field(default=10, metadata={"min": 1, "max": 1_000_000})
     lr: float = field(default=0.1, metadata={"min": 0.0, "min_exclusive": True, "help": "client learning rate η_l"})
     lr_decay: float = field(default=1.0, metadata={"min": 0.0, "min_exclusive": True, "max": 1.0,
                                                    "help": "η_l(t) = lr · lr_decay^t"})
-    optimizer: Literal["sgd", "adam"] = field(default="sgd", metadata={"help": "client optimiser (torch.optim semantics); adam uses betas (0.9, 0.999)"})
+    optimizer: Literal["sgd", "adam"] = field(default="sgd", metadata={"help": "client optimiser (torch.optim semantics); adam "
+                                                                               "uses betas (0.9, 0.999)"})
     momentum: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0, "max_exclusive": True, "help": "SGD momentum"})
     weight_decay: float = field(default=0.0, metadata={"min": 0.0})
     server_lr: float = field(default=1.0, metadata={"min": 0.0, "min_exclusive": True, "help": "η_g"})
@@ -58,8 +60,10 @@ class TrainingConfig:
         default="uniform", metadata={"help": "mean of uploads: uniform 1/|P_t| or weighted by client size"})
     engine: Literal["batched", "loop"] = field(
         default="batched", metadata={"help": "batched torch.func clients, or the per-client reference loop"})
-    client_chunk: int = field(default=0, metadata={"min": 0, "max": 100_000, "help": "clients per batched computation (0: automatic)"})
-    eval_every: int = field(default=1, metadata={"min": 1, "max": 100_000, "help": "evaluate the global model every k rounds (and at the end)"})
+    client_chunk: int = field(default=0,
+                              metadata={"min": 0, "max": 100_000, "help": "clients per batched computation (0: automatic)"})
+    eval_every: int = field(default=1, metadata={"min": 1, "max": 100_000,
+                                                 "help": "evaluate the global model every k rounds (and at the end)"})
 
     def round_size(self, num_clients: int) -> int:
         """m for fixed-size sampling."""

@@ -61,14 +61,18 @@ class UDPFLParams:
         default="sound", metadata={"help": "what 'epsilons' calibrates: a bound valid for d-dim noise (sound) or the paper's "
                                            "1-D accounting; the claim's headline is always the sound ε"})
     noise: float = field(default=1.0, metadata={"min": 0.0, "min_exclusive": True,
-                                                "help": "z (gaussian), λ (laplace) or ε (staircase); set by the Harmonizer from 'epsilons'"})
-    clip: float = field(default=2.0, metadata={"min": 0.0, "min_exclusive": True, "help": "C: per-example clip (public code: 2 on MNIST)"})
+                                                "help": "z (gaussian), λ (laplace) or ε (staircase); set by the "
+                                                        "Harmonizer from 'epsilons'"})
+    clip: float = field(default=2.0,
+                        metadata={"min": 0.0, "min_exclusive": True, "help": "C: per-example clip (public code: 2 on MNIST)"})
     clip_norm: Literal["l2", "l1"] = field(default="l2", metadata={"help": "norm of the per-example clip"})
     sample_rate: float = field(default=0.01, metadata={"min": 0.0, "max": 1.0, "min_exclusive": True,
-                                                       "help": "q: Poisson rate of records per local step; ⌈E/q⌉ steps per round"})
+                                                       "help": "q: Poisson rate of records per local step; "
+                                                               "⌈E/q⌉ steps per round"})
     shuffle: bool = field(default=False, metadata={"help": "the server gets uploads in random order, without identities"})
     client_epsilons: list[float] | None = field(default=None, metadata={"min": 0.0, "min_exclusive": True,
-                                                                        "help": "heterogeneous ε: client i gets client_epsilons[i mod k]"})
+                                                                        "help": "heterogeneous ε: client i gets "
+                                                                                "client_epsilons[i mod k]"})
     penalty: float = field(default=0.01, metadata={"min": 0.0, "help": "scale of the heterogeneous-ε penalty"})
 
 
@@ -144,7 +148,8 @@ class UDPFL(Defense):
         notes = [f"record-level for each client's records; headline: the sound accounting (calibrated for: "
                  f"{self.params.accounting})", verdict]
         if self.params.client_epsilons:
-            notes.append("heterogeneous ε: client i uses client_epsilons[i mod k] = " + ", ".join(f"{e:g}" for e in self.params.client_epsilons)
+            notes.append("heterogeneous ε: client i uses client_epsilons[i mod k] = " +
+                         ", ".join(f"{e:g}" for e in self.params.client_epsilons)
                          + "; the claim is the weakest group's")
         if self.params.shuffle:
             notes.append("shuffler on: uploads reach the server without identities; no amplification is credited "
@@ -154,7 +159,8 @@ class UDPFL(Defense):
         finite = math.isfinite(headline)
         gaussian = self.params.mechanism == "gaussian"
         one_step = accounted_epsilon(mechanism, 1.0, 1, delta, "sound", self.params.clip_norm, accounting.conversion)
-        every = "the client adds the noise to every local step, so every observer of its uploads gets the same record-level guarantee"
+        every = ("the client adds the noise to every local step, so every observer of its uploads gets the same "
+                 "record-level guarantee")
         adversaries = tuple(
             AdversaryClaim(adversary, headline if finite else None, delta, "add-remove" if finite else "none", observes,
                            label, amplification=True, rounds=rounds,
@@ -170,7 +176,8 @@ class UDPFL(Defense):
                             relation="add-remove" if finite else "none", adversary="released", adversaries=adversaries)
 
     def epsilon_trajectory(self, training, num_clients, delta, accounting) -> list[float]:
-        mechanism = self.group_mechanism(max(self.params.client_epsilons), training) if self.params.client_epsilons else self.mechanism()
+        mechanism = self.group_mechanism(max(self.params.client_epsilons),
+                                         training) if self.params.client_epsilons else self.mechanism()
         per_round = self.steps_per_round(training)
         return [accounted_epsilon(mechanism, self.params.sample_rate, t * per_round, delta, "sound",
                                   self.params.clip_norm, accounting.conversion) for t in range(1, training.rounds + 1)]

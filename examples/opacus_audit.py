@@ -201,7 +201,8 @@ def gradient_canaries(train_function, pool, test, claim, args) -> int:
     if audit.power is not None:
         more = f" (about {audit.power.needed} coins would reach 80 %)" if audit.power.needed else ""
         print(f"power (f-DP test): {audit.power.detection:.0%} to detect 2ε{more}; tight bound {audit.power.tight_bound:.3f}")
-    print(f"held-out readings: standard deviation {audit.held_out_spread:.3f} (about 1 or more with the claimed noise; less: less noise than claimed)")
+    print(f"held-out readings: standard deviation {audit.held_out_spread:.3f} (about 1 or more with the claimed noise; less: "
+          "less noise than claimed)")
     print(audit.explanation)
     print(f"verdict: {audit.status} — {audit.sentence}")
     print(f"written: {args.out}/results.json, {args.out}/report.html")

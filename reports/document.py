@@ -119,7 +119,8 @@ class Power:
     canaries: int = field(metadata={"min": 0, "help": "independent coins the one-run count uses"})
     level: float = field(metadata={"min": 0.0, "max": 1.0, "help": "Bonferroni level of the family (conservative for Holm)"})
     tight_bound: float = field(metadata={"help": "median ε_LB when the mechanism is exactly as private as the bound"})
-    detection: float = field(metadata={"min": 0.0, "max": 1.0, "help": "probability of a violation verdict at twice the bound's ε"})
+    detection: float = field(metadata={"min": 0.0, "max": 1.0,
+                                       "help": "probability of a violation verdict at twice the bound's ε"})
     needed: int | None = field(metadata={"help": "coins for 80 % detection (normal approximation); null: none up to 10⁵"})
     simulations: int | None = field(default=None, metadata={
         **_OPTIONAL, "min": 0, "help": "simulated audits behind detection (batches until it is 4 standard errors from 0.80, "
@@ -134,7 +135,8 @@ class Verdict:
 
     metric: str
     unit: str
-    kind: VerdictKind = field(metadata={"help": "lower_bound or estimate: an ε figure; conformance: the canary uploads tested against the claimed clip and noise"})
+    kind: VerdictKind = field(metadata={"help": "lower_bound or estimate: an ε figure; conformance: the canary uploads tested "
+                                                "against the claimed clip and noise"})
     measured: float | None = field(metadata={"help": "the figure compared: a bound, or an estimate's interval's lower end"})
     claimed: float | None = field(metadata={"help": "the claim's headline ε (null: no finite claim)"})
     bound: float | None = field(metadata={"help": "the ε the claim implies for this unit (null: not covered)"})
@@ -174,7 +176,8 @@ class AttackRecord:
     verdicts: list[Verdict]
     observation: Literal["final model", "all iterates", "each upload", "aggregate, participation known"] | None = field(
         default=None, metadata={**_OPTIONAL, "help": "what the audit's statistic reads: the final model, every round's "
-                                                      "global model, each canary's own upload, or the aggregate of the rounds it joined"})
+                                                      "global model, each canary's own upload, or the aggregate of "
+                                                      "the rounds it joined"})
     adversary: Literal["released", "server", "local"] | None = field(default=None, metadata={
         **_OPTIONAL, "help": "the observer whose claim the verdicts compare with (null: the headline claim)"})
     statistic: str | None = field(default=None, metadata={**_OPTIONAL, "help": "the test statistic each canary is scored by"})

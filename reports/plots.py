@@ -259,7 +259,8 @@ def leakage_vs_epsilon(experiments: list[Experiment], metric: str = "auc") -> An
         axis.errorbar([p[0] for p in points], values, yerr=[lows, highs], marker="o", capsize=3,
                       color=COLORS[i % len(COLORS)], label=plain(f"{defense}: {name}"))
     for j, (label, value) in enumerate(baselines):
-        axis.axhline(value, linestyle="--", linewidth=1, color=COLORS[(len(lines) + j) % len(COLORS)], label=plain(f"{label} (no DP)"))
+        axis.axhline(value, linestyle="--", linewidth=1, color=COLORS[(len(lines) + j) % len(COLORS)],
+                     label=plain(f"{label} (no DP)"))
     if metric == "auc":
         axis.axhline(0.5, color="grey", linewidth=1, linestyle=":", label="chance")
     _epsilon_ticks(axis, [p[0] for points in lines.values() for p in points])

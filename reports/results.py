@@ -142,7 +142,8 @@ def _read_json(file: Path, option: str) -> Any:
         raise UserInputError(f"{option}: '{file}' is not UTF-8 text (byte {exc.start} is 0x{exc.object[exc.start]:02x}); "
                              "is it a file written by `dpfl-audit run`?") from None
     except json.JSONDecodeError as exc:
-        raise UserInputError(f"{option}: '{file}' is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+        raise UserInputError(f"{option}: '{file}' is not valid JSON: {exc.msg} at line "
+                             f"{exc.lineno}, column {exc.colno}") from None
     except RecursionError:
         raise UserInputError(f"{option}: '{file}' is not a readable JSON document: nested too deeply") from None
 
@@ -217,7 +218,8 @@ def validate_results(document: Any, where: str) -> None:
     allowed = ", ".join(repr(v) for v in READABLE_SCHEMA_VERSIONS)
     version = document.get("schema_version") if isinstance(document, dict) else None
     if version is None:
-        raise UserInputError(f"{where}: schema_version: missing; allowed: {allowed} (is it the results.json of `dpfl-audit run`?)")
+        raise UserInputError(f"{where}: schema_version: missing; allowed: {allowed} (is it the results.json "
+                             "of `dpfl-audit run`?)")
     if not isinstance(version, str) or version not in READABLE_SCHEMA_VERSIONS:
         raise UserInputError(f"{where}: schema_version: {_shown(version)} is not supported; allowed: {allowed} "
                              "(rerun the audit with this version of dpfl-audit)")
@@ -243,7 +245,8 @@ def load_results(path: str | Path, option: str = "results") -> tuple[Results, di
         raise UserInputError(f"{option}: '{file}' has no 'experiments' list; is it the results.json of `dpfl-audit run`?")
     for i, experiment in enumerate(experiments):
         if not isinstance(experiment, dict) or not isinstance(experiment.get("key"), str):
-            raise UserInputError(f"{option}: '{file}': experiments[{i}] has no 'key'; is it the results.json of `dpfl-audit run`?")
+            raise UserInputError(f"{option}: '{file}': experiments[{i}] has no 'key'; is it the results.json "
+                                 "of `dpfl-audit run`?")
     validate_results(document, f"{option}: '{file}'")
     manifest_file = file.parent / "manifest.json"
     manifest = _read_json(manifest_file, option) if manifest_file.is_file() else {}

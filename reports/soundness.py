@@ -219,7 +219,8 @@ def _decide_conformance(v: Verdict, test: UploadConformance, rejected: bool, lev
     if rejected:
         status, text = VIOLATION, f"VIOLATION of the claimed mechanism: {test.failure()}; {holm}"
     elif power >= POWER_TARGET:
-        status, text = CONSISTENT, f"consistent: the uploads carry the claimed clip and noise — {test.describe()}; {holm}; {reach}"
+        status, text = CONSISTENT, (f"consistent: the uploads carry the claimed clip and noise — {test.describe()}; "
+                                    f"{holm}; {reach}")
     else:
         status, text = INCONCLUSIVE, f"inconclusive: {test.describe()}; {holm}; {reach}"
     return replace(v, status=status, text=text, family=family, level=level)

@@ -55,7 +55,8 @@ def _leakage(attack: AttackRecord) -> str:
     at least 1,000 non-member scores: record units, or many runs)."""
     low = attack.metrics["tpr_at_fpr_0.1%"].value
     return (f"{attack.attack} AUC {_auc(attack.metrics['auc'].value)}"
-            + ("" if low is None else f" TPR@0.1% {_percent(low)}") + f" TPR@1% {_percent(attack.metrics['tpr_at_fpr_1%'].value)}")
+            + ("" if low is None else f" TPR@0.1% {_percent(low)}") +
+            f" TPR@1% {_percent(attack.metrics['tpr_at_fpr_1%'].value)}")
 
 
 def _print_summary(results: Results) -> None:

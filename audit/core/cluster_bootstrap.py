@@ -81,7 +81,8 @@ class WeightedRoc:
         self.positive = np.asarray(truth).astype(bool).ravel()
         self.size = flat.size
         self.unit = np.arange(flat.size) if units is None else np.asarray(units).ravel()
-        stratum = np.zeros(flat.size, dtype=np.int64) if strata is None else np.unique(np.asarray(strata).ravel(), return_inverse=True)[1]
+        stratum = (np.zeros(flat.size, dtype=np.int64) if strata is None
+                   else np.unique(np.asarray(strata).ravel(), return_inverse=True)[1])
         # cells are compared within a stratum and, inside it, never with a cell of their own unit:
         # tie groups of the descending order per stratum, and per (stratum, unit)
         self.stratum_group, self.stratum_of_group = self._tie_groups(flat, stratum)
@@ -288,7 +289,8 @@ def two_way_intervals(scores: np.ndarray, truth: np.ndarray, rng: np.random.Gene
         variance, dof = combined_variance(variances["runs"][name], variances["units"][name], variances["cells"][name],
                                           clusters["runs"], clusters["units"])
         half = critical_value(confidence, dof) * math.sqrt(variance) if math.isfinite(variance) else math.nan
-        out[name] = IntervalEstimate(value, max(0.0, value - half), min(1.0, value + half)) if math.isfinite(half) else IntervalEstimate(value)
+        out[name] = (IntervalEstimate(value, max(0.0, value - half), min(1.0, value + half)) if math.isfinite(half)
+                     else IntervalEstimate(value))
     return out
 
 

@@ -217,7 +217,8 @@ def build_model(name: str, input_shape: Sequence[int], num_classes: int, options
     allowed = [p for p in parameters if p not in ("input_shape", "num_classes")]
     for key in options:
         if key not in parameters and not accepts_kwargs:
-            raise UserInputError(f"model.options.{key}: unknown option for model '{name}'; allowed: {', '.join(allowed) or 'none'}")
+            raise UserInputError(f"model.options.{key}: unknown option for model '{name}'; allowed: "
+                                 f"{', '.join(allowed) or 'none'}")
     try:
         model = factory(tuple(input_shape), int(num_classes), **check_options(factory, options, "model.options"))
     except UserInputError:

@@ -21,7 +21,8 @@ from audit import study as checks
 from audit.reproductions.proxy import proxy_dataset
 from audit.study import Arm, ClaimCheck, Relation, Study, StudyResults, compare, smaller
 
-PAPER = "Cheng, Wang, Zhang, Cheng, Differentially Private Federated Learning with Local Regularization and Sparsification (CVPR 2022)"
+PAPER = ("Cheng, Wang, Zhang, Cheng, Differentially Private Federated Learning with Local Regularization and "
+         "Sparsification (CVPR 2022)")
 
 PAPER_TABLES = """
 Table 1 — EMNIST (3,400 writers), test accuracy %, δ = 1/N:
@@ -52,7 +53,8 @@ def study(quick: bool, dataset: str, data_root: str | None) -> Study:
             Arm(f"dp-fedavg{suffix}", f"DP-FedAvg{tag}", "dp-fedavg", {"clip": clip}),
             Arm(f"blur{suffix}", f"DP-FedAvg+BLUR{tag}", "dp-fedavg-blur", {"clip": clip, "blur_lambda": 0.4}),
             Arm(f"lus{suffix}", f"DP-FedAvg+LUS{tag}", "dp-fedavg-lus", {"clip": clip, "lus_sparsity": 0.7}),
-            Arm(f"blur-lus{suffix}", f"Ours: BLUR+LUS{tag}", "dp-fedavg-blur-lus", {"clip": clip, "blur_lambda": 0.4, "lus_sparsity": 0.7}),
+            Arm(f"blur-lus{suffix}", f"Ours: BLUR+LUS{tag}", "dp-fedavg-blur-lus",
+                {"clip": clip, "blur_lambda": 0.4, "lus_sparsity": 0.7}),
             Arm(f"ddgauss{suffix}", f"DDGauss{tag}", "ddgauss", {"clip": clip},
                 {"sampling": "fixed", "clients_per_round": max(1, round(0.05 * clients))}),
         ]
@@ -81,7 +83,8 @@ def study(quick: bool, dataset: str, data_root: str | None) -> Study:
                         f"LUS lowers the norm of what is clipped (Fig. 2){at}"),
                 smaller(results, f"blur-lus{s}", f"dp-fedavg{s}", epsilons, "update_norm_mean",
                         f"BLUR+LUS lowers the pre-clip update norms (Fig. 2){at}"),
-                compare(results, f"blur-lus{s}", f"dp-fedavg{s}", epsilons, claim=f"BLUR+LUS ≥ DP-FedAvg at equal ε (Table 1){at}"),
+                compare(results, f"blur-lus{s}", f"dp-fedavg{s}", epsilons,
+                        claim=f"BLUR+LUS ≥ DP-FedAvg at equal ε (Table 1){at}"),
                 compare(results, f"blur{s}", f"dp-fedavg{s}", epsilons, claim=f"BLUR alone ≥ DP-FedAvg (§7, Fig. 1){at}"),
                 compare(results, f"lus{s}", f"dp-fedavg{s}", epsilons, claim=f"LUS alone ≥ DP-FedAvg (Table 3){at}"),
                 compare(results, f"blur-lus{s}", f"ddgauss{s}", epsilons, claim=f"BLUR+LUS ≥ DDGauss (Table 1){at}"),

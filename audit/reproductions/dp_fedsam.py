@@ -98,19 +98,25 @@ def study(quick: bool, dataset: str, data_root: str | None) -> Study:
     def claims(results: StudyResults) -> list[ClaimCheck]:
         best = [None]
         checks = [
-            compare(results, "dp-fedsam", "dp-fedavg", best, "best_accuracy", "DP-FedSAM > DP-FedAvg (Table I, best round)", strict=True),
+            compare(results, "dp-fedsam", "dp-fedavg", best, "best_accuracy",
+                    "DP-FedSAM > DP-FedAvg (Table I, best round)", strict=True),
             compare(results, "dp-fedsam-topk", "dp-fedsam", best, "best_accuracy", "DP-FedSAM-top_k ≥ DP-FedSAM (Table I)"),
-            compare(results, "dp-fedsam", "dp-fedavg", levels, claim="DP-FedSAM > DP-FedAvg at ε = 4, 6, 8 (Table II)", at_epsilon=True, strict=True),
+            compare(results, "dp-fedsam", "dp-fedavg", levels, claim="DP-FedSAM > DP-FedAvg at ε = 4, 6, 8 (Table II)",
+                    at_epsilon=True, strict=True),
             compare(results, "dp-fedsam-topk", "dp-fedavg", levels, claim="DP-FedSAM-top_k > DP-FedAvg at ε = 4, 6, 8 (Table II)",
                     at_epsilon=True, strict=True),
-            smaller(results, "dp-fedsam", "dp-fedavg", best, "update_norm_mean", "DP-FedSAM has smaller pre-clip update norms (Fig. 4)"),
-            smaller(results, "dp-fedsam", "dp-fedavg", best, "sharpness", "DP-FedSAM's global model is flatter (Fig. 3: loss landscape)"),
+            smaller(results, "dp-fedsam", "dp-fedavg", best, "update_norm_mean",
+                    "DP-FedSAM has smaller pre-clip update norms (Fig. 4)"),
+            smaller(results, "dp-fedsam", "dp-fedavg", best, "sharpness",
+                    "DP-FedSAM's global model is flatter (Fig. 3: loss landscape)"),
             _gap(results, "dp-fedsam", "dp-fedavg"),
             compare(results, "smp-topk", "smp-randk", best, "best_accuracy", "Fed-SMP top_k ≥ rand_k (Table I)"),
             compare(results, "blurs", "blur", best, "best_accuracy", "blurs ≥ blur (Table I)"),
-            compare(results, "dp-fedsam-sam", "dp-fedavg", best, "best_accuracy", "plain SAM (the paper's text) also beats DP-FedAvg", strict=True),
+            compare(results, "dp-fedsam-sam", "dp-fedavg", best, "best_accuracy",
+                    "plain SAM (the paper's text) also beats DP-FedAvg", strict=True),
             compare(results, "dp-fedsam-topk-paper", "dp-fedsam", best, "best_accuracy",
-                    "the paper's DP-FedSAM-top_k (Eq. 12) ≥ DP-FedSAM at equal σ (Table I) — its released support voids the DP claim"),
+                    "the paper's DP-FedSAM-top_k (Eq. 12) ≥ DP-FedSAM at equal σ (Table I) — its released "
+                    "support voids the DP claim"),
             compare(results, "smp-topk-paper", "smp-randk-paper", best, "best_accuracy",
                     "Fed-SMP top_k ≥ rand_k with the paper's noise on kept coordinates only (Table I)"),
         ]
@@ -138,7 +144,8 @@ def study(quick: bool, dataset: str, data_root: str | None) -> Study:
             "Absolute accuracies are not comparable with the paper's; the claims are.",
         ],
         reductions=[
-            (Arm("rho-zero", "DP-FedSAM with ρ = 0", "dp-fedsam", {**dp, "rho": 0.0}), Arm("dp-fedavg-ref", "DP-FedAvg", "dp-fedavg", dp)),
+            (Arm("rho-zero", "DP-FedSAM with ρ = 0", "dp-fedsam", {**dp, "rho": 0.0}),
+             Arm("dp-fedavg-ref", "DP-FedAvg", "dp-fedavg", dp)),
             (Arm("p-one", "DP-FedSAM-top_k with p = 1", "dp-fedsam-topk", {**asam, "topk_fraction": 1.0}),
              Arm("dp-fedsam-ref", "DP-FedSAM", "dp-fedsam", asam)),
         ],

@@ -62,7 +62,8 @@ def table1_bandwidth() -> tuple[str, int, int]:
     return "\n".join(rows), matching, total
 
 
-PAPER_TABLES = "Table 1 — Fashion-MNIST, best test accuracy over 200 rounds, the round it was reached, and ε at that round:\n\n" + \
+PAPER_TABLES = "Table 1 — Fashion-MNIST, best test accuracy over 200 rounds, the round it was reached, " \
+    "and ε at that round:\n\n" + \
     "| scheme | r | accuracy | round | ε |\n|---|---|---|---|---|\n" + \
     "\n".join(f"| {s} | {100 * r:g} % | {a:.2f} | {t} | {'–' if e is None else e} |" for s, r, a, t, _, _, e in TABLE1)
 
@@ -97,13 +98,15 @@ def study(quick: bool, dataset: str, data_root: str | None) -> Study:
         tag = {f: f"{100 * f:g}" for f in fractions}
         table, matching, total = table1_bandwidth()
         checks = [ClaimCheck("Table 1's bandwidth cells follow ⌊r·n⌋·32·Round·C/8000 exactly", matching == total,
-                             f"{'holds' if matching == total else 'does not hold'}: {matching} of {total} cells match to 0.01 KB")]
+                             f"{'holds' if matching == total else 'does not hold'}: {matching} of {total} "
+                             "cells match to 0.01 KB")]
         # "close to": at most 2 pt below FL-STD (being above it is no loss), on the paired difference
         checks.append(compare(results, f"fl-top-{tag[large]}", "fl-std", [None], "best_accuracy",
-                              f"FL-TOP at r = {tag[large]} % is close to FL-STD, at most 2 pt below (Table 1 at 10 %: 0.85 vs 0.86), "
-                              f"with {1 / large:g}× less bandwidth", margin=-0.02))
+                              f"FL-TOP at r = {tag[large]} % is close to FL-STD, at most 2 pt below (Table 1 at "
+                              f"10 %: 0.85 vs 0.86), with {1 / large:g}× less bandwidth", margin=-0.02))
         checks.append(compare(results, f"fl-top-dp-{tag[small]}", f"fl-basic-dp-{tag[large]}", [None], "best_accuracy",
-                              f"FL-TOP-DP at r = {tag[small]} % beats FL-BASIC-DP at r = {tag[large]} % (0.81 vs 0.79)", strict=True))
+                              f"FL-TOP-DP at r = {tag[small]} % beats FL-BASIC-DP at r = {tag[large]} % (0.81 vs 0.79)",
+                              strict=True))
         for fraction in fractions:
             for other in ("fl-basic-dp", "fl-cs-dp"):
                 checks.append(compare(results, f"fl-top-dp-{tag[fraction]}", f"{other}-{tag[fraction]}", [None], "best_accuracy",
@@ -145,12 +148,14 @@ def study(quick: bool, dataset: str, data_root: str | None) -> Study:
             f"Data: {note} stand in for Fashion-MNIST, which is not available offline (the public batch: 10 held-out "
             f"images of the same data; the paper used 10 MNIST images for Fashion-MNIST); "
             f"{'an MLP (784→64→10)' if quick else 'the paper CNN (1,663,370 parameters)'} as the model.",
-            f"{clients} IID clients of 10 images, 100 per round (Poisson rate {100 / clients:g}), {rounds} rounds, one local epoch of "
-            "batch 10, lr 0.05, T_init = 10; DP: σ calibrated to ε = 1 after the last round (δ = 1e-5, classic conversion), "
-            "S calibrated on the public batch as the paper's §4 describes.",
-            "Accuracy is the best test accuracy over the rounds (as the paper's Table 1); ε = 1 is the claim after the last round.",
+            f"{clients} IID clients of 10 images, 100 per round (Poisson rate {100 / clients:g}), {rounds} "
+            "rounds, one local epoch of batch 10, lr 0.05, T_init = 10; DP: σ calibrated to ε = 1 after the last round (δ = "
+            "1e-5, classic conversion), S calibrated on the public batch as the paper's §4 describes.",
+            "Accuracy is the best test accuracy over the rounds (as the paper's Table 1); ε = 1 is the claim "
+            "after the last round.",
             f"r is a fraction of the model, so a smaller model trains fewer weights: at r = 0.5 % the paper's CNN keeps "
-            f"{kept_count(0.005, PAPER_N):,} weights" + (f", our MLP {kept_count(0.005, 50_890):,}; expect the sparse arms to lag "
+            f"{kept_count(0.005, PAPER_N):,} weights" +
+            (f", our MLP {kept_count(0.005, 50_890):,}; expect the sparse arms to lag "
                                                          "FL-STD far more than in the paper" if quick else "") + ".",
         ],
         table_columns=[("best accuracy", "best", None)],

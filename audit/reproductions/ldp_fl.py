@@ -24,7 +24,8 @@ from audit.study import (
 )
 from defenses.ldp import shuffle_amplification
 
-PAPER = "Sun, Qian, Chen, LDP-FL: Practical Private Aggregation in Federated Learning with Local Differential Privacy (IJCAI 2021)"
+PAPER = ("Sun, Qian, Chen, LDP-FL: Practical Private Aggregation in Federated Learning with Local Differential "
+         "Privacy (IJCAI 2021)")
 
 PAPER_TABLES = """
 Table 1 — accuracy (%), MNIST with 100 clients, Fashion-MNIST 200, CIFAR-10 500; ε per weight per report:
@@ -70,12 +71,13 @@ def study(quick: bool, dataset: str, data_root: str | None) -> Study:
         dim = result.proxy["dim"]  # filled in by reproduce() before the claims are checked
         linked = dim * 1.0
         checks.append(ClaimCheck("the per-weight ε protects a client's model (the paper's reading of ε = 1)", False,
-                                 f"does not hold without unlinkability: linked, a client's model costs d·ε = {linked:.0f} per round "
-                                 f"at ε = 1 (d = {dim}); the paper argues, but does not prove, that split-and-shuffle prevents linking"))
+                                 "does not hold without unlinkability: linked, a client's model costs d·ε = "
+                                 f"{linked:.0f} per round at ε = 1 (d = {dim}); the paper argues, but does not prove, that "
+                                 "split-and-shuffle prevents linking"))
         amplified = shuffle_amplification(1.0, 100, 1e-5)
         checks.append(ClaimCheck("shuffling amplifies the per-id guarantee at the paper's k = 100 reports", amplified is not None,
-                                 "does not hold: Feldman–McMillan–Talwar's bound needs ε0 ≤ ln(k/(16 ln(4/δ))) = −0.72 at k = 100, "
-                                 "δ = 1e-5" if amplified is None else f"holds: ε_c = {amplified:.3g}"))
+                                 "does not hold: Feldman–McMillan–Talwar's bound needs ε0 ≤ ln(k/(16 ln(4/δ))) "
+                                 "= −0.72 at k = 100, δ = 1e-5" if amplified is None else f"holds: ε_c = {amplified:.3g}"))
         return checks
 
     result = Study(

@@ -56,9 +56,11 @@ def study(quick: bool, dataset: str, data_root: str | None) -> Study:
         out = [
             compare(results, "gaussian", "laplace", dp, claim="Gaussian ≥ Laplace at every ε (Table 4)"),
             compare(results, "staircase", "laplace", dp, claim="Staircase ≥ Laplace at every ε (Table 4)"),
-            compare(results, "staircase", "gaussian", [max(dp)], claim="Staircase > Gaussian at the largest ε (Table 4: .780 vs .742)",
+            compare(results, "staircase", "gaussian", [max(dp)],
+                    claim="Staircase > Gaussian at the largest ε (Table 4: .780 vs .742)",
                     strict=True),
-            compare(results, "gaussian", "staircase", [min(dp)], claim="Gaussian > Staircase at the smallest ε (Table 4: .704 vs .633)",
+            compare(results, "gaussian", "staircase", [min(dp)],
+                    claim="Gaussian > Staircase at the smallest ε (Table 4: .704 vs .633)",
                     strict=True),
         ]
         # Table 4's Gaussian and Staircase columns grow at every step of ε; its Laplace column dips at
@@ -68,7 +70,8 @@ def study(quick: bool, dataset: str, data_root: str | None) -> Study:
                  "laplace": ("from the smallest to the largest ε", ".475 → .638; it dips at ε2, .461", [(min(dp), max(dp))])}
         for kind, (scope, column, steps) in grows.items():
             out.append(judge(f"{kind}: accuracy grows {scope} (Table 4: {column})",
-                             [paired_step(f"ε={b:g} vs ε={a:g}", results.by_seed(kind, b), results.by_seed(kind, a)) for a, b in steps],
+                             [paired_step(f"ε={b:g} vs ε={a:g}", results.by_seed(kind, b), results.by_seed(kind, a))
+                              for a, b in steps],
                              Relation(">")))
         for kind in ("gaussian", "laplace", "staircase"):
             out.append(compare(results, "fedavg", kind, dp, strict=True,

@@ -99,7 +99,8 @@ def test_canary_audits_are_null_on_runs_that_never_saw_the_canaries(tmp_path):
             iterates = torch.stack([models[f"round_{t:04d}"] for t in range(1, experiment.training.rounds + 1)])
             runs.append(CanaryRun(audit.injection(context, i), layout.flatten(params), initial, params, iterates))
         results = audit.evaluate(context, runs, model)
-        assert [r.observation for r in results] == ([None] if audit.name == "record-canaries" else ["final model", "all iterates"])
+        assert [r.observation for r in results] == ([None] if audit.name == "record-canaries"
+                                                    else ["final model", "all iterates"])
         for result in results:
             m = result.metrics
             assert 0.4 <= m["auc"].value <= 0.6, (result.name, m["auc"])
@@ -158,7 +159,8 @@ def test_dp_fedavg_claims_hold_under_every_canary_audit(tmp_path, epsilon):
             for verdict in attack["verdicts"]:
                 assert verdict["status"] in ("consistent", "inconclusive"), (seed, attack["attack"], verdict["text"])
                 # record canaries are held to group privacy (2ε); client-level canaries to ε
-                assert verdict["bound"] == pytest.approx((2 if attack["unit"] == "record" else 1) * experiment["claim"]["epsilon"])
+                assert verdict["bound"] == pytest.approx((2 if attack["unit"] == "record" else 1) *
+                                                         experiment["claim"]["epsilon"])
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,7 @@ def _naive_scores(signals, keep, per_example):
             mu = np.array([np.mean(g, axis=0) for g in groups])
             scatter = sum(((np.array(g) - m) ** 2).sum(0) for g, m in zip(groups, mu))
             pooled = scatter / sum(len(g) - 1 for g in groups)
-            if per_example:
-                var = np.array([np.var(g, axis=0, ddof=1) for g in groups])
-            else:
-                var = np.broadcast_to(pooled, mu.shape)
+            var = np.array([np.var(g, axis=0, ddof=1) for g in groups]) if per_example else np.broadcast_to(pooled, mu.shape)
             means[side], variances[side] = mu, var
         own = signals[target]
         online[target] = (stats.norm.logpdf(own, means[True], np.sqrt(variances[True]))

@@ -28,7 +28,8 @@ def _chosen(margins: np.ndarray, keep: np.ndarray, seed: int = 3, **extra) -> Me
     p(x | θ_r) = sigmoid(margins[r, x])."""
     runs, records = keep.shape
     weights = [{"weight": torch.tensor(np.stack([m, np.zeros(records)]), dtype=torch.float32)} for m in margins]
-    return MembershipExperiment(key="chosen", keep=keep, features=torch.eye(records), labels=torch.zeros(records, dtype=torch.int64),
+    return MembershipExperiment(key="chosen", keep=keep, features=torch.eye(records),
+                                labels=torch.zeros(records, dtype=torch.int64),
                                 kind="tabular", model=nn.Linear(records, 2, bias=False), load_params=lambda r: weights[r],
                                 seed=seed, **extra)
 
@@ -64,11 +65,14 @@ HAND_KEEP[0, [0, 1]] = HAND_KEEP[1, [2, 3]] = HAND_KEEP[2, 4] = True
 #   x0: beats x4, x5 → 2/4 (the online score was 3/4: x2 now has the higher ratio)
 #   x1: x5 → 1/4;  x2: x4, x5 → 2/3;  x3: → 1;  x4: x5 → 1/3;  x5: → 0
 HAND_SCORES = {
-    ("online", 0.3, 1.0): [[3 / 4, 1 / 4, 2 / 3, 1, 1 / 3, 0], [2 / 3, 1, 1, 3 / 4, 1 / 3, 0], [1 / 2, 3 / 4, 1 / 4, 0, 3 / 5, 1]],
+    ("online", 0.3, 1.0): [[3 / 4, 1 / 4, 2 / 3, 1, 1 / 3, 0], [2 / 3, 1, 1, 3 / 4, 1 / 3, 0],
+                           [1 / 2, 3 / 4, 1 / 4, 0, 3 / 5, 1]],
     ("offline", 0.5, 1.0): [[1 / 2, 1 / 4, 2 / 3, 1, 1 / 3, 0], [2 / 3, 1, 1, 1, 1 / 3, 0], [1 / 2, 3 / 4, 1 / 4, 0, 4 / 5, 1]],
     # γ = 2: x must beat z by a factor 2; for θ0 online only x3 (1.8) beats x5 (.222) by 2 …
-    ("online", 0.3, 2.0): [[1 / 4, 0, 1 / 3, 1 / 3, 1 / 3, 0], [1 / 3, 1 / 3, 3 / 4, 1 / 4, 1 / 3, 0], [1 / 2, 1 / 2, 0, 0, 2 / 5, 1]],
-    ("offline", 0.5, 2.0): [[1 / 4, 1 / 4, 1 / 3, 2 / 3, 1 / 3, 0], [1 / 3, 1 / 3, 1 / 4, 1 / 4, 1 / 3, 0], [1 / 2, 1 / 2, 0, 0, 2 / 5, 1]],
+    ("online", 0.3, 2.0): [[1 / 4, 0, 1 / 3, 1 / 3, 1 / 3, 0], [1 / 3, 1 / 3, 3 / 4, 1 / 4, 1 / 3, 0],
+                           [1 / 2, 1 / 2, 0, 0, 2 / 5, 1]],
+    ("offline", 0.5, 2.0): [[1 / 4, 1 / 4, 1 / 3, 2 / 3, 1 / 3, 0], [1 / 3, 1 / 3, 1 / 4, 1 / 4, 1 / 3, 0],
+                            [1 / 2, 1 / 2, 0, 0, 2 / 5, 1]],
     # a = 1: Pr(x) = Pr_OUT(x); a = 0: Pr(x) = ½(Pr_OUT(x) + 1)
     ("offline", 1.0, 1.0): [[1 / 2, 1 / 4, 2 / 3, 1, 1 / 3, 0], [1, 2 / 3, 1, 1, 1 / 3, 0], [1 / 2, 3 / 4, 1 / 4, 0, 4 / 5, 1]],
     ("offline", 0.0, 1.0): [[3 / 4, 1 / 4, 1 / 3, 1, 2 / 3, 0], [2 / 3, 1, 1, 1, 1 / 3, 0], [1 / 2, 3 / 4, 1 / 4, 0, 4 / 5, 1]],

@@ -110,7 +110,8 @@ def test_per_tensor_clipping_canaries_carry_the_clip_in_every_tensor():
         rows = defense.canary_rows(directions, torch.ones(3))
         for part in slices:
             assert torch.allclose(torch.linalg.vector_norm(rows[:, part], dim=1), torch.full((len(rows),), clip), rtol=1e-5)
-        assert torch.allclose(torch.linalg.vector_norm(rows, dim=1), torch.full((len(rows),), clip * len(slices) ** 0.5), rtol=1e-5)
+        assert torch.allclose(torch.linalg.vector_norm(rows, dim=1),
+                              torch.full((len(rows),), clip * len(slices) ** 0.5), rtol=1e-5)
         cosines = torch.nn.functional.cosine_similarity(rows, directions, dim=1)
         assert torch.allclose(cosines, torch.ones(len(rows)), atol=1e-5)
         clipped, _, _ = defense.clip(rows)  # already at the bound: the defense's clipping leaves it

@@ -14,7 +14,8 @@ def cli(*args, cwd=None) -> subprocess.CompletedProcess:
 
 
 def test_epsilon_reference_values():
-    improved = json.loads(cli("epsilon", "--noise", "1.5", "--rate", "0.04", "--steps", "2250", "--delta", "1e-5", "--json").stdout)
+    improved = json.loads(cli("epsilon", "--noise", "1.5", "--rate", "0.04", "--steps", "2250", "--delta",
+                              "1e-5", "--json").stdout)
     assert improved["epsilon"] == pytest.approx(7.33, abs=0.005) and improved["conversion"] == "improved"
     assert "dp-accounting" in improved["label"]
     classic = json.loads(cli("epsilon", "--conversion", "classic", "--noise", "1.5406", "--rate", "0.0166666667",
@@ -23,19 +24,23 @@ def test_epsilon_reference_values():
 
 
 def test_epsilon_calibration_round_trip():
-    calibrated = json.loads(cli("epsilon", "--target-epsilon", "3", "--rate", "0.01", "--steps", "1000", "--delta", "1e-5", "--json").stdout)
+    calibrated = json.loads(cli("epsilon", "--target-epsilon", "3", "--rate", "0.01", "--steps", "1000", "--delta",
+                                "1e-5", "--json").stdout)
     assert "noise" in calibrated and calibrated["epsilon"] <= 3.0
-    again = json.loads(cli("epsilon", "--noise", repr(calibrated["noise"]), "--rate", "0.01", "--steps", "1000", "--delta", "1e-5", "--json").stdout)
+    again = json.loads(cli("epsilon", "--noise", repr(calibrated["noise"]), "--rate", "0.01", "--steps", "1000", "--delta",
+                           "1e-5", "--json").stdout)
     assert again["epsilon"] == pytest.approx(3.0, rel=1e-3) and again["epsilon"] <= 3.0
 
 
 def test_list_json_names_everything():
     listing = json.loads(cli("list", "--json").stdout)
-    assert {"digits", "lfw-faces", "diabetes", "mnist", "fashion-mnist", "emnist", "cifar10", "cifar100", "adult"} <= set(listing["datasets"])
+    assert {"digits", "lfw-faces", "diabetes", "mnist", "fashion-mnist", "emnist", "cifar10", "cifar100",
+            "adult"} <= set(listing["datasets"])
     assert {"mlp", "cnn2", "cnn-mcmahan", "cnn-fedsam", "lenet", "resnet18-gn"} <= set(listing["models"])
     assert {"fedavg", "dp-fedavg", "dp-fedavg-blur", "dp-fedavg-lus", "dp-fedavg-blur-lus", "ddgauss", "ae-dpfl",
             "fedsam", "dp-fedsam", "dp-fedsam-topk", "fed-smp-randk", "fed-smp-topk", "udp-fl", "nbafl", "fl-top",
-            "fl-top-dp", "fl-basic", "fl-basic-dp", "fl-std", "fl-std-dp", "fl-cs", "fl-cs-dp", "ldp-fl"} <= set(listing["defenses"])
+            "fl-top-dp", "fl-basic", "fl-basic-dp", "fl-std", "fl-std-dp", "fl-cs", "fl-cs-dp",
+            "ldp-fl"} <= set(listing["defenses"])
     assert "lira" in listing["attacks"] and "smoke" in listing["presets"]
     assert listing["details"]["defenses"]["dp-fedavg"]["params"]["clip"]["default"] == 1.0
     # the claim per observer at the default audit's settings: labelled, with its relation

@@ -28,21 +28,26 @@ def test_bad_values_name_the_allowed_ones():
     assert "partition.name: 'random' is not allowed; allowed: iid, dirichlet, shards" in _error({"partition": {"name": "random"}})
     assert "training.rounds: must be >= 1, got 0" in _error({"training": {"rounds": 0}})
     assert "training.lr: must be a number" in _error({"training": {"lr": "fast"}})
-    assert "defenses[1].epsilons[0]: must be >= 1e-06" in _error({"defenses": [{"name": "fedavg"}, {"name": "dp-fedavg", "epsilons": [-1]}]})
+    assert "defenses[1].epsilons[0]: must be >= 1e-06" in _error({"defenses": [{"name": "fedavg"},
+                                                                               {"name": "dp-fedavg", "epsilons": [-1]}]})
 
 
 def test_registry_and_parameter_errors():
-    assert "defenses[0].name: unknown defense 'dp-fedavgg'; allowed: ae-dpfl, ddgauss, dp-fedavg," in _error({"defenses": [{"name": "dp-fedavgg"}]})
+    assert "defenses[0].name: unknown defense 'dp-fedavgg'; allowed: ae-dpfl, ddgauss, dp-fedavg," in _error(
+        {"defenses": [{"name": "dp-fedavgg"}]})
     assert "defenses[0].params.noise_placement: 'server' is not allowed; allowed: client, aggregate" in _error(
         {"defenses": [{"name": "dp-fedavg", "params": {"noise_placement": "server"}}]})
-    assert "defenses[0].params.clipp: unknown field; allowed: clip" in _error({"defenses": [{"name": "dp-fedavg", "params": {"clipp": 1}}]})
+    assert "defenses[0].params.clipp: unknown field; allowed: clip" in _error(
+        {"defenses": [{"name": "dp-fedavg", "params": {"clipp": 1}}]})
     assert "defenses[0].epsilons: 'fedavg' is not a DP defense" in _error({"defenses": [{"name": "fedavg", "epsilons": [1]}]})
-    assert "attacks[0].params.variants[0]: 'sideways' is not allowed" in _error({"attacks": [{"name": "lira", "params": {"variants": ["sideways"]}}]})
+    assert "attacks[0].params.variants[0]: 'sideways' is not allowed" in _error(
+        {"attacks": [{"name": "lira", "params": {"variants": ["sideways"]}}]})
     assert "membership.runs: attack 'lira' needs at least 4 runs, got 2" in _error({"membership": {"runs": 2}})
     assert "dataset.name: unknown dataset 'digitz'" in _error({"dataset": {"name": "digitz"}})
     assert "model.options.hiden: unknown option" in _error({"model": {"name": "mlp", "options": {"hiden": [3]}}})
     assert "training.aggregation: dp-fedavg needs 'uniform'" in _error({"training": {"aggregation": "weighted"}})
-    assert "device: 'cuda' is not a device of this machine; allowed: cpu" in _error({"device": "cuda"}) or pytest.importorskip("torch").cuda.is_available()
+    assert ("device: 'cuda' is not a device of this machine; allowed: cpu" in _error({"device": "cuda"})
+            or pytest.importorskip("torch").cuda.is_available())
 
 
 def test_yaml_numbers_and_defaults():

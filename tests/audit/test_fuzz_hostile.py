@@ -270,7 +270,8 @@ NUMBER_COMMANDS = [
      ["--noise", "--rate", "--steps", "--delta"]),
     (["epsilon", "--target-epsilon", "1", "--rate", "0.1", "--steps", "10", "--delta", "1e-5"],
      ["--target-epsilon", "--rate", "--steps", "--delta"]),
-    (["epsilon", "--noise", "1", "--rate", "0.5", "--steps", "10", "--delta", "1e-5", "--sampling", "fixed", "--population", "10"],
+    (["epsilon", "--noise", "1", "--rate", "0.5", "--steps", "10", "--delta", "1e-5", "--sampling", "fixed",
+      "--population", "10"],
      ["--noise", "--rate", "--population"]),
     (["audit-mechanism", "--mechanism", "staircase", "--noise", "1", "--trials", "200", "--dim", "10"],
      ["--noise", "--clip", "--delta", "--seed"]),
@@ -320,7 +321,8 @@ def score_file(draw) -> tuple[str, bytes]:
         what = draw(st.sampled_from(["cell", "cell", "cell", "drop-row", "duplicate-row", "extra-cell", "header"]))
         i = draw(st.integers(0, len(rows) - 1))
         if what == "cell":
-            rows[i][draw(st.integers(0, len(header) - 1))] = draw(st.sampled_from(HOSTILE_NUMBERS + ['"', "a,b", "\u00e9", "\x00"]))
+            rows[i][draw(st.integers(0, len(header) - 1))] = draw(st.sampled_from(HOSTILE_NUMBERS +
+                                                                                  ['"', "a,b", "\u00e9", "\x00"]))
         elif what == "drop-row":
             rows.pop(i)
         elif what == "duplicate-row":
@@ -443,7 +445,8 @@ def policy_text(draw) -> str:
     if draw(st.integers(0, 9)) == 0:
         return draw(st.sampled_from(["", "~", "rules: []", "rules: {}", "version: 2\nrules: [{kind: no-violation}]",
                                      "rules:\n - kind: no-violation\nrules: []", "- 1", "rules: &a [*a]"]))
-    rules = [draw(st.sampled_from(POLICY_RULES)).format(v=draw(st.sampled_from(HOSTILE_YAML) | st.text(max_size=10).map(json.dumps)))
+    rules = [draw(st.sampled_from(POLICY_RULES)).format(v=draw(st.sampled_from(HOSTILE_YAML) |
+                                                               st.text(max_size=10).map(json.dumps)))
              for _ in range(draw(st.integers(1, 3)))]
     return "rules:\n" + "".join(f"  - {r}\n" for r in rules)
 

@@ -171,8 +171,8 @@ def test_every_defense_runs_end_to_end(tmp_path):
         assert skipped == expected, experiment["label"]
         results_of_skipped = skipped | ({"client-canaries-all-iterates"} if "client-canaries" in skipped else set())
         assert {a["attack"] for a in experiment["attacks"]} == default - results_of_skipped
-        assert experiment["soundness"] in {"consistent", "inconclusive", "no claim", "not covered", "vacuous"}, (experiment["label"],
-                                                                                     experiment["soundness_text"])
+        assert experiment["soundness"] in {"consistent", "inconclusive", "no claim", "not covered", "vacuous"}, \
+            (experiment["label"], experiment["soundness_text"])
     # a membership run of FL-TOP (side runs of the run attacks store no layout); sorted: the file
     # system's listing order is arbitrary
     manifests = [json.loads(path.read_text()) for path in sorted((tmp_path / "out" / "runs").glob("fl-top-*/manifest.json"))]

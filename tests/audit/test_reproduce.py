@@ -77,7 +77,8 @@ def test_shrunk_study_end_to_end_and_resume(tmp_path, name, monkeypatch):
     monkeypatch.setattr(defenses.base.Defense, "train", lambda *a, **k: (_ for _ in ()).throw(AssertionError("retrained")))
     monkeypatch.setattr(study, "reductions", [])
     again = reproduce(study, out, quiet=True)
-    assert [c.claim for c in again["claims"]] == [c["claim"] for c in document["claims"][len(make_study(name, True, "digits", None, 1).reductions):]]
+    assert [c.claim for c in again["claims"]] == [c["claim"] for c in
+                                                  document["claims"][len(make_study(name, True, "digits", None, 1).reductions):]]
 
 
 def test_bad_study_and_dataset_are_one_line_errors(tmp_path, capsys):
@@ -88,4 +89,5 @@ def test_bad_study_and_dataset_are_one_line_errors(tmp_path, capsys):
     assert main(["reproduce", "dp-fedsam", "--quick", "--data-root", str(tmp_path / "none"), "--out", str(tmp_path / "o")]) == 2
     assert not (tmp_path / "o").exists()
     assert main(["reproduce", "ldp-fl", "--quick", "--dataset", "digits", "--device", "gpu0", "--out", str(tmp_path / "o")]) == 2
-    assert "device: 'gpu0' is not a device of this machine; allowed: " in capsys.readouterr().err and not (tmp_path / "o").exists()
+    assert ("device: 'gpu0' is not a device of this machine; allowed: " in capsys.readouterr().err
+            and not (tmp_path / "o").exists())

@@ -144,7 +144,8 @@ def test_canary_scores_null_violation_and_consistent(tmp_path, capsys):
     assert experiment.soundness == "violation"
     statuses = {v.metric: v.status for v in experiment.attacks[0].verdicts}
     assert statuses["epsilon_one_run"] == statuses["epsilon_one_run_fdp"] == "violation"
-    assert {p.name for p in out.iterdir()} == {"results.json", "results.csv", "report.html", "manifest.json", "run.log", "figures",
+    assert {p.name for p in out.iterdir()} == {"results.json", "results.csv", "report.html", "manifest.json",
+                                               "run.log", "figures",
                                                ".dpfl-audit.lock"}  # the folder's lock (audit.core.output_folder)
 
     many = tmp_path / "many.csv"

@@ -31,7 +31,8 @@ def run(arm: str, epsilon: float | None, seed: int, accuracy: float = 0.5, *, no
 
 def grid(arm: str, accuracies: dict[float | None, list[float]], **fields) -> list[RunResult]:
     """One run per ε and seed: ``accuracies[ε][seed]``."""
-    return [run(arm, epsilon, seed, value, **fields) for epsilon, values in accuracies.items() for seed, value in enumerate(values)]
+    return [run(arm, epsilon, seed, value, **fields)
+            for epsilon, values in accuracies.items() for seed, value in enumerate(values)]
 
 
 def find(checks: list[ClaimCheck], start: str) -> ClaimCheck:
@@ -73,7 +74,8 @@ def test_at_every_epsilon_holds_where_every_epsilon_goes_the_claimed_way():
 def test_a_tie_satisfies_at_least_but_not_better_than():
     tie = compare(StudyResults(grid("a", {1.0: [0.80, 0.70]}) + grid("b", {1.0: [0.79, 0.71]})), "a", "b", [1.0])
     assert tie.holds is True and "within seed noise" in tie.detail  # ≥: a tie on average holds
-    assert compare(StudyResults(grid("a", {1.0: [0.80, 0.70]}) + grid("b", {1.0: [0.79, 0.71]})), "a", "b", [1.0], strict=True).holds is False
+    assert compare(StudyResults(grid("a", {1.0: [0.80, 0.70]}) + grid("b", {1.0: [0.79, 0.71]})), "a", "b", [1.0],
+                   strict=True).holds is False
     staircase = {8.0: [0.70, 0.72]}
     for gaussian, expected in (([0.70, 0.72], False), ([0.69, 0.71], True)):  # tied: not "Staircase > Gaussian"
         runs = grid("staircase", staircase) + grid("gaussian", {8.0: gaussian})
@@ -91,14 +93,16 @@ def test_missing_or_diverged_runs_leave_a_claim_undecided_never_holding():
     assert diverged.holds is True and "1 seed(s) missing" in diverged.detail  # the two complete pairs decide
     assert compare(StudyResults(grid("a", {1.0: [0.9, 0.9]})), "a", "nothing", [1.0]).holds is None
     # a reversal at an ε with enough pairs is decided even where another ε lacks runs
-    against = compare(StudyResults(grid("a", {1.0: [0.1, 0.1], 2.0: [0.9]}) + grid("b", {1.0: [0.5, 0.5], 2.0: [0.1]})), "a", "b", [1.0, 2.0])
+    against = compare(StudyResults(grid("a", {1.0: [0.1, 0.1], 2.0: [0.9]}) + grid("b", {1.0: [0.5, 0.5], 2.0: [0.1]})),
+                      "a", "b", [1.0, 2.0])
     assert against.holds is False
 
 
 def test_epsilon_none_never_pools_runs_of_several_targets():
     runs = grid("a", {2.0: [0.9, 0.9], 8.0: [0.1, 0.1]}) + grid("b", {None: [0.5, 0.5]})
     assert compare(StudyResults(runs), "a", "b", [None]).holds is None  # two runs per seed: which ε?
-    assert compare(StudyResults(runs), "a", "b", [2.0]).holds is True and compare(StudyResults(runs), "a", "b", [8.0]).holds is False
+    assert compare(StudyResults(runs), "a", "b", [2.0]).holds is True
+    assert compare(StudyResults(runs), "a", "b", [8.0]).holds is False
 
 
 def test_render_marks_undecided_apart_from_not_evaluated():
@@ -154,7 +158,8 @@ def test_blur_lus_accuracy_claims_at_every_epsilon():
     assert find(claims(blur_lus, grid("blur-lus", above_on_average) + grid("dp-fedavg", fedavg)),
                 "BLUR+LUS ≥ DP-FedAvg at equal ε").holds is False
     above = {2.0: [0.78, 0.80], 8.0: [0.76, 0.77]}
-    assert find(claims(blur_lus, grid("blur-lus", above) + grid("dp-fedavg", fedavg)), "BLUR+LUS ≥ DP-FedAvg at equal ε").holds is True
+    assert find(claims(blur_lus, grid("blur-lus", above) + grid("dp-fedavg", fedavg)),
+                "BLUR+LUS ≥ DP-FedAvg at equal ε").holds is True
 
 
 # ---------------------------------------------------------------- udp-fl (Feng et al. 2024, Table 4)
@@ -198,7 +203,8 @@ def test_udp_fl_paper_epsilon_is_a_sound_bound():
 
 def test_dp_fedsam_better_at_each_epsilon_level():
     def at_levels(arm: str, accuracies: list[float], seed: int) -> RunResult:
-        return run(arm, None, seed, accuracies[-1], by_round={t + 1: (e, a) for t, (e, a) in enumerate(zip((4.0, 6.0, 8.0), accuracies))})
+        return run(arm, None, seed, accuracies[-1],
+                   by_round={t + 1: (e, a) for t, (e, a) in enumerate(zip((4.0, 6.0, 8.0), accuracies))})
 
     fedavg = [at_levels("dp-fedavg", [0.60, 0.70, 0.75], s) for s in (0, 1)]
     behind_at_4 = [at_levels("dp-fedsam", [0.58, 0.78, 0.80], s) for s in (0, 1)]  # ahead on average over the levels
@@ -210,8 +216,10 @@ def test_dp_fedsam_better_at_each_epsilon_level():
 
 def test_dp_fedsam_best_round_and_flatness():
     fedavg = grid("dp-fedavg", {None: [0.80, 0.82]}, sharpness=0.2)
-    assert find(claims(dp_fedsam, fedavg + grid("dp-fedsam", {None: [0.80, 0.82]})), "DP-FedSAM > DP-FedAvg (Table I").holds is False
-    assert find(claims(dp_fedsam, fedavg + grid("dp-fedsam", {None: [0.81, 0.83]})), "DP-FedSAM > DP-FedAvg (Table I").holds is True
+    assert find(claims(dp_fedsam, fedavg + grid("dp-fedsam", {None: [0.80, 0.82]})),
+                "DP-FedSAM > DP-FedAvg (Table I").holds is False
+    assert find(claims(dp_fedsam, fedavg + grid("dp-fedsam", {None: [0.81, 0.83]})),
+                "DP-FedSAM > DP-FedAvg (Table I").holds is True
     flat, sharp = grid("dp-fedsam", {None: [0.8, 0.8]}, sharpness=0.1), grid("dp-fedsam", {None: [0.8, 0.8]}, sharpness=0.3)
     assert find(claims(dp_fedsam, fedavg + flat), "DP-FedSAM's global model is flatter").holds is True
     assert find(claims(dp_fedsam, fedavg + sharp), "DP-FedSAM's global model is flatter").holds is False
@@ -261,9 +269,11 @@ LDP = {0.1: [0.12, 0.14], 0.5: [0.95, 0.955], 1.0: [0.96, 0.96], 5.0: [0.962, 0.
 
 
 def test_ldp_fl_close_to_noise_free_at_every_epsilon():
-    assert find(claims(ldp_fl, grid("noise-free", NOISE_FREE) + grid("ldp-fl", LDP)), "accuracy at most 2 points below").holds is True
+    assert find(claims(ldp_fl, grid("noise-free", NOISE_FREE) + grid("ldp-fl", LDP)),
+                "accuracy at most 2 points below").holds is True
     far = {**LDP, 0.5: [0.93, 0.94]}  # 3.5 pt below at ε = 0.5 only
-    assert find(claims(ldp_fl, grid("noise-free", NOISE_FREE) + grid("ldp-fl", far)), "accuracy at most 2 points below").holds is False
+    assert find(claims(ldp_fl, grid("noise-free", NOISE_FREE) + grid("ldp-fl", far)),
+                "accuracy at most 2 points below").holds is False
     assert find(claims(ldp_fl, grid("ldp-fl", LDP)), "accuracy at most 2 points below").holds is None
 
 

@@ -106,7 +106,8 @@ def test_opacus_noise_calibration_reference():
     assert calibrate_noise(8, GaussianSchedule(1.0, 0.04, 2000), 1e-5) == pytest.approx(1.3562, abs=0.003)
 
 
-@pytest.mark.parametrize("sigma,q,steps,expected", [(0.8, 0.001, 100, 0.27040), (2.0, 0.05, 1000, 4.17280), (3.0, 0.2, 100, 3.38122)])
+@pytest.mark.parametrize("sigma,q,steps,expected",
+                         [(0.8, 0.001, 100, 0.27040), (2.0, 0.05, 1000, 4.17280), (3.0, 0.2, 100, 3.38122)])
 def test_pld_close_to_prv_reference(sigma, q, steps, expected):
     # opacus prv_accountant test values (δ=1e-6): PLD and PRV are two numerical approximations
     # of the same privacy curve; they agree within a few percent.

@@ -114,7 +114,8 @@ def test_partial_dct_is_an_orthonormal_sketch():
 
 
 @pytest.mark.parametrize("cls,params", [(FLTopDP, FLTopDPParams(keep_fraction=0.2, noise_multiplier=1.3)),
-                                        (FLBasicDP, FLBasicDPParams(keep_fraction=0.2, noise_multiplier=1.3, calibration_subsets=5)),
+                                        (FLBasicDP,
+                                         FLBasicDPParams(keep_fraction=0.2, noise_multiplier=1.3, calibration_subsets=5)),
                                         (FLStdDP, FLStdDPParams(noise_multiplier=1.3))])
 def test_clip_calibration_clipping_and_noise(digits_job, cls, params):
     """§7.4–7.5: ‖clip(Δ)‖ ≤ S; per-client noise Sσ/√|𝕂| on the exchanged coordinates (χ²)."""

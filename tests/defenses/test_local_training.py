@@ -22,7 +22,8 @@ def test_iterations_use_min_of_batch_and_client_size():
 
 
 def test_schedule_padding_and_masks():
-    batches = [client_batches(7, "epochs", 1, 3, np.random.default_rng(1)), client_batches(3, "epochs", 1, 3, np.random.default_rng(2))]
+    batches = [client_batches(7, "epochs", 1, 3, np.random.default_rng(1)),
+               client_batches(3, "epochs", 1, 3, np.random.default_rng(2))]
     members = [np.arange(100, 107), np.arange(200, 203)]
     schedule = LocalSchedule.build(batches, members)
     assert schedule.indices.shape == (2, 3, 3) and schedule.steps == [3, 1]

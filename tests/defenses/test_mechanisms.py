@@ -154,7 +154,8 @@ def test_sound_accounting():
     rate, steps = 0.05, 200
     assert epsilon(GaussianNoise(1.2), rate, steps, 1e-5, "sound") == epsilon(GaussianNoise(1.2), rate, steps, 1e-5, "paper_1d")
     assert epsilon(LaplaceNoise(1.2), rate, steps, 1e-5, "sound") > epsilon(LaplaceNoise(1.2), rate, steps, 1e-5, "paper_1d")
-    assert epsilon(LaplaceNoise(1.2), rate, steps, 1e-5, "sound", "l1") == epsilon(LaplaceNoise(1.2), rate, steps, 1e-5, "paper_1d")
+    assert epsilon(LaplaceNoise(1.2), rate, steps, 1e-5, "sound", "l1") == epsilon(LaplaceNoise(1.2), rate,
+                                                                                   steps, 1e-5, "paper_1d")
     assert math.isinf(epsilon(StaircaseNoise(1.0), rate, steps, 1e-5, "sound"))
     assert math.isfinite(epsilon(StaircaseNoise(1.0), rate, steps, 1e-5, "sound", "l1"))
     with pytest.raises(UserInputError, match="no finite sound bound"):

@@ -182,8 +182,10 @@ def test_json_output_matches_the_exit_code(tmp_path, capsys):
      "rules[2].kind: 'maxx' is not allowed; allowed: max, min, no-violation, no-regression"),
     ("rules:\n  - {kind: max, attack: lira-online, metric: auc}\n", "rules[0].value: required field is missing"),
     ("rules:\n  - {kind: max, metric: auc, value: high}\n", "rules[0].value: must be a number, got 'high'"),
-    ("rules:\n  - {kind: max, metric: auc, value: 0.6, use: median}\n", "rules[0].use: 'median' is not allowed; allowed: value, ci_low, ci_high"),
-    ("rules:\n  - {kind: min, metirc: auc, metric: auc, value: 0.6}\n", "rules[0].metirc: unknown field; allowed: kind, name, defense, experiment, attack, metric, value, use"),
+    ("rules:\n  - {kind: max, metric: auc, value: 0.6, use: median}\n",
+     "rules[0].use: 'median' is not allowed; allowed: value, ci_low, ci_high"),
+    ("rules:\n  - {kind: min, metirc: auc, metric: auc, value: 0.6}\n",
+     "rules[0].metirc: unknown field; allowed: kind, name, defense, experiment, attack, metric, value, use"),
     ("rules:\n  - {kind: no-regression, require: 'yes'}\n", "rules[0].require: must be true or false"),
     ("rules:\n  - {kind: no-regression, tolerance: -1}\n", "rules[0].tolerance: must be >= 0"),
     ("rules:\n  - {kind: no-violation, warnings: loud}\n", "rules[0].warnings: 'loud' is not allowed; allowed: ignore, fail"),
@@ -192,9 +194,12 @@ def test_json_output_matches_the_exit_code(tmp_path, capsys):
     ("rules: []\n", "rules: must list at least 1 value(s)"),
     ("rule:\n  - {kind: no-violation}\n", "rule: unknown field; allowed: version, rules"),
     ("rules:\n  - no-violation\n", "rules[0]: must be a mapping"),
-    ("rules:\n  - {metric: auc, value: 0.6}\n", "rules[0].kind: required field is missing; allowed: max, min, no-violation, no-regression"),
-    ("rules:\n  - {kind: no-violation, metric: auc}\n", "rules[0].metric: unknown field; allowed: kind, name, defense, experiment, warnings"),
-    ("rules:\n  - {kind: no-regression, metric: auc, metrics: [auc]}\n", "rules[0].metrics: give either metric (one) or metrics (a list), not both"),
+    ("rules:\n  - {metric: auc, value: 0.6}\n",
+     "rules[0].kind: required field is missing; allowed: max, min, no-violation, no-regression"),
+    ("rules:\n  - {kind: no-violation, metric: auc}\n",
+     "rules[0].metric: unknown field; allowed: kind, name, defense, experiment, warnings"),
+    ("rules:\n  - {kind: no-regression, metric: auc, metrics: [auc]}\n",
+     "rules[0].metrics: give either metric (one) or metrics (a list), not both"),
     ("rules:\n  - {kind: no-regression, metrics: [auc, auc]}\n", "rules[0].metrics: a metric is listed twice"),
     ("rules:\n  - {kind: no-regression, metrics: [auc, ' ']}\n", "rules[0].metrics[1]: must be a non-empty string"),
     ("rules:\n  - {kind: max, metric: auc, value: 0.6, defense: ''}\n", "rules[0].defense: must be a non-empty string"),
@@ -234,7 +239,8 @@ def test_max_and_min_use_the_chosen_number_and_fail_without_it():
     experiments = default_experiments()
     experiments[1]["attacks"][0]["metrics"]["auc"] = estimate(0.55, None, None)
     outcomes = outcomes_of([
-        {"kind": "max", "experiment": "dp-fedavg (ε=4)", "attack": "lira-online", "metric": "auc", "value": 0.53, "use": "ci_high"},
+        {"kind": "max", "experiment": "dp-fedavg (ε=4)", "attack": "lira-online", "metric": "auc",
+         "value": 0.53, "use": "ci_high"},
         {"kind": "max", "experiment": "dp-fedavg-eps1", "attack": "lira-online", "metric": "auc", "value": 0.6, "use": "ci_high"},
         {"kind": "min", "attack": "none", "metric": "test_accuracy", "value": 0.6, "defense": "dp-fedavg"},
     ], experiments)

@@ -35,7 +35,8 @@ def test_a_record_under_a_client_claim_is_held_to_twice_epsilon_below_the_thresh
     v = verdict(client_claim(8.0), "record", "epsilon_one_run", Estimate(3.0, 3.0, None), "lower_bound")
     assert v.status == "inconclusive" and v.bound == 16.0  # no counts: no power, so never "consistent"
     assert v.bound_delta == pytest.approx(DELTA * (1 + math.exp(8.0)), rel=1e-12)  # 0.0298…
-    assert verdict(client_claim(8.0), "record", "epsilon_one_run", Estimate(16.5, 16.5, None), "lower_bound").status == "violation"
+    assert verdict(client_claim(8.0), "record", "epsilon_one_run", Estimate(16.5, 16.5, None),
+                   "lower_bound").status == "violation"
 
 
 @pytest.mark.parametrize("measured", [0.5, 3.0, 50.0, 1e6])
@@ -51,7 +52,8 @@ def test_the_switch_happens_where_group_delta_reaches_one():
     assert claim_bound(client_claim(below), "record") is not None
     assert verdict(client_claim(above), "record", "epsilon_one_run", Estimate(1.0, 1.0, None), "lower_bound").status == "vacuous"
     # the client-level figure itself is not vacuous: a whole client is held to ε as claimed
-    assert verdict(client_claim(above), "client", "epsilon_one_run", Estimate(1.0, 1.0, None), "lower_bound").status == "inconclusive"
+    assert verdict(client_claim(above), "client", "epsilon_one_run", Estimate(1.0, 1.0, None),
+                   "lower_bound").status == "inconclusive"
 
 
 def test_record_canaries_at_epsilon_12_complete_and_say_the_record_implication_is_vacuous(tmp_path, capsys):

@@ -29,7 +29,8 @@ def test_parameter_counts(name, shape, classes, expected):
 
 
 def test_registry_names():
-    assert set(MODELS.names()) == {"mlp", "cnn2", "cnn-mcmahan", "cnn-fedsam", "cnn-small", "cnn-tiny", "cnn-udpfl", "lenet", "resnet18-gn"}
+    assert set(MODELS.names()) == {"mlp", "cnn2", "cnn-mcmahan", "cnn-fedsam", "cnn-small", "cnn-tiny", "cnn-udpfl",
+                                   "lenet", "resnet18-gn"}
 
 
 def test_bad_options_and_shapes():
@@ -44,7 +45,8 @@ def test_user_factory_by_module_reference(tmp_path):
     source.write_text("import torch\ndef tiny(input_shape, num_classes):\n"
                       "    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, num_classes))\n"
                       "def with_bn(input_shape, num_classes):\n"
-                      "    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.BatchNorm1d(64), torch.nn.Linear(64, num_classes))\n")
+                      "    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.BatchNorm1d(64), "
+                      "torch.nn.Linear(64, num_classes))\n")
     model = build_model(f"{source}:tiny", (1, 8, 8), 10)
     assert count_parameters(model) == 650
     with pytest.raises(UserInputError, match="buffers"):
