@@ -22,6 +22,7 @@ runs is as private towards it as one run is.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -188,6 +189,11 @@ def canary_result(attack: str, unit: str, statistics: np.ndarray, inserted: np.n
             notes += gaussian_shape_note(flat[~truth.ravel()])
         elif delta <= 0:
             notes += "; no Gaussian-fit estimate at δ = 0: a Gaussian pair has no finite ε there"
+    else:
+        # every canary inserted, or none (a few canaries, by chance): no ROC and no ε figure; the
+        # ROC figures are still reported, as unknown, like every canary audit's
+        metrics = {name: IntervalEstimate(math.nan) for name in ("auc", "tpr_at_fpr_0.1%", "tpr_at_fpr_1%")}
+        notes += "; every canary was inserted, or none was: no ROC and no ε figure"
     kinds = {**dict.fromkeys(ONE_RUN_FIGURES, "lower_bound"), "epsilon_gaussian_fit": "estimate"}
     return AttackResult(attack, "", unit, statistics, truth, metrics, roc, notes,
                         {k: v for k, v in kinds.items() if k in metrics}, kind="canary", evidence=evidence)

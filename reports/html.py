@@ -71,7 +71,7 @@ def template_environment() -> jinja2.Environment:
 def _leak_metric(experiment: Experiment) -> tuple[str, float] | None:
     for name in MAIN_ATTACK_ORDER:
         for attack in experiment.attacks:
-            if attack.attack == name and attack.metrics["auc"].value is not None:
+            if attack.attack == name and "auc" in attack.metrics and attack.metrics["auc"].value is not None:
                 return name, attack.metrics["auc"].value
     return None
 

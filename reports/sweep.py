@@ -117,7 +117,8 @@ def summary_row(point: SweepPoint, experiment: Experiment, headline: dict[str, A
     """The table's row of one configuration at one point: its headline in the point's report
     (:func:`reports.html.headline_rows`) in flat columns, and the sweep-wide verdict."""
     top, leakage, power = headline["top_auc"], headline["leakage"], headline["power"]
-    auc = next((a.metrics["auc"] for a in experiment.attacks if top is not None and a.attack == top["attack"]), None)
+    auc = next((a.metrics["auc"] for a in experiment.attacks
+                if top is not None and a.attack == top["attack"] and "auc" in a.metrics), None)
     verdict = headline["verdict"]
     return {
         "point": point.name, **{path: _value_text(v) for path, v in point.values.items()},

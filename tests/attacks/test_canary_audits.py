@@ -202,3 +202,15 @@ def test_audits_that_cannot_run_are_listed_as_skipped(tmp_path):
     assert [s["attack"] for s in experiment["skipped_attacks"]] == ["client-canaries"]
     assert [a["attack"] for a in experiment["attacks"]] == ["record-canaries"]
     assert ATTACKS.get("client-canaries")().not_applicable(DEFENSES.get("dp-fedavg-lus")()) is not None
+
+
+@pytest.mark.parametrize("inserted", [1, 0])
+def test_a_canary_audit_with_every_canary_inserted_or_none_reports_an_unknown_roc(inserted):
+    # a few canaries can all land on one side by chance: the ROC figures are reported as unknown
+    # (the results schema requires them of every canary audit), never left out, never a number
+    from attacks.canary_audit import canary_result
+
+    statistics = np.random.default_rng(0).normal(size=(2, 6))
+    result = canary_result("record-canaries", "record", statistics, np.full((2, 6), inserted), 1e-5, 0, "notes")
+    assert set(result.metrics) == {"auc", "tpr_at_fpr_0.1%", "tpr_at_fpr_1%"}
+    assert all(np.isnan(e.value) for e in result.metrics.values())

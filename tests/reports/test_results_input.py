@@ -156,6 +156,10 @@ EDITED_RESULTS = [
     # text no font draws: a NUL (shown as its escape) and a script DejaVu Sans lacks (boxes, no warning per glyph)
     ("label-nul", _set("experiments", 1, "label", "dp\u0000fedavg")),
     ("label-cjk", _set("experiments", 1, "label", "\u9690\u79c1\u5ba1\u8ba1")),
+    # what the code writes for a canary audit whose canaries were all inserted, or none (a few
+    # canaries, by chance): the ROC figures unknown
+    ("no-roc", lambda d: [a["metrics"][m].update(value=None, ci_low=None, ci_high=None) for e in d["experiments"]
+                          for a in e["attacks"] for m in ("auc", "tpr_at_fpr_0.1%", "tpr_at_fpr_1%") if m in a["metrics"]]),
 ]
 
 
