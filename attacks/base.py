@@ -11,7 +11,7 @@ Three kinds of attack share one registry:
 
 * :class:`MembershipAttack` scores the units of a membership experiment (LiRA, Shokri,
   threshold attacks, canary queries);
-* :class:`attacks.canary_audit.CanaryAudit` trains its own runs with canaries inserted and
+* :class:`attacks.canaries.canary_audit.CanaryAudit` trains its own runs with canaries inserted and
   turns the canaries' statistics into empirical ε (one-run audits, Gaussian fit);
 * :class:`RunAttack` attacks one trained run as the server holds it (:class:`TargetRun`):
   reconstruction from uploads, model inversion, attribute and property inference.
@@ -50,8 +50,8 @@ from audit.core.metrics import IntervalEstimate, thin_curve
 from audit.core.registry import Registry
 from audit.core.seeding import numpy_rng
 from audit.core.upload_conformance import UploadConformance
-from defenses.claims import PrivacyClaim
-from defenses.evaluation import logits_of
+from defenses.federated.evaluation import logits_of
+from defenses.privacy.claims import PrivacyClaim
 
 if TYPE_CHECKING:
     import torch
@@ -433,7 +433,7 @@ class TargetRun:
 
     key: str
     defense: Any  # defenses.base.Defense
-    training: Any  # defenses.training_job.TrainingConfig
+    training: Any  # defenses.federated.training_job.TrainingConfig
     model: nn.Module  # architecture template
     params: dict[str, torch.Tensor]  # final global model
     initial: dict[str, torch.Tensor]  # global model before round 1

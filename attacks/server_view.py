@@ -7,7 +7,7 @@ defense's privatisation of a single upload. It is replayed exactly for the defen
 * FedAvg / FedSAM: the upload as it is;
 * DP-FedAvg: ℓ2 clip to S — of the whole flat upload (``clip_mode: flat``), or of every
   parameter tensor separately (``per_tensor``, as :meth:`defenses.fedavg.DPFedAvg.clip` does;
-  the replay calls the same :func:`defenses.clipping.clip_rows_per_tensor`) — then Gaussian noise.
+  the replay calls the same :func:`defenses.blocks.clipping.clip_rows_per_tensor`) — then Gaussian noise.
   With client-side noise each upload carries noise std S·σ/√m (m the expected participants; the
   same S·σ in either clip mode, as :meth:`~defenses.fedavg.DPFedAvg.privatize` draws it) and the
   server sees it alone; with the noise on the aggregate, or secure aggregation, the server sees
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from audit.core.lazy_modules import lazy_module
-from defenses.clipping import clip_rows, clip_rows_per_tensor, tensor_slices
+from defenses.blocks.clipping import clip_rows, clip_rows_per_tensor, tensor_slices
 
 if TYPE_CHECKING:
     import torch

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Literal
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import torch_generator
-from defenses.clipping import clip_rows, clip_rows_per_tensor, tensor_slices
-from defenses.noise import gaussian_rows
+from defenses.blocks.clipping import clip_rows, clip_rows_per_tensor, tensor_slices
+from defenses.blocks.noise import gaussian_rows
 
 if TYPE_CHECKING:
     import torch
@@ -135,7 +135,7 @@ def upload_norm(upload: Params) -> float:
 def clip_upload(upload: Params, clip: float, clip_mode: str = "flat") -> Params:
     """ℓ2 clipping: flat over all parameters, u · min(1, C/‖u‖₂) (McMahan et al. 2018), or with
     ``clip_mode="per_tensor"`` every parameter tensor u_l · min(1, C/‖u_l‖₂) separately — the
-    defense's own :func:`defenses.clipping.clip_rows_per_tensor`, each entry of ``upload`` one tensor.
+    defense's own :func:`defenses.blocks.clipping.clip_rows_per_tensor`, each entry of ``upload`` one tensor.
 
     Differentiable in ``upload`` (the attacker simulates it; it is deterministic).
     """

@@ -18,7 +18,7 @@ from attacks.base import (
     RunAttack,
     TargetRun,
 )
-from attacks.canary_audit import CanaryAudit, CanaryRun
+from attacks.canaries.canary_audit import CanaryAudit, CanaryRun
 from audit.core.lazy_modules import lazy_module
 from audit.core.safe_names import inside, slug
 from audit.core.seeding import derive_seed
@@ -26,9 +26,9 @@ from audit.planning import Plan, PlannedExperiment, canary_context, canary_relat
 from audit.store import RunStore
 from audit.targets import membership_experiment, target_run
 from audit.training import divergence_reason, progress_bar, trained_claim, warn
-from defenses.claims import PrivacyClaim
-from defenses.engine import initial_vector
-from defenses.training_job import TrainingDiverged
+from defenses.federated.engine import initial_vector
+from defenses.federated.training_job import TrainingDiverged
+from defenses.privacy.claims import PrivacyClaim
 from reports.soundness import measurement_delta
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ import yaml
 from audit.core.errors import UserInputError
 from audit.core.schema import from_mapping, to_mapping
 from audit.core.strict_yaml import parse_yaml, read_yaml_file
-from defenses.training_job import TrainingConfig
+from defenses.federated.training_job import TrainingConfig
 
 #: upper bounds of the config's sizes: far above any audit this tool is for, low enough that a
 #: typo (1e30 rounds) is refused before anything is allocated; the plan's estimate does the rest

@@ -14,7 +14,7 @@ from audit.core.seeding import derive_seed, numpy_rng
 from audit.planning import Plan
 from audit.store import RunStore
 from audit.training import progress_bar
-from defenses.diagnostics import perturbation_robustness, sharpness
+from defenses.federated.diagnostics import perturbation_robustness, sharpness
 
 if TYPE_CHECKING:
     import torch

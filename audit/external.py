@@ -28,8 +28,8 @@ from audit.core.atomic import write_json
 from audit.core.errors import UserInputError, check_choice
 from audit.core.output_folder import claim
 from audit.summary import attack_records, diagnostics_summary, mean_interval
-from defenses.accounting import dp_accounting_version
-from defenses.claims import ADVERSARIES, ADVERSARY_TEXT, RELATIONS, AdversaryClaim, PrivacyClaim
+from defenses.privacy.accounting import dp_accounting_version
+from defenses.privacy.claims import ADVERSARIES, ADVERSARY_TEXT, RELATIONS, AdversaryClaim, PrivacyClaim
 from reports.document import SCHEMA_VERSION, AuditInfo, Experiment, Results, Tool, Utility
 from reports.figures import write_figures
 from reports.html import write_report

@@ -36,7 +36,7 @@ module turns such a deployment into an audited system:
 3. **The claim** (:func:`flower_claim`): T rounds of the Gaussian mechanism with multiplier σ on
    a fixed-size sample of m of N clients without replacement (Flower's ``ClientManager.sample``:
    ``random.sample`` of the available clients), accounted by *our* accountant
-   (:func:`defenses.claims.gaussian_adversaries`, RDP of dp-accounting): the headline is the
+   (:func:`defenses.privacy.claims.gaussian_adversaries`, RDP of dp-accounting): the headline is the
    released-models figure, client level, replace-one neighbours (the relation dp-accounting
    analyses sampling without replacement under; Wang, Balle, Kasiviswanathan 2019). The server
    is not covered: it receives every client's upload in the clear before the noise is added.
@@ -44,7 +44,7 @@ module turns such a deployment into an audited system:
    the recorded view — the final model's cos(u_i, w_T − w_0) and, over all iterates,
    max_t cos(u_i, w_t − w_{t−1}) (§5, "all model deltas") — each turned into ε lower bounds
    (Steinke, Nasr, Jagielski 2023; Mahloujifar, Melis, Chaudhuri 2024) and a Gaussian-fit
-   estimate by :func:`attacks.canary_audit.canary_result`, then into the results document of
+   estimate by :func:`attacks.canaries.canary_audit.canary_result`, then into the results document of
    :mod:`audit.external` (results.json, results.csv, report.html) with verdicts and power.
 
 **Uniform weights.** Flower's noise std σ·S/m protects a client whose share of FedAvg's weighted
@@ -114,10 +114,10 @@ from audit.core.seeding import derive_seed, numpy_rng, sklearn_random_state
 # reports (scipy, scikit-learn, matplotlib: seconds per process) where the audit needs them.
 if TYPE_CHECKING:
     from attacks.base import AttackResult
-    from defenses.claims import PrivacyClaim
+    from defenses.privacy.claims import PrivacyClaim
     from reports.document import Results
 
-#: the attack's name in the results (its two observations: attacks.update_canaries.OBSERVATIONS)
+#: the attack's name in the results (its two observations: attacks.canaries.update_canaries.OBSERVATIONS)
 ATTACK = "flower-client-canaries"
 #: the neighbouring relation of the canary design: a held-out canary takes part with another (tiny) update
 DESIGN_RELATION = "replace-one"
@@ -431,8 +431,8 @@ def flower_claim(noise_multiplier: float, sample_size: int, population: int, rou
     independently with probability m/N (add/remove). The headline figure is the released models'
     (amplification by sampling); the server is not covered — it sees each upload before the noise.
     """
-    from defenses.accounting import ACCOUNTANTS, CONVERSIONS, SAMPLINGS, GaussianSchedule
-    from defenses.claims import GaussianRounds, PrivacyClaim, gaussian_adversaries
+    from defenses.privacy.accounting import ACCOUNTANTS, CONVERSIONS, SAMPLINGS, GaussianSchedule
+    from defenses.privacy.claims import GaussianRounds, PrivacyClaim, gaussian_adversaries
 
     check_choice("sampling", sampling, SAMPLINGS)
     check_choice("accountant", accountant, ACCOUNTANTS)
@@ -499,7 +499,7 @@ def canary_statistics(view: FlowerView, canaries: CanaryClients) -> dict[str, np
     cos(u_i, w_T − w_0) (§3) and all iterates' max_t cos(u_i, w_t − w_{t−1}) (§5)."""
     import torch
 
-    from attacks.update_canaries import cosines
+    from attacks.canaries.update_canaries import cosines
 
     directions = torch.from_numpy(canaries.directions(view.dim))
     models = np.concatenate([view.initial[None, :], view.iterates])
@@ -512,8 +512,8 @@ def canary_results(view: FlowerView, canaries: CanaryClients, claim: PrivacyClai
                    ) -> list[AttackResult]:
     """The one-run canary audit's results, one per observation, at the δ the claim allows per client
     under the replace-one design (:func:`reports.soundness.measurement_delta`)."""
-    from attacks.canary_audit import canary_result
-    from attacks.update_canaries import OBSERVATIONS
+    from attacks.canaries.canary_audit import canary_result
+    from attacks.canaries.update_canaries import OBSERVATIONS
     from reports.soundness import measurement_delta
 
     at = measurement_delta(claim, "client", delta, DESIGN_RELATION)

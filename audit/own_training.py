@@ -13,16 +13,16 @@ dpfl-audit drives the training function through these designs and writes the usu
 * **One-run canary audit** (Steinke, Nasr, Jagielski 2023, "Privacy Auditing with One (1) Training
   Run", Alg. 1 and Thm 3.1): one more training run on the whole pool plus m canary records, each
   inserted independently with probability ½. A canary is a held-out record with a wrong label
-  (:func:`attacks.record_canaries.mislabelled_records`), which a model fits only by memorising it;
+  (:func:`attacks.canaries.record_canaries.mislabelled_records`), which a model fits only by memorising it;
   its statistic is the trained model's logit-scaled confidence in the canary's label (Carlini et
-  al. 2022, §IV-B). :func:`attacks.canary_audit.canary_result` turns (statistics, coins) into the
+  al. 2022, §IV-B). :func:`attacks.canaries.canary_audit.canary_result` turns (statistics, coins) into the
   one-run ε lower bound, its f-DP counterpart (Mahloujifar, Melis, Chaudhuri 2024) and the Gaussian
   fit, at the δ the claim allows per record (:func:`reports.soundness.measurement_delta`).
 
 * **Dirac gradient canaries, white box** (:func:`gradient_canary_audit`; Nasr et al. 2023, "Tight
   Auditing of Differentially Private Machine Learning", §4): for DP-SGD with Opacus, a training
   function that hands its ``DPOptimizer`` to ``attach`` gets per-example gradient canaries
-  inserted before Opacus clips (:mod:`attacks.dp_sgd_canaries`), each read in every step's noisy
+  inserted before Opacus clips (:mod:`attacks.canaries.dp_sgd_canaries`), each read in every step's noisy
   averaged gradient and scored by the participation-hidden mixture log-likelihood ratio; as many
   runs as the coins need (one canary per parameter coordinate per run), bounded by Steinke et
   al.'s count and its f-DP analysis, judged by :mod:`reports.soundness` with the design's power.
@@ -44,9 +44,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from attacks.base import AttackResult, one_run_bounds
-from attacks.canary_audit import canary_result
-from attacks.dp_sgd_canaries import AMPLITUDE, STATISTIC, GradientCanaryHook
-from attacks.record_canaries import mislabelled_records
+from attacks.canaries.canary_audit import canary_result
+from attacks.canaries.dp_sgd_canaries import AMPLITUDE, STATISTIC, GradientCanaryHook
+from attacks.canaries.record_canaries import mislabelled_records
 from attacks.signals import logit_scaled_confidence
 from audit.checkpoints import membership_attacks, score_models
 from audit.config import DatasetConfig
@@ -60,9 +60,9 @@ from audit.core.seeding import derive_seed, numpy_rng
 from audit.external import System, audit_external
 from audit.tasks import split_dataset
 from audit.training import progress_bar
-from defenses.accounting import GaussianSchedule, compute_epsilon
-from defenses.claims import PrivacyClaim
-from defenses.evaluation import logits_of
+from defenses.federated.evaluation import logits_of
+from defenses.privacy.accounting import GaussianSchedule, compute_epsilon
+from defenses.privacy.claims import PrivacyClaim
 from reports.document import Results, Verdict
 from reports.soundness import (
     FAMILY_ALPHA,
@@ -85,7 +85,7 @@ TrainFunction = Callable[["torch.Tensor", "torch.Tensor", int], "nn.Module"]
 
 #: bounds that stop a typo (1e9 models) before any training
 MAX_MODELS, MAX_CANARIES = 4096, 10**6
-#: fewest canaries of a one-run audit (attacks.record_canaries' lower limit); 0 switches it off
+#: fewest canaries of a one-run audit (attacks.canaries.record_canaries' lower limit); 0 switches it off
 MIN_CANARIES = 4
 #: coins of a gradient-canary audit unless told otherwise (at 4,810 parameters: 3 runs)
 GRADIENT_COINS = 10_000
@@ -379,7 +379,7 @@ def gradient_canary_audit(train: Callable[..., nn.Module], features: torch.Tenso
     Jagielski 2023, Thm 3.1; f-DP analysis of the same counts, Mahloujifar, Melis, Chaudhuri 2024).
     ``train(features, labels, seed, attach=...)`` trains with Opacus on the pool and calls
     ``attach(optimizer)`` once on the ``DPOptimizer`` that ``PrivacyEngine.make_private`` returns;
-    the hook (:class:`attacks.dp_sgd_canaries.GradientCanaryHook`) inserts per-example gradients
+    the hook (:class:`attacks.canaries.dp_sgd_canaries.GradientCanaryHook`) inserts per-example gradients
     s·U·e_j (U = ``amplitude``·C) before Opacus's clipping (DP-SGD, Abadi et al. 2016, Alg. 1),
     each canary in by a fair coin and then in each step with probability ``sample_rate`` (the q of
     the claim's Poisson sampling), and reads the noisy averaged gradient at every step.
@@ -387,7 +387,7 @@ def gradient_canary_audit(train: Callable[..., nn.Module], features: torch.Tenso
     an optimiser that adds less noise than claimed shows as readings that stand out.
 
     At least ``coins`` canaries, at most one per parameter coordinate per run, over as few runs as
-    that takes (:func:`attacks.dp_sgd_canaries.canaries_per_run`); each run gets its own training
+    that takes (:func:`attacks.canaries.dp_sgd_canaries.canaries_per_run`); each run gets its own training
     seed. The bounds are computed at the δ the claim allows per record and judged against the claim
     by :func:`reports.soundness.attack_verdicts` and :func:`reports.soundness.family_verdicts`; the
     f-DP test's power (:func:`audit.core.audit_power.one_run_power`) says what the design could show.

@@ -23,7 +23,7 @@ from attacks.base import (
     Attack,
     Setting,
 )
-from attacks.canary_audit import CanaryAudit, CanaryContext
+from attacks.canaries.canary_audit import CanaryAudit, CanaryContext
 from audit.config import AuditConfig, merge
 from audit.core.devices import check_device
 from audit.core.errors import UserInputError
@@ -31,8 +31,8 @@ from audit.core.safe_names import slug
 from audit.core.schema import from_mapping, to_mapping
 from audit.tasks import Membership, Task, build_task, client_membership, record_membership
 from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
-from defenses.flat import ParamLayout
-from defenses.training_job import RecordSpec, TrainingConfig
+from defenses.blocks.flat import ParamLayout
+from defenses.federated.training_job import RecordSpec, TrainingConfig
 
 Relation = Literal["add-remove", "replace-one", "zero-out"]
 

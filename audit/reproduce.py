@@ -41,10 +41,10 @@ from audit.store import RunStore
 from audit.study import Arm, ClaimCheck, RunResult, Study, StudyResults
 from audit.tasks import Task, build_task, run_clients
 from defenses.base import DEFENSES, AccountingSettings, Defense
-from defenses.claims import PrivacyClaim
-from defenses.diagnostics import sharpness
-from defenses.flat import ParamLayout
-from defenses.training_job import TrainingConfig, TrainingDiverged, TrainingJob
+from defenses.blocks.flat import ParamLayout
+from defenses.federated.diagnostics import sharpness
+from defenses.federated.training_job import TrainingConfig, TrainingDiverged, TrainingJob
+from defenses.privacy.claims import PrivacyClaim
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -15,7 +15,7 @@ told apart by its columns (``reports/schema/scores.schema.json``, ``docs/score-f
   list the same canary ids, one grid as for membership scores).
 
 Statistics are the ones the pipeline computes (:func:`attacks.base.membership_metrics`,
-:func:`attacks.canary_audit.canary_result`): AUC and TPR at low FPR with two-way bootstrap
+:func:`attacks.canaries.canary_audit.canary_result`): AUC and TPR at low FPR with two-way bootstrap
 intervals over runs and units, and one-run ε lower bounds (Steinke et al. 2023; the f-DP
 analysis of Mahloujifar, Melis, Chaudhuri 2024) over coins that are independent *and fair*.
 
@@ -51,7 +51,7 @@ import pandas as pd
 from scipy import stats
 
 from attacks.base import ONE_RUN_FIGURES, AttackResult, gdp_note, membership_metrics
-from attacks.canary_audit import canary_result
+from attacks.canaries.canary_audit import canary_result
 from audit.core.errors import UserInputError
 from audit.external import System, external_results, stated_claim, write_external
 from reports.document import Results
@@ -528,7 +528,7 @@ def _unfair(what: str, coins: np.ndarray, p: float) -> str:
 
 def score_result(data: ScoreFile, unit: str, delta: float, seed: int = 0) -> AttackResult:
     """The :class:`AttackResult` of a score file, as the pipeline computes it for its own attacks
-    (:meth:`attacks.base.MembershipAttack.result`, :func:`attacks.canary_audit.canary_result`);
+    (:meth:`attacks.base.MembershipAttack.result`, :func:`attacks.canaries.canary_audit.canary_result`);
     ``delta``: the δ of the ε figures (:func:`reports.soundness.measurement_delta`), ``seed``: the
     bootstrap's.
 

@@ -21,8 +21,8 @@ from audit.core.schema import to_mapping
 from audit.planning import Plan
 from audit.store import RunStore
 from audit.training import trained_claim
-from defenses.accounting import dp_accounting_version
-from defenses.claims import PrivacyClaim
+from defenses.privacy.accounting import dp_accounting_version
+from defenses.privacy.claims import PrivacyClaim
 from reports.document import (
     SCHEMA_VERSION,
     AttackRecord,

@@ -22,9 +22,9 @@ from audit.planning import Plan, PlannedExperiment, clients_digest, run_id
 from audit.store import RunStore
 from audit.tasks import build_task, record_membership
 from audit.training import trained_claim
-from defenses.engine import initial_vector
-from defenses.flat import ParamLayout
-from defenses.training_job import TrainingJob
+from defenses.blocks.flat import ParamLayout
+from defenses.federated.engine import initial_vector
+from defenses.federated.training_job import TrainingJob
 from reports.soundness import measurement_delta
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tqdm import tqdm
 
-from attacks.canary_audit import CanaryAudit, CanaryInjection
+from attacks.canaries.canary_audit import CanaryAudit, CanaryInjection
 from audit import provenance
 from audit.core.lazy_modules import lazy_module
 from audit.core.schema import to_mapping
@@ -28,12 +28,12 @@ from audit.planning import (
     run_id,
 )
 from audit.store import RunStore
-from defenses.claims import PrivacyClaim
-from defenses.dirac_rows import DiracRows
-from defenses.engine import chunk_size
-from defenses.flat import ParamLayout
+from defenses.blocks.dirac_rows import DiracRows
+from defenses.blocks.flat import ParamLayout
+from defenses.federated.engine import chunk_size
+from defenses.federated.training_job import RecordSpec, TrainingDiverged, TrainingJob
+from defenses.privacy.claims import PrivacyClaim
 from defenses.run_batch import train_together
-from defenses.training_job import RecordSpec, TrainingDiverged, TrainingJob
 
 if TYPE_CHECKING:
     import torch

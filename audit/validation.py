@@ -46,7 +46,7 @@ from audit.planning import plan_audit
 from audit.store import RunStore
 from audit.summary import build_results
 from audit.training import progress_bar
-from defenses.claims import PrivacyClaim
+from defenses.privacy.claims import PrivacyClaim
 from reports.document import Estimate
 from reports.gate import FAIL, evaluate_policy
 from reports.policy import parse_policy

@@ -31,7 +31,7 @@ Measured, per cell (variant × claimed ε, over ``--seeds`` seeds, each seed a f
 
 Designs (``--design``):
 
-* ``small`` — the end-to-end test's design (``tests/attacks/test_dirac_canaries.py``): 20
+* ``small`` — the end-to-end test's design (``tests/attacks/canaries/test_dirac_canaries.py``): 20
   clients, 10 rounds, one local epoch, 2 membership runs, ``coins: 20000`` (28,830 coins: 3 runs of
   one canary per coordinate of the 9,610-parameter MLP), all three observers (the test keeps two);
 * ``default`` — the default audit's training (digits, 20 clients, 60 rounds of 3 local epochs,

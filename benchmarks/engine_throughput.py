@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # sibling modules (opa
 from measures import sync  # noqa: E402
 from workloads import WORKLOADS, Workload, dp_fedavg, load_workload  # noqa: E402
 
-from defenses.engine import FederatedEngine  # noqa: E402
+from defenses.federated.engine import FederatedEngine  # noqa: E402
 
 
 def updates_per_second(workload: Workload, engine: str, rounds: int) -> tuple[float, float, float]:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU check of issue 20, item 8, for a lent GPU machine (about 4 minutes): the CUDA tests
-# (tests/defenses/test_cuda.py: a DP-FedAvg run on cuda against the CPU run, the noise's std in
+# (tests/defenses/federated/test_cuda.py: a DP-FedAvg run on cuda against the CPU run, the noise's std in
 # the sum of uploads) and a quick benchmark on the device. Output goes to $OUT (default ./gpu-out).
 #
 #   OUT=/some/dir bash benchmarks/gpu_check.sh
@@ -25,7 +25,7 @@ PY="${PYTHON:-python3}"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1
   "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available())"
 } > "$OUT/environment.txt" 2>&1
-timeout 150 "$PY" -m pytest tests/defenses/test_cuda.py tests/benchmarks/test_roofline.py -q -p no:cacheprovider \
+timeout 150 "$PY" -m pytest tests/defenses/federated/test_cuda.py tests/benchmarks/test_roofline.py -q -p no:cacheprovider \
   > "$OUT/pytest.txt" 2>&1
 echo "pytest exit $?" >> "$OUT/pytest.txt"
 timeout 200 "$PY" benchmarks/run_all.py --device cuda --quick --skip-flower --skip-memory --skip-sequential \

@@ -247,7 +247,7 @@ def calibration_time(target_epsilon: float = 1.0, rounds: int = 10_000, sample_r
                      delta: float = 1e-5, repeats: int = 5) -> dict:
     """Wall time of calibrating σ for a target ε after ``rounds`` Poisson-subsampled Gaussian rounds.
 
-    Ours: ``defenses.accounting.calibrate_noise(target_epsilon, GaussianSchedule(1.0, q, rounds),
+    Ours: ``defenses.privacy.accounting.calibrate_noise(target_epsilon, GaussianSchedule(1.0, q, rounds),
     delta, accountant="rdp", conversion=...)`` (bisection on log σ, relative tolerance 1e-4,
     dp-accounting's RDP with its default orders 1.1..10.9, 11..63, 128..1024).
     Opacus: ``opacus.accountants.utils.get_noise_multiplier(..., accountant="rdp")`` (bisection
@@ -270,8 +270,8 @@ def calibration_time(target_epsilon: float = 1.0, rounds: int = 10_000, sample_r
     from opacus.accountants import rdp as opacus_rdp
     from opacus.accountants.utils import get_noise_multiplier
 
-    from defenses import accounting
-    from defenses.accounting import GaussianSchedule, calibrate_noise, compute_epsilon
+    from defenses.privacy import accounting
+    from defenses.privacy.accounting import GaussianSchedule, calibrate_noise, compute_epsilon
 
     schedule = GaussianSchedule(1.0, sample_rate, rounds)
     opacus_tolerance = 0.01  # get_noise_multiplier's default epsilon_tolerance (absolute)

@@ -19,7 +19,7 @@ part of the cost, as in an audit):
 * one run alone — the cost unit the target (64 runs together ≤ 16× one run, issue 20) is stated in.
 
 Every side first trains one warm-up run (torch's first-use costs). The two 64-run sides give
-bit-identical runs (checked here on the final models, as tests/defenses/test_run_batch.py does).
+bit-identical runs (checked here on the final models, as tests/defenses/federated/test_run_batch.py does).
 
     python benchmarks/membership_batching.py [--workload mlp|cnn] [--runs 64] [--device cpu] [--json]
 """

@@ -29,7 +29,7 @@ from torch import nn
 from audit.core.datasets import load_dataset
 from audit.core.models import build_model
 from defenses.fedavg import DPFedAvg, DPFedAvgParams
-from defenses.training_job import TrainingConfig, TrainingJob
+from defenses.federated.training_job import TrainingConfig, TrainingJob
 
 CLIENTS = 100
 LOCAL_EPOCHS = 1

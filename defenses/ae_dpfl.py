@@ -25,22 +25,22 @@ import numpy as np
 
 from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import numpy_rng, seed_torch, torch_generator
-from defenses.accounting import GaussianSchedule, calibrate_noise, compute_epsilon
 from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
-from defenses.claims import AdversaryClaim, gaussian_round_epsilon, server_notes
-from defenses.engine import chunk_size, divergence, optimizer_settings
-from defenses.evaluation import evaluate
-from defenses.flat import ParamLayout, parameters_of
-from defenses.local_training import (
+from defenses.blocks.flat import ParamLayout, parameters_of
+from defenses.blocks.local_training import (
     TRAINERS,
     LocalObjective,
     LocalSchedule,
     client_batches,
     stacked_forward,
 )
-from defenses.noise import gaussian_rows
-from defenses.release_probe import ReleaseProbe
-from defenses.training_job import TrainingConfig, TrainingDiverged, TrainingJob, TrainingOutcome
+from defenses.blocks.noise import gaussian_rows
+from defenses.federated.engine import chunk_size, divergence, optimizer_settings
+from defenses.federated.evaluation import evaluate
+from defenses.federated.release_probe import ReleaseProbe
+from defenses.federated.training_job import TrainingConfig, TrainingDiverged, TrainingJob, TrainingOutcome
+from defenses.privacy.accounting import GaussianSchedule, calibrate_noise, compute_epsilon
+from defenses.privacy.claims import AdversaryClaim, gaussian_round_epsilon, server_notes
 
 if TYPE_CHECKING:
     import torch

@@ -1,5 +1,5 @@
 """What every defense is: typed hyper-parameters, a training procedure and an explicit privacy claim
-(:class:`defenses.claims.PrivacyClaim`, re-exported here)."""
+(:class:`defenses.privacy.claims.PrivacyClaim`, re-exported here)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
 from audit.core.registry import Registry
-from defenses.accounting import AccountingSettings
-from defenses.claims import UNITS, PrivacyClaim
-from defenses.engine import FederatedEngine, mean_update
-from defenses.flat import ParamLayout
-from defenses.local_training import LocalObjective, client_batches
-from defenses.release_probe import ReleaseProbe, engine_probe
-from defenses.training_job import RoundContext, TrainingConfig, TrainingJob, TrainingOutcome
+from defenses.blocks.flat import ParamLayout
+from defenses.blocks.local_training import LocalObjective, client_batches
+from defenses.federated.engine import FederatedEngine, mean_update
+from defenses.federated.release_probe import ReleaseProbe, engine_probe
+from defenses.federated.training_job import RoundContext, TrainingConfig, TrainingJob, TrainingOutcome
+from defenses.privacy.accounting import AccountingSettings
+from defenses.privacy.claims import UNITS, PrivacyClaim
 
 if TYPE_CHECKING:
     import torch
@@ -31,7 +31,7 @@ class NoParams:
 class Defense:
     """A federated learning algorithm with its privatisation and its privacy claim.
 
-    Round-based defenses use :class:`defenses.engine.FederatedEngine` and override its hooks
+    Round-based defenses use :class:`defenses.federated.engine.FederatedEngine` and override its hooks
     (:meth:`local_objective`, :meth:`privatize`, :meth:`aggregate`); a defense with a different
     shape (e.g. one-shot voting) overrides :meth:`train` instead.
     """
@@ -116,9 +116,9 @@ class Defense:
         return updates, {}
 
     def dirac_canaries_refused(self, training: TrainingConfig) -> str | None:
-        """Why Dirac canary clients at scale (:mod:`defenses.dirac_rows`) cannot go through this
+        """Why Dirac canary clients at scale (:mod:`defenses.blocks.dirac_rows`) cannot go through this
         defense's own privatisation, None when they can. A defense takes them when its
-        :meth:`privatize` and :meth:`aggregate` handle :class:`~defenses.dirac_rows.DiracRows`
+        :meth:`privatize` and :meth:`aggregate` handle :class:`~defenses.blocks.dirac_rows.DiracRows`
         (clip, noise and sum them like dense rows)."""
         return "its privatisation handles dense uploads only (the dense client-canaries and gradient-canaries audits apply)"
 
@@ -128,7 +128,7 @@ class Defense:
         return None
 
     def release_probe(self, job: TrainingJob) -> ReleaseProbe | None:
-        """This defense's round as the conformance audit drives it (:mod:`defenses.release_probe`):
+        """This defense's round as the conformance audit drives it (:mod:`defenses.federated.release_probe`):
         the engine's privatise → release path for round-based defenses; a defense that trains
         otherwise, or whose noise lives elsewhere (DP-SGD inside local training), overrides it.
         None: no probe (a private defense without one fails the audit)."""

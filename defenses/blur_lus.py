@@ -28,10 +28,10 @@ import numpy as np
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
 from defenses.base import DEFENSES
+from defenses.blocks.local_training import LocalObjective, mean_loss_gradient
+from defenses.blocks.sparsify import exact_fraction, kept_per_tensor, per_tensor_top_mask
 from defenses.fedavg import DPFedAvg, DPFedAvgParams
-from defenses.local_training import LocalObjective, mean_loss_gradient
-from defenses.sparsify import exact_fraction, kept_per_tensor, per_tensor_top_mask
-from defenses.training_job import RoundContext, TrainingConfig
+from defenses.federated.training_job import RoundContext, TrainingConfig
 
 if TYPE_CHECKING:
     import torch

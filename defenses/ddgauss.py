@@ -22,7 +22,7 @@ summed noise has the same scale σc as DP-FedAvg's. Kairouz et al. analyse a rou
 clients; under Poisson sampling a round with fewer clients than expected would carry less noise
 than accounted, so ``validate`` requires a fixed number per round (fixed-size sampling, or every
 client every round), and a round whose realised number of real clients is not n is refused. Canary
-clients of an update-space audit (:meth:`defenses.engine.FederatedEngine.add_canaries`) round
+clients of an update-space audit (:meth:`defenses.federated.engine.FederatedEngine.add_canaries`) round
 and upload their vector like a client but add no noise share: the n real shares already sum to
 the accounted σc, and each further share would make the audit run with more noise than the claim
 accounts (its ε lower bound biased low). For the same reason the sum is divided by the configured
@@ -38,7 +38,7 @@ zero), l2 = Δ₂γ/(√n σ_loc), l1 = Δ₁γ/(√n σ_loc), Δ₁ = Δ₂·mi
     ε(α) = min{ α·l2²/2 + τd′,  (α/2)(l2² + 2·l1·τ + τ²d′),  (α/2)(l2 + √d′·τ)² },
 
 composed over rounds and converted to (ε, δ) at integer orders 2..128, 256. Observers
-(:mod:`defenses.claims`): the released models, with every client every round, are accounted
+(:mod:`defenses.privacy.claims`): the released models, with every client every round, are accounted
 over all T rounds (zero-out); with a fixed-size sample of m < N clients, amplification by
 sampling without replacement holds for replace-one neighbours (Wang, Balle, Kasiviswanathan
 2019, Thm. 9), whose change is up to 2Δ₂; the server sees the modular sum and knows who took part
@@ -57,17 +57,17 @@ import numpy as np
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import numpy_rng
-from defenses.accounting import accountant_label, rdp_to_epsilon
 from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
-from defenses.calibration import smallest_noise
-from defenses.claims import AdversaryClaim, participation_bound, server_notes
-from defenses.clipping import clip_rows
-from defenses.engine import canary_clients
-from defenses.noise import discrete_gaussian
-from defenses.rotation import padded_dimension, random_signs, rotate, unrotate
-from defenses.secure_aggregation import modular_sum, wrap
-from defenses.subsampled_rdp import INTEGER_ORDERS, without_replacement_subsampled_rdp
-from defenses.training_job import RoundContext, TrainingConfig
+from defenses.blocks.clipping import clip_rows
+from defenses.blocks.noise import discrete_gaussian
+from defenses.blocks.rotation import padded_dimension, random_signs, rotate, unrotate
+from defenses.blocks.secure_aggregation import modular_sum, wrap
+from defenses.federated.engine import canary_clients
+from defenses.federated.training_job import RoundContext, TrainingConfig
+from defenses.privacy.accounting import accountant_label, rdp_to_epsilon
+from defenses.privacy.calibration import smallest_noise
+from defenses.privacy.claims import AdversaryClaim, participation_bound, server_notes
+from defenses.privacy.subsampled_rdp import INTEGER_ORDERS, without_replacement_subsampled_rdp
 
 if TYPE_CHECKING:
     import torch

@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Literal
 
 from audit.core.lazy_modules import lazy_module
 from defenses.base import DEFENSES, Defense, PrivacyClaim
+from defenses.blocks.local_training import LocalObjective, Params
+from defenses.blocks.sparsify import kept_per_tensor, per_tensor_top_mask
 from defenses.fedavg import DPFedAvg, DPFedAvgParams
-from defenses.local_training import LocalObjective, Params
-from defenses.sparsify import kept_per_tensor, per_tensor_top_mask
-from defenses.training_job import RoundContext
+from defenses.federated.training_job import RoundContext
 
 if TYPE_CHECKING:
     import torch

@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Literal
 
 from audit.core.lazy_modules import lazy_module
 from defenses.base import DEFENSES
+from defenses.blocks.sparsify import exact_count, random_mask, top_rows
 from defenses.fedavg import DPFedAvg, DPFedAvgParams
-from defenses.sparsify import exact_count, random_mask, top_rows
-from defenses.training_job import RoundContext
+from defenses.federated.training_job import RoundContext
 
 if TYPE_CHECKING:
     import torch

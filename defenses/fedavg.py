@@ -10,14 +10,14 @@ DP-FedAvg, per round t with participants P_t (Cheng et al. 2022, Alg. 1):
 so the noise of the sum is N(0, S²σ²·I). With ``noise_placement = "aggregate"`` a trusted
 aggregator adds N(0, S²σ²·I) once to the sum instead (same distribution of the global step).
 Each round is a sampled Gaussian mechanism with noise multiplier σ on the sum of clipped
-updates, composed over T rounds (:mod:`defenses.accounting`), client-level.
+updates, composed over T rounds (:mod:`defenses.privacy.accounting`), client-level.
 
 :class:`DPFedAvg` is also the base of the family that changes one step of this pipeline —
 BLUR/LUS (Cheng et al. 2022), DP-FedSAM and its top-k variant (Shi et al. 2023), Fed-SMP — through the hooks
 :meth:`DPFedAvg.pre_clip` (sparsify before clipping), :meth:`DPFedAvg.masks_noise` and
 :meth:`DPFedAvg.post_noise` (mask after the noise), and :meth:`Defense.local_objective`.
 
-The claim names its observers (:mod:`defenses.claims`): the released models (sampled Gaussian
+The claim names its observers (:mod:`defenses.privacy.claims`): the released models (sampled Gaussian
 with σ, amplified), the server (no amplification; the sum under secure aggregation or with a
 trusted noise-adding aggregator, else each upload) and one upload alone, whose own noise
 multiplier is only σ/√|P_t|: single-upload attacks (gradient inversion) meet a much weaker
@@ -34,19 +34,19 @@ from typing import TYPE_CHECKING, Literal
 
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
-from defenses.accounting import (
+from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
+from defenses.blocks.clipping import clip_rows, clip_rows_per_tensor
+from defenses.blocks.dirac_rows import DiracRows
+from defenses.blocks.noise import gaussian_rows
+from defenses.federated.training_job import RoundContext, TrainingConfig
+from defenses.privacy.accounting import (
     GaussianSchedule,
     accountant_label,
     calibrate_noise,
     compute_epsilon,
     epsilon_trajectory,
 )
-from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
-from defenses.claims import GaussianRounds, divided_by_realised_count, gaussian_adversaries
-from defenses.clipping import clip_rows, clip_rows_per_tensor
-from defenses.dirac_rows import DiracRows
-from defenses.noise import gaussian_rows
-from defenses.training_job import RoundContext, TrainingConfig
+from defenses.privacy.claims import GaussianRounds, divided_by_realised_count, gaussian_adversaries
 
 if TYPE_CHECKING:
     import torch
@@ -127,7 +127,7 @@ class DPFedAvg(Defense):
         return self.params.noise_multiplier / math.sqrt(len(self.layout.names))
 
     def noise_reach(self, training: TrainingConfig, num_clients: int, rounds: int | None = None) -> GaussianRounds:
-        """How the noise reaches each observer (:mod:`defenses.claims`).
+        """How the noise reaches each observer (:mod:`defenses.privacy.claims`).
 
         The sum of the uploads carries N(0, S²σ²) on every coordinate, one upload N(0, S²σ²/|P_t|)
         (client placement), and |P_t| ≤ m_max: the whole population under Poisson sampling, m under

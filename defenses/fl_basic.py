@@ -19,6 +19,7 @@ import numpy as np
 from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import torch_generator
 from defenses.base import DEFENSES
+from defenses.federated.training_job import RoundContext
 from defenses.subset_training import (
     SubsetDPParams,
     SubsetFL,
@@ -26,7 +27,6 @@ from defenses.subset_training import (
     kept_count,
     masked_public_update,
 )
-from defenses.training_job import RoundContext
 
 if TYPE_CHECKING:
     import torch

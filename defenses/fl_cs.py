@@ -22,12 +22,12 @@ import numpy as np
 from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import torch_generator
 from defenses.base import DEFENSES
-from defenses.clipping import clip_rows
-from defenses.noise import gaussian_rows
-from defenses.partial_dct import PartialDCT
-from defenses.sparsify import exact_count
+from defenses.blocks.clipping import clip_rows
+from defenses.blocks.noise import gaussian_rows
+from defenses.blocks.partial_dct import PartialDCT
+from defenses.blocks.sparsify import exact_count
+from defenses.federated.training_job import RoundContext
 from defenses.subset_training import SubsetFL, SubsetParams, masked_public_update
-from defenses.training_job import RoundContext
 
 if TYPE_CHECKING:
     import torch

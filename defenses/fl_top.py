@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Literal
 
 from audit.core.lazy_modules import lazy_module
 from defenses.base import DEFENSES
+from defenses.blocks.top_k_selection import private_top_k, select_top_k
+from defenses.federated.training_job import RoundContext
 from defenses.subset_training import (
     SubsetDPParams,
     SubsetFL,
@@ -34,8 +36,6 @@ from defenses.subset_training import (
     kept_count,
     masked_public_update,
 )
-from defenses.top_k_selection import private_top_k, select_top_k
-from defenses.training_job import RoundContext
 
 if TYPE_CHECKING:
     import torch

@@ -2,7 +2,7 @@
 Differential Privacy" (IJCAI 2021; Alg. 1–3, §3.3, §4).
 
 Each selected client trains locally with plain SGD, clips every scalar of its *model* into
-[c − r, c + r] and replaces it by an ε-LDP report (:mod:`defenses.ldp`: the two-point mechanism
+[c − r, c + r] and replaces it by an ε-LDP report (:mod:`defenses.blocks.ldp`: the two-point mechanism
 by default, Laplace or Duchi as alternatives). It then splits the model into (id, value) items
 and sends them in random order over an anonymous channel, so the cloud sees, per id, an
 unlabelled multiset of k values; it averages them per id (FedAvg with equal shards).
@@ -43,10 +43,10 @@ from typing import TYPE_CHECKING, Literal
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
 from defenses.base import DEFENSES, Defense, PrivacyClaim
-from defenses.claims import AdversaryClaim, server_notes
-from defenses.ldp import perturb, shuffle_amplification
-from defenses.release_probe import ReleaseProbe, engine_probe
-from defenses.training_job import RoundContext, TrainingConfig
+from defenses.blocks.ldp import perturb, shuffle_amplification
+from defenses.federated.release_probe import ReleaseProbe, engine_probe
+from defenses.federated.training_job import RoundContext, TrainingConfig
+from defenses.privacy.claims import AdversaryClaim, server_notes
 
 if TYPE_CHECKING:
     import torch

@@ -24,7 +24,7 @@ What the code does enforce is the clip of the uploaded model, ‖w_i‖ ≤ C: t
 differ by at most 2C, so each upload is a Gaussian mechanism with noise multiplier σ_U/(2C) for
 replacing one client's data — and since a record changes only its owner's data, for records too.
 That is the sound headline claim: client-level, replace-one, accounted with RDP over the rounds a
-client takes part in (participation known, :mod:`defenses.claims`). It holds against the server
+client takes part in (participation known, :mod:`defenses.privacy.claims`). It holds against the server
 (it sees every upload) and against one upload alone. The released models carry the mean of the
 round's uploads plus the downlink noise — more noise per change of 2C, accounted over every
 round without amplification — and never less privacy than the uploads they come from. The
@@ -41,17 +41,17 @@ from typing import TYPE_CHECKING
 
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
-from defenses.accounting import GaussianSchedule, accountant_label, compute_epsilon
 from defenses.base import DEFENSES, Defense, PrivacyClaim
-from defenses.claims import (
+from defenses.blocks.clipping import clip_rows
+from defenses.blocks.noise import gaussian_rows
+from defenses.federated.training_job import RoundContext, TrainingConfig
+from defenses.privacy.accounting import GaussianSchedule, accountant_label, compute_epsilon
+from defenses.privacy.claims import (
     AdversaryClaim,
     gaussian_round_epsilon,
     known_participation_epsilon,
     server_notes,
 )
-from defenses.clipping import clip_rows
-from defenses.noise import gaussian_rows
-from defenses.training_job import RoundContext, TrainingConfig
 
 if TYPE_CHECKING:
     import torch

@@ -8,7 +8,7 @@ one computation: the participants of every run become rows of one :class:`LocalS
 row starting from its own run's global model (``train_batched(..., per_client_start=True)``).
 Everything else — participant sampling, privatisation, aggregation, metrics, the server view —
 stays per run, driven by each run's own :class:`FederatedEngine` with its own seed streams, so a
-run's result does not depend on which runs it was trained with (``tests/defenses/test_run_batch.py``).
+run's result does not depend on which runs it was trained with (``tests/defenses/federated/test_run_batch.py``).
 
 Runs fall back to training one after another when their defense trains outside the round
 engine (its own ``train``), when the engine is the per-client reference loop, or when the local
@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING
 
 from audit.core.lazy_modules import lazy_module
 from defenses.base import Defense
-from defenses.engine import FederatedEngine, optimizer_settings, train_in_chunks
-from defenses.local_training import LocalSchedule, train_batched
-from defenses.training_job import RoundContext, TrainingDiverged, TrainingJob, TrainingOutcome
+from defenses.blocks.local_training import LocalSchedule, train_batched
+from defenses.federated.engine import FederatedEngine, optimizer_settings, train_in_chunks
+from defenses.federated.training_job import RoundContext, TrainingDiverged, TrainingJob, TrainingOutcome
 
 if TYPE_CHECKING:
     import torch

@@ -32,24 +32,24 @@ import numpy as np
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import numpy_rng
-from defenses.accounting import (
-    GaussianSchedule,
-    calibrate_noise,
-    epsilon_trajectory,
-)
 from defenses.base import AccountingSettings, Defense, PrivacyClaim
-from defenses.claims import GaussianRounds, divided_by_realised_count, gaussian_adversaries
-from defenses.clipping import clip_rows
-from defenses.local_training import (
+from defenses.blocks.clipping import clip_rows
+from defenses.blocks.local_training import (
     LocalObjective,
     LocalSchedule,
     OptimizerSettings,
     client_batches,
     train_batched,
 )
-from defenses.noise import gaussian_rows
-from defenses.sparsify import exact_count
-from defenses.training_job import RoundContext, TrainingConfig
+from defenses.blocks.noise import gaussian_rows
+from defenses.blocks.sparsify import exact_count
+from defenses.federated.training_job import RoundContext, TrainingConfig
+from defenses.privacy.accounting import (
+    GaussianSchedule,
+    calibrate_noise,
+    epsilon_trajectory,
+)
+from defenses.privacy.claims import GaussianRounds, divided_by_realised_count, gaussian_adversaries
 
 if TYPE_CHECKING:
     import torch

@@ -1,10 +1,10 @@
 """UDP-FL: Feng, Mohammady, Hong, Yan, Kundu, Wang, Hong, "Universally Harmonizing Differential
 Privacy Mechanisms for Federated Learning" (arXiv 2407.14710; §3.2–3.3, §4.4).
 
-Each participating client trains with DP-SGD (:mod:`defenses.dp_sgd`): Poisson batches at rate q,
+Each participating client trains with DP-SGD (:mod:`defenses.blocks.dp_sgd`): Poisson batches at rate q,
 per-example clipping to C, and i.i.d. noise from the chosen mechanism — Gaussian (then UDP-FL is
 DP-SGD in FedAvg), Laplace or Staircase — on every coordinate; the server runs FedAvg. The noise
-parameter of each mechanism comes from the Harmonizer (:mod:`defenses.harmonizer`) for the
+parameter of each mechanism comes from the Harmonizer (:mod:`defenses.blocks.harmonizer`) for the
 target (ε, δ) over all of a client's local steps: rounds × ⌈E/q⌉ (no credit for client sampling).
 
 The guarantee is record-level, for each client's records (add/remove one record; the Poisson
@@ -37,16 +37,16 @@ import numpy as np
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
 from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
-from defenses.claims import AdversaryClaim, server_notes
-from defenses.dp_sgd import DPSGDObjective, clip_and_sum
-from defenses.engine import FederatedEngine
-from defenses.harmonizer import epsilon as accounted_epsilon
-from defenses.harmonizer import harmonize
-from defenses.local_training import LocalObjective
-from defenses.mechanisms import Mechanism, make_mechanism
-from defenses.release_probe import ReleaseProbe
-from defenses.sparsify import exact_fraction
-from defenses.training_job import RoundContext, TrainingConfig
+from defenses.blocks.dp_sgd import DPSGDObjective, clip_and_sum
+from defenses.blocks.harmonizer import epsilon as accounted_epsilon
+from defenses.blocks.harmonizer import harmonize
+from defenses.blocks.local_training import LocalObjective
+from defenses.blocks.mechanisms import Mechanism, make_mechanism
+from defenses.blocks.sparsify import exact_fraction
+from defenses.federated.engine import FederatedEngine
+from defenses.federated.release_probe import ReleaseProbe
+from defenses.federated.training_job import RoundContext, TrainingConfig
+from defenses.privacy.claims import AdversaryClaim, server_notes
 
 if TYPE_CHECKING:
     import torch

@@ -22,7 +22,7 @@ from torch import nn
 
 from audit.core.datasets import Dataset, Split
 from defenses.base import Defense, PrivacyClaim
-from defenses.local_training import LocalObjective
+from defenses.blocks.local_training import LocalObjective
 
 
 def breast_cancer(root=None) -> Dataset:

@@ -7,7 +7,7 @@ rows, the HTML report, the CI gate, ``reproduce`` — reads these types, not str
 
 Members are the positive class of membership metrics; every estimate carries a value and, where
 one applies, a 95 % interval (``null`` when none). The claim is the defense's own
-:class:`defenses.claims.PrivacyClaim` (one figure per observer).
+:class:`defenses.privacy.claims.PrivacyClaim` (one figure per observer).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Literal
 
 from audit.core.atomic import dumps, write_text
 from audit.core.typed_json import json_schema
-from defenses.claims import PrivacyClaim
+from defenses.privacy.claims import PrivacyClaim
 
 SCHEMA_VERSION = "2.3"
 #: the published JSON Schema of results.json (:func:`results_schema`; ``python -m reports.document`` rewrites it)

@@ -24,7 +24,7 @@ import yaml
 from audit.core.atomic import write_text
 from audit.core.audit_power import POWER_TARGET
 from audit.core.lazy_modules import lazy_module
-from defenses.claims import PrivacyClaim
+from defenses.privacy.claims import PrivacyClaim
 from reports.document import Experiment, Power, Results, Verdict
 
 if TYPE_CHECKING:

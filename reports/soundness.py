@@ -59,7 +59,7 @@ from audit.core.audit_power import POWER_TARGET, one_run_power
 from audit.core.empirical_epsilon import OneRunAudit
 from audit.core.multiplicity import weighted_holm
 from audit.core.upload_conformance import UploadConformance
-from defenses.claims import PrivacyClaim
+from defenses.privacy.claims import PrivacyClaim
 from reports.document import EpsilonKind, Estimate, Power, Status, Verdict
 
 CONSISTENT: Status = "consistent"

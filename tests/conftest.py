@@ -38,7 +38,7 @@ def digits():
 @pytest.fixture
 def digits_job(digits):
     """A small DP-FedAvg-sized job on digits: 8 clients of uneven size, MLP."""
-    from defenses.training_job import TrainingConfig, TrainingJob
+    from defenses.federated.training_job import TrainingConfig, TrainingJob
 
     def make(**training) -> TrainingJob:
         rng = np.random.default_rng(0)

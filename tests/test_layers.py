@@ -106,7 +106,7 @@ def test_every_registered_defense_is_what_the_engine_runs():
     # engine; this checks that no registered defense lacks a member
     import defenses.catalog  # noqa: F401 - registers every defense
     from defenses.base import DEFENSES
-    from defenses.round_defense import RoundDefense
+    from defenses.federated.round_defense import RoundDefense
 
     assert len(DEFENSES.names()) >= 20
     for name in DEFENSES.names():
@@ -118,6 +118,6 @@ class _NotADefense:
 
 
 def test_the_protocol_check_can_fail():
-    from defenses.round_defense import RoundDefense
+    from defenses.federated.round_defense import RoundDefense
 
     assert not isinstance(_NotADefense(), RoundDefense)

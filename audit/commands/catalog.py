@@ -19,7 +19,7 @@ from audit.commands import EXIT_OK
 
 if TYPE_CHECKING:
     from audit.config import AuditConfig
-    from defenses.flat import ParamLayout
+    from defenses.blocks.flat import ParamLayout
 
 
 def command_list(args: argparse.Namespace) -> int:
@@ -80,7 +80,7 @@ def _claims_at_defaults(registry) -> dict[str, dict[str, Any]]:
     settings (digits, the default model, 20 clients, every client every round, 30 rounds, δ = 1e-5)."""
     from audit.config import AuditConfig
     from defenses.base import AccountingSettings
-    from defenses.engine import TrainingConfig
+    from defenses.federated.engine import TrainingConfig
 
     config = AuditConfig()
     layout = default_layout(config)
@@ -102,7 +102,7 @@ def default_layout(config: AuditConfig) -> ParamLayout:
     without building the model (``list`` imports no torch): the default model is the MLP
     (tests/audit/test_light_commands.py checks this against the built model)."""
     from audit.core.models import mlp_parameter_shapes
-    from defenses.flat import ParamLayout
+    from defenses.blocks.flat import ParamLayout
 
     if config.model.name != "mlp":
         raise ValueError(f"the default model is '{config.model.name}', not the MLP default_layout computes")
@@ -111,7 +111,7 @@ def default_layout(config: AuditConfig) -> ParamLayout:
 
 
 def command_epsilon(args: argparse.Namespace) -> int:
-    from defenses.accounting import GaussianSchedule, calibrate_noise, compute_epsilon
+    from defenses.privacy.accounting import GaussianSchedule, calibrate_noise, compute_epsilon
 
     schedule = GaussianSchedule(args.noise if args.noise is not None else 1.0, args.rate, args.steps,
                                 args.sampling, args.population)

@@ -25,7 +25,7 @@ MAX_STAIRCASE_EPSILON = 100.0
 
 
 def command_audit_mechanism(args: argparse.Namespace) -> int:
-    from attacks.mechanism_audit import audit_mechanism, audit_two_point
+    from attacks.mechanism_audits.mechanism_audit import audit_mechanism, audit_two_point
 
     if args.mechanism == "ldp-two-point":
         if args.epsilon is None:
@@ -98,7 +98,7 @@ def _conformance_defenses(args: argparse.Namespace) -> tuple[list, list[dict[str
 
 
 def command_conformance(args: argparse.Namespace) -> int:
-    from attacks.conformance import CONFORMS, VIOLATES, conformance
+    from attacks.mechanism_audits.conformance import CONFORMS, VIOLATES, conformance
 
     chosen, shown = _conformance_defenses(args)
     bar = None
@@ -151,7 +151,7 @@ def to_params(defense) -> dict[str, Any]:
 
 def _check_invert_options(args: argparse.Namespace) -> None:
     """Every option of ``invert`` checked before anything is loaded or written."""
-    from attacks.inversion import RECONSTRUCTION_ATTACKS
+    from attacks.reconstruction.inversion import RECONSTRUCTION_ATTACKS
     from audit.core.datasets import DATASETS
     from audit.core.models import MODELS
 
@@ -179,7 +179,7 @@ def _check_invert_options(args: argparse.Namespace) -> None:
 def command_invert(args: argparse.Namespace) -> int:
     import time
 
-    from attacks.inversion import invert
+    from attacks.reconstruction.inversion import invert
     from audit.core.atomic import write_bytes, write_json
     from audit.core.datasets import load_dataset
     from audit.core.output_folder import claim

@@ -17,7 +17,7 @@ from audit.commands import EXIT_FAILURE, EXIT_OK
 from audit.core.errors import UserInputError
 
 if TYPE_CHECKING:  # types only: this module loads no torch (see audit.commands)
-    from defenses.claims import PrivacyClaim
+    from defenses.privacy.claims import PrivacyClaim
     from reports.document import AttackRecord, Results
 
 

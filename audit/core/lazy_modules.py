@@ -14,7 +14,7 @@ The first attribute read on the stand-in (``torch.zeros``) imports the module; e
 then kept on the stand-in, so later reads cost what a module's do. The stand-in is never put in
 ``sys.modules``: code that asks whether torch is loaded is told the truth. A module that needs the
 library at import (a class deriving from ``nn.Module``, matplotlib's backend chosen before pyplot)
-is itself imported through a stand-in by the modules that use it (``attacks.inverse_network``,
+is itself imported through a stand-in by the modules that use it (``attacks.reconstruction.inverse_network``,
 ``reports.plots``). tests/audit/test_light_commands.py checks which commands load torch and
 matplotlib.
 """

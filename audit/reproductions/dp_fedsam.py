@@ -23,7 +23,7 @@ from dataclasses import replace
 from audit import study as checks
 from audit.reproductions.proxy import proxy_dataset
 from audit.study import Arm, ClaimCheck, Relation, Study, StudyResults, compare, smaller
-from defenses.accounting import GaussianSchedule, epsilon_trajectory
+from defenses.privacy.accounting import GaussianSchedule, epsilon_trajectory
 
 PAPER = ("Shi, Wei, Shen, Liu, Wang, Yuan, Tao, Towards the Flatter Landscape and Better Generalization in "
          "Federated Learning under Client-level Differential Privacy (arXiv 2305.00873)")

@@ -22,7 +22,7 @@ from audit.study import (
     level_step,
     paired_step,
 )
-from defenses.ldp import shuffle_amplification
+from defenses.blocks.ldp import shuffle_amplification
 
 PAPER = ("Sun, Qian, Chen, LDP-FL: Practical Private Aggregation in Federated Learning with Local Differential "
          "Privacy (IJCAI 2021)")

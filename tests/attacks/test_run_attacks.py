@@ -11,7 +11,7 @@ import pytest
 from attacks.server_view import upload_view
 from audit.cli import main
 from defenses.fedavg import DPFedAvg, DPFedAvgParams, FedAvg
-from defenses.training_job import TrainingConfig
+from defenses.federated.training_job import TrainingConfig
 from tests.helpers import shared_data
 
 

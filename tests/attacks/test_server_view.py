@@ -16,16 +16,16 @@ import numpy as np
 import pytest
 import torch
 
-from attacks.gradient_inversion import GradientInversion, ReconstructionParams
-from attacks.property_inference import flat_gradient, privatised_upload
+from attacks.inference.property_inference import flat_gradient, privatised_upload
+from attacks.reconstruction.gradient_inversion import GradientInversion, ReconstructionParams
 from attacks.server_view import UploadView, upload_view
 from attacks.threat_models import ThreatModel, single_gradient
 from audit.core.datasets import load_dataset
 from audit.core.models import build_model
 from audit.core.seeding import torch_generator
+from defenses.blocks.flat import ParamLayout
 from defenses.fedavg import DPFedAvg, DPFedAvgParams
-from defenses.flat import ParamLayout
-from defenses.training_job import TrainingConfig
+from defenses.federated.training_job import TrainingConfig
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,10 @@ import pytest
 
 from audit.cli import main
 from defenses.ae_dpfl import AEDPFL, AEDPFLParams
-from defenses.engine import FederatedEngine
 from defenses.fedavg import FedAvg
+from defenses.federated.engine import FederatedEngine
+from defenses.federated.training_job import TrainingDiverged
 from defenses.run_batch import joinable, train_together
-from defenses.training_job import TrainingDiverged
 
 CONFIG = """\
 name: divergence

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from attacks.canary_audit import canary_result
+from attacks.canaries.canary_audit import canary_result
 from audit.core.errors import UserInputError
 from audit.external import System, audit_external, stated_claim
 from reports.results import load_results

@@ -265,7 +265,7 @@ NUMBER_COMMANDS = [
     (["epsilon", "--noise", "1", "--rate", "0.1", "--steps", "10", "--delta", "1e-5"],
      ["--noise", "--rate", "--steps", "--delta", "--population"]),
     # the PLD accountant refuses grids past its limits, but one near them takes seconds: σ only here
-    # (a calibration evaluates several σ; tests/defenses/test_accounting.py covers it)
+    # (a calibration evaluates several σ; tests/defenses/privacy/test_accounting.py covers it)
     (["epsilon", "--noise", "1", "--rate", "0.1", "--steps", "10", "--delta", "1e-5", "--accountant", "pld"],
      ["--noise", "--rate", "--steps", "--delta"]),
     (["epsilon", "--target-epsilon", "1", "--rate", "0.1", "--steps", "10", "--delta", "1e-5"],

@@ -93,7 +93,7 @@ def test_list_states_the_claims_at_the_layout_of_the_built_default_model():
     from audit.commands.catalog import default_layout
     from audit.config import AuditConfig
     from audit.core.models import build_model
-    from defenses.flat import ParamLayout
+    from defenses.blocks.flat import ParamLayout
 
     config = AuditConfig()
     built = build_model(config.model.name, (1, 8, 8), 10, dict(config.model.options))

@@ -20,7 +20,7 @@ from audit.cli import main
 from audit.core.errors import UserInputError
 from audit.external import stated_claim
 from audit.own_training import audit_training, dataset_pool
-from defenses.accounting import GaussianSchedule, compute_epsilon
+from defenses.privacy.accounting import GaussianSchedule, compute_epsilon
 from reports.results import load_results
 from tests.helpers import load_script, readme_commands, with_out
 

@@ -132,7 +132,7 @@ def test_the_designs_resolve_to_the_dirac_audit_alone(detection, tmp_path):
 
 
 def test_the_broken_variants_act_on_dirac_rows_as_on_dense_rows():
-    from defenses.dirac_rows import DiracRows
+    from defenses.blocks.dirac_rows import DiracRows
     from defenses.fedavg import DPFedAvg, DPFedAvgParams
     from tests.defenses import broken_dp_fedavg as broken
 

@@ -11,7 +11,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from audit.core.models import build_model
-from defenses.local_training import LocalObjective
+from defenses.blocks.local_training import LocalObjective
 from tests.helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[2]

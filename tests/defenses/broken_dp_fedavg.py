@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from defenses.clipping import clip_rows, clip_rows_per_tensor
-from defenses.dirac_rows import DiracRows
+from defenses.blocks.clipping import clip_rows, clip_rows_per_tensor
+from defenses.blocks.dirac_rows import DiracRows
 from defenses.fedavg import DPFedAvg
 
 

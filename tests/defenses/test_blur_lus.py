@@ -10,6 +10,9 @@ import pytest
 import torch
 
 from audit.core.errors import UserInputError
+from defenses.blocks.flat import ParamLayout, parameters_of
+from defenses.blocks.local_training import LocalObjective, mean_loss_gradient
+from defenses.blocks.sparsify import kept_per_tensor
 from defenses.blur_lus import (
     BLURLUSParams,
     BLURObjective,
@@ -20,12 +23,9 @@ from defenses.blur_lus import (
     LUSParams,
     lus_mask,
 )
-from defenses.engine import FederatedEngine
 from defenses.fedavg import DPFedAvg, DPFedAvgParams, FedAvg
-from defenses.flat import ParamLayout, parameters_of
-from defenses.local_training import LocalObjective, mean_loss_gradient
-from defenses.sparsify import kept_per_tensor
-from defenses.training_job import TrainingConfig
+from defenses.federated.engine import FederatedEngine
+from defenses.federated.training_job import TrainingConfig
 
 
 def _same(a, b) -> bool:

@@ -10,17 +10,17 @@ import torch
 from scipy import stats
 
 from audit.core.errors import UserInputError
-from defenses.accounting import GaussianSchedule, compute_epsilon, rdp_per_round, rdp_to_epsilon
 from defenses.ae_dpfl import AEDPFL, AEDPFLParams, vote_histogram
 from defenses.base import AccountingSettings
-from defenses.clipping import clip_rows
+from defenses.blocks.clipping import clip_rows
+from defenses.blocks.flat import ParamLayout
+from defenses.blocks.noise import discrete_gaussian
+from defenses.blocks.rotation import hadamard, padded_dimension, random_signs, rotate, unrotate
+from defenses.blocks.secure_aggregation import modular_sum, wrap
 from defenses.ddgauss import DDGauss, DDGaussParams, DDGaussSetting
-from defenses.flat import ParamLayout
-from defenses.noise import discrete_gaussian
-from defenses.rotation import hadamard, padded_dimension, random_signs, rotate, unrotate
-from defenses.secure_aggregation import modular_sum, wrap
-from defenses.subsampled_rdp import poisson_subsampled_rdp
-from defenses.training_job import TrainingConfig
+from defenses.federated.training_job import TrainingConfig
+from defenses.privacy.accounting import GaussianSchedule, compute_epsilon, rdp_per_round, rdp_to_epsilon
+from defenses.privacy.subsampled_rdp import poisson_subsampled_rdp
 from tests.defenses.test_blur_lus import _round_context
 
 
@@ -194,7 +194,7 @@ def test_ddgauss_summed_noise_is_the_accounted_one_with_and_without_canaries(dig
     [χ²_N(α/2), χ²_N(1 − α/2)]·v/N at α = 1e-6."""
     from dataclasses import replace
 
-    from defenses.engine import FederatedEngine
+    from defenses.federated.engine import FederatedEngine
 
     clip, sigma = 0.5, 1.0
     job = digits_job(sampling="fixed", clients_per_round=4)

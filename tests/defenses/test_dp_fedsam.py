@@ -10,8 +10,10 @@ import torch
 from scipy import stats
 
 from audit.core.errors import UserInputError
-from defenses.accounting import GaussianSchedule, compute_epsilon
 from defenses.base import AccountingSettings
+from defenses.blocks.flat import ParamLayout, parameters_of
+from defenses.blocks.local_training import LocalObjective
+from defenses.blocks.sparsify import kept_per_tensor
 from defenses.dp_fedsam import (
     DPFedSAM,
     DPFedSAMParams,
@@ -24,10 +26,8 @@ from defenses.dp_fedsam import (
 )
 from defenses.fed_smp import FedSMPParams, FedSMPRandK, FedSMPTopK
 from defenses.fedavg import DPFedAvg, DPFedAvgParams, FedAvg
-from defenses.flat import ParamLayout, parameters_of
-from defenses.local_training import LocalObjective
-from defenses.sparsify import kept_per_tensor
-from defenses.training_job import TrainingConfig
+from defenses.federated.training_job import TrainingConfig
+from defenses.privacy.accounting import GaussianSchedule, compute_epsilon
 from tests.defenses.test_blur_lus import _round_context, _same
 
 

@@ -10,16 +10,16 @@ import pytest
 import torch
 from scipy import stats
 
-from defenses.accounting import GaussianSchedule, compute_epsilon
 from defenses.base import AccountingSettings
+from defenses.blocks.flat import ParamLayout, parameters_of
+from defenses.blocks.partial_dct import PartialDCT
+from defenses.federated.training_job import RecordSpec, TrainingConfig
 from defenses.fl_basic import FLBasic, FLBasicDP, FLBasicDPParams
 from defenses.fl_cs import FLCS, FLCSParams
 from defenses.fl_std import FLStd, FLStdDP, FLStdDPParams, FLStdParams
 from defenses.fl_top import FLTop, FLTopDP, FLTopDPParams, FLTopParams
-from defenses.flat import ParamLayout, parameters_of
-from defenses.partial_dct import PartialDCT
+from defenses.privacy.accounting import GaussianSchedule, compute_epsilon
 from defenses.subset_training import SubsetDPParams, SubsetParams, kept_count, table_kilobytes
-from defenses.training_job import RecordSpec, TrainingConfig
 from tests.defenses.test_blur_lus import _round_context
 
 PAPER_N = 1_663_370

@@ -9,20 +9,20 @@ import numpy as np
 import pytest
 import torch
 
-from attacks.mechanism_audit import audit_two_point
+from attacks.mechanism_audits.mechanism_audit import audit_two_point
 from audit.core.errors import UserInputError
 from defenses.base import AccountingSettings
-from defenses.claims import ADVERSARIES
-from defenses.flat import ParamLayout
-from defenses.ldp import (
+from defenses.blocks.flat import ParamLayout
+from defenses.blocks.ldp import (
     perturb,
     probability_up,
     shuffle_amplification,
     two_point,
     two_point_magnitude,
 )
+from defenses.federated.training_job import RecordSpec, TrainingConfig
 from defenses.ldp_fl import LDPFL, LDPFLParams, split_and_shuffle
-from defenses.training_job import RecordSpec, TrainingConfig
+from defenses.privacy.claims import ADVERSARIES
 from tests.defenses.test_blur_lus import _round_context
 
 
@@ -125,7 +125,7 @@ def test_unlinked_view_has_no_identities_and_two_values_per_id(digits_job):
 
 def _initial_vector(job):
     from audit.core.seeding import seed_torch
-    from defenses.flat import parameters_of
+    from defenses.blocks.flat import parameters_of
 
     seed_torch(job.seed, "torch")
     model = job.model_factory()

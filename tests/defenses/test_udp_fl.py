@@ -12,12 +12,12 @@ from scipy import stats
 
 from audit.core.errors import UserInputError
 from defenses.base import AccountingSettings
-from defenses.dp_sgd import clip_factors, per_example_gradients
+from defenses.blocks.dp_sgd import clip_factors, per_example_gradients
+from defenses.blocks.flat import ParamLayout, parameters_of
+from defenses.blocks.local_training import client_batches
 from defenses.fedavg import FedAvg
-from defenses.flat import ParamLayout, parameters_of
-from defenses.local_training import client_batches
+from defenses.federated.training_job import TrainingConfig
 from defenses.nbafl import NbAFL, NbAFLParams, downlink_std, uplink_std
-from defenses.training_job import TrainingConfig
 from defenses.udp_fl import UDPFL, UDPFLParams
 from tests.defenses.test_blur_lus import _round_context
 
@@ -106,7 +106,7 @@ def test_group_noise_is_keyed_by_everything_it_depends_on(digits_job):
 
 def test_shuffling_leaves_the_model_unchanged_and_hides_identities(digits_job):
     """§8.9: the shuffler permutes uploads (and their weights); FedAvg's result is unchanged."""
-    from defenses.training_job import RecordSpec
+    from defenses.federated.training_job import RecordSpec
 
     job = replace(digits_job(rounds=2, local_steps=1, aggregation="weighted"), record=RecordSpec(upload_rounds="all"))
     plain = _udp(noise=1.0).train(job)
@@ -138,7 +138,7 @@ def test_one_client_noiseless_fedavg_is_centralised_training(digits_job):
     outcome = FedAvg().train(job)
     torch.manual_seed(0)
     from audit.core.seeding import seed_torch
-    from defenses.engine import batch_stream
+    from defenses.federated.engine import batch_stream
 
     seed_torch(job.seed, "torch")
     model = job.model_factory()

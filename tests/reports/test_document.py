@@ -16,7 +16,7 @@ import pytest
 
 from audit.core.atomic import dumps
 from audit.core.typed_json import from_json, json_schema, to_json
-from defenses.claims import PrivacyClaim
+from defenses.privacy.claims import PrivacyClaim
 from reports.document import SCHEMA_FILE, Experiment, Results, results_schema
 
 

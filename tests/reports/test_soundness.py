@@ -18,7 +18,7 @@ from audit.cli import main
 from audit.core import audit_power
 from audit.core.audit_power import gdp_delta, gdp_mu, one_run_power, tight_scores
 from audit.core.empirical_epsilon import OneRunAudit, one_run_audit
-from defenses.claims import PrivacyClaim
+from defenses.privacy.claims import PrivacyClaim
 from reports.document import Estimate, Verdict
 from reports.soundness import claim_bound, family_verdicts, verdict
 from tests.helpers import tiny_config

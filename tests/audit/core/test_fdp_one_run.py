@@ -39,7 +39,7 @@ from audit.core.fdp_one_run import (
     gdp_epsilon,
     gdp_mu_lower_bound,
 )
-from defenses.claims import PrivacyClaim
+from defenses.privacy.claims import PrivacyClaim
 from reports.soundness import family_verdicts, verdict
 
 

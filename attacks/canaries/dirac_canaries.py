@@ -1,0 +1,277 @@
+"""Dirac canary clients at scale: one canary client per model coordinate, over as many runs as
+10⁵ independent coins need, each read by every observer the claim names.
+
+**Design** (Andrew et al. 2024, "One-shot Empirical Privacy Estimation for Federated Learning",
+canary clients; Nasr et al. 2023, "Tight Auditing of Differentially Private Machine Learning",
+Dirac canaries read at every iterate; Steinke, Nasr, Jagielski 2023, one-run counting): run r
+gets one canary client per coordinate j of a random permutation — at most d canaries — with a
+random sign s and an independent fair coin. An inserted canary's *raw* update is s·U·e_j with
+U = ``amplitude``·S (S the defense's clip) and enters the defense's own privatisation before
+clipping (:class:`defenses.blocks.dirac_rows.DiracRows` through :meth:`Defense.privatize` and
+:meth:`Defense.aggregate`): a clip that is skipped shows as an upload of U instead of S, lower
+noise as a larger standardised shift. A held-out canary follows the claim's relation: under
+zero-out it takes part and uploads zero, under add/remove it is absent. Canaries join rounds
+like clients (Poisson at the clients' rate).
+
+**Why canaries do not interfere.** The aggregate is a sum: canaries on distinct coordinates add
+to distinct coordinates, and each is clipped on its own. What remains is training dynamics —
+the real clients train on a model the other canaries moved — and it cannot bias the bound: the
+one-run analyses (Steinke et al. 2023; Mahloujifar et al. 2024) hold for any mechanism that is DP
+with respect to each canary, whatever the other canaries do, because they condition on the
+other coins. Interference only costs power (Keinan, Shenfeld, Ligett 2025), and a Dirac canary's
+coordinate carries little of the real clients' signal.
+
+**Observers** — each result is compared with *that observer's* figure of the run's claim
+(:meth:`defenses.privacy.claims.PrivacyClaim.for_observer`):
+
+* ``final model`` (released; participation unknown): s·(w_T − w_0)_j;
+* ``all iterates`` (released — every round's global model, as each client receives it;
+  participation unknown): the mixture log-likelihood ratio over rounds of the standardised
+  readings z_t = s·(w_t − w_{t−1})_j·D_t / (η_g·σ·S), D_t the defense's divisor and σ the noise
+  multiplier the claim accounts — the statistic optimal against the claimed subsampled Gaussian
+  (:mod:`audit.core.gaussian_canary_statistics`);
+* ``each upload`` (the server without secure aggregation; participation known): the weighted
+  standardised sum of the canary's own uploads at j over the rounds it joined, each with the
+  per-upload noise S·σ/√|P_t|; where the server sees only the aggregate, the standardised sum
+  of the iterate readings over the rounds the canary joined (``aggregate, participation known``).
+  Where it sees each upload, the uploads are also tested against the claimed mechanism itself
+  (:mod:`audit.core.upload_conformance`): held-out canaries' uploads for the noise the server's
+  figure accounts, inserted ones for the clip, every round — a bug that touches a few canaries
+  (one client a round left unclipped) cannot move a one-run count over 10⁵ coins, but one upload
+  of ±U where ±S belongs is beyond any Gaussian noise.
+
+The server's figure is the run's own: canary clients are clients, so its population is N + K
+and a figure that depends on it (one upload's noise σS/√|P_t|) is the one for N + K.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+
+from attacks.base import ATTACKS, AttackResult, Setting
+from attacks.canaries.canary_audit import (
+    CanaryAudit,
+    CanaryContext,
+    CanaryInjection,
+    CanaryRun,
+    canary_result,
+)
+from audit.core.audit_power import preregistered_fraction
+from audit.core.errors import UserInputError
+from audit.core.gaussian_canary_statistics import mixture_log_likelihood_ratio, standardised_sum
+from audit.core.lazy_modules import lazy_module
+from audit.core.seeding import numpy_rng
+from audit.core.upload_conformance import upload_conformance
+from defenses.privacy.claims import PrivacyClaim
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
+
+OBSERVERS = ("final model", "all iterates", "server")
+
+STATISTICS = {
+    "final model": "signed final change s·(w_T − w_0)_j",
+    "all iterates": "mixture log-likelihood ratio of the standardised per-round readings (subsampled Gaussian)",
+    "each upload": "standardised sum of the canary's own uploads over the rounds it joined",
+    "aggregate, participation known": "standardised sum of the per-round readings over the rounds the canary joined",
+}
+
+
+@dataclass(frozen=True)
+class DiracCanaryParams:
+    coins: int = field(default=100_000, metadata={
+        "min": 4, "max": 10_000_000,
+        "help": "independent coins in all: runs of up to one canary per model coordinate until this many"})
+    per_run: int = field(default=0, metadata={"min": 0, "help": "canary clients per run (0: one per model coordinate)"})
+    amplitude: float = field(default=1000.0, metadata={
+        "min": 1.0, "max": 1e6, "help": "U/S: a canary's raw update is ±U on its coordinate, U = amplitude × the clip"})
+    observers: list[Literal["final model", "all iterates", "server"]] = field(
+        default_factory=lambda: list(OBSERVERS), metadata={"min_length": 1, "help": "whose view to read (a result each)"})
+
+
+def preregistered_levels(claim: PrivacyClaim | None, coins: int) -> dict[str, tuple[float, ...]]:
+    """Per ε figure, the one abstention level the design's power analysis picks against the
+    observer's claim (:func:`audit.core.audit_power.preregistered_fraction`: coins, claim and test
+    only, nothing observed); empty where the claim gives no finite (ε, δ > 0) to plan against."""
+    if claim is None or not claim.is_private or not claim.delta > 0:
+        return {}
+    out = {}
+    for name, method in (("epsilon_one_run", "steinke"), ("epsilon_one_run_fdp", "fdp")):
+        fraction = preregistered_fraction(coins, float(claim.epsilon), float(claim.delta), method)
+        if fraction is not None:
+            out[name] = (fraction,)
+    return out
+
+
+@ATTACKS.register("dirac-canaries")
+class DiracCanaries(CanaryAudit):
+    name = "dirac-canaries"
+    summary = ("Dirac canary clients at scale (one per coordinate, 10⁵ coins), read by the released models, every "
+               "iterate and the server")
+    reference = ("Nasr et al. 2023 (Dirac canaries, every iterate); Andrew et al. 2024 (canary clients); "
+                 "Steinke, Nasr, Jagielski 2023 and Mahloujifar, Melis, Chaudhuri 2024 (one-run bounds)")
+    Params = DiracCanaryParams
+    unit = "client"
+
+    def not_applicable(self, defense) -> str | None:
+        if not defense.update_canaries:
+            return (f"'{defense.name}' cannot take canary clients (its privatisation needs client data, or clients "
+                    "do not upload updates)")
+        if not defense.private:
+            return f"'{defense.name}' makes no DP claim: Dirac canaries audit a claim"
+        return None
+
+    def refused(self, defense, training) -> str | None:
+        """Why the defense's privatisation cannot take Dirac rows (None: it can)."""
+        return defense.dirac_canaries_refused(training)
+
+    def check(self, field_path: str, setting: Setting) -> None:
+        if len(set(self.params.observers)) != len(self.params.observers):
+            raise UserInputError(f"{field_path}.params.observers: {self.params.observers} repeats an observer; "
+                                 f"allowed: a subset of {list(OBSERVERS)}")
+
+    def needs_iterates(self) -> bool:
+        return "all iterates" in self.params.observers or "server" in self.params.observers
+
+    def needs_records(self) -> bool:
+        return True
+
+    def per_run(self, dim: int) -> int:
+        return min(dim, self.params.per_run or dim)
+
+    def run_count(self, dim: int) -> int:
+        """Runs of :meth:`per_run` canaries that give at least ``coins`` coins."""
+        return max(1, -(-self.params.coins // self.per_run(dim)))
+
+    def injection(self, context: CanaryContext, run: int) -> CanaryInjection:
+        dim = context.layout.dim
+        count = self.per_run(dim)
+        rng = numpy_rng(context.seed, "canaries", self.label, run, "coordinates")
+        coords = rng.permutation(dim)[:count]
+        signs = rng.choice([-1.0, 1.0], size=count)
+        return CanaryInjection(self.inclusion(context, run, count), dirac_coords=coords,
+                               dirac_values=signs * self.params.amplitude * self._clip(context))
+
+    # ------------------------------------------------------------------ statistics
+
+    def evaluate(self, context: CanaryContext, runs: list[CanaryRun], model: torch.nn.Module) -> list[AttackResult]:
+        inserted = np.stack([run.injection.inserted for run in runs])
+        claim = runs[0].claim
+        if claim is None:
+            raise ValueError("the Dirac canary audit needs each run's own claim")
+        released = claim.against("released")
+        sigma = released.noise_multiplier if released is not None else None
+        results = []
+        for observer in self.params.observers:
+            if observer == "server":
+                result = self._server_result(context, runs, inserted, claim, sigma)
+            else:
+                scores = np.stack([self._released_scores(context, run, observer, sigma) for run in runs]) \
+                    if observer == "final model" or sigma else None
+                result = self._result(context, runs, inserted, scores, observer, claim.for_observer("released"),
+                                      "" if sigma or observer == "final model" else
+                                      "the claim accounts no Gaussian noise multiplier to standardise with")
+            results.append(result)
+        return results
+
+    def _result(self, context: CanaryContext, runs: list[CanaryRun], inserted: np.ndarray, scores: np.ndarray | None,
+                observation: str, claim: PrivacyClaim | None, missing: str) -> AttackResult:
+        adversary = "server" if observation in ("each upload", "aggregate, participation known") else "released"
+        delta = claim.delta if claim is not None and claim.is_private and claim.delta > 0 else context.delta
+        coins = inserted.size
+        notes = (f"{coins} Dirac canary clients over {len(runs)} run(s), {int(inserted.sum())} inserted; "
+                 f"raw update ±{self.params.amplitude:g}·S before the defense's clip; observed: {observation}; "
+                 f"statistic: {STATISTICS[observation]}; compared with the {adversary} figure of the run's claim")
+        if scores is None:
+            scores = np.zeros(inserted.shape)
+            notes += f"; no statistic: {missing}"
+        levels = preregistered_levels(claim, inserted.size)
+        if levels:
+            notes += ("; abstention levels fixed in advance by the design's power against the claim (each tested at the "
+                      "full α): " + ", ".join(f"{name} {fractions[0]:.1%} of the coins" for name, fractions in levels.items()))
+        result = canary_result(self.label, self.unit, scores, inserted, delta, context.seed, notes, levels=levels)
+        result.variant = "" if observation == "final model" else observation.split(",")[0].replace(" ", "-")
+        result.observation, result.adversary, result.claim = observation, adversary, claim
+        result.statistic = STATISTICS[observation]
+        if missing:
+            result.metrics = {k: v for k, v in result.metrics.items() if not k.startswith("epsilon")}
+            result.epsilon_kind, result.evidence = {}, {}
+        return result
+
+    def _released_scores(self, context: CanaryContext, run: CanaryRun, observer: str, sigma: float | None) -> np.ndarray:
+        coords, signs = self._coords_signs(run)
+        if observer == "final model":
+            return signs * (run.final - run.initial).to(torch.float64).numpy()[coords]
+        assert sigma is not None
+        readings = self._iterate_readings(context, run, coords, signs, sigma)
+        rate = context.training.sampling_rate(context.clients)
+        return mixture_log_likelihood_ratio(readings, 1.0 / sigma, rate)
+
+    def _server_result(self, context: CanaryContext, runs: list[CanaryRun], inserted: np.ndarray, claim: PrivacyClaim,
+                       sigma: float | None) -> AttackResult:
+        observation = "each upload" if context.defense.observes == "uploads" else "aggregate, participation known"
+        server_claim = claim.for_observer("server")
+        if not sigma:
+            return self._result(context, runs, inserted, None, observation, server_claim,
+                                "the claim accounts no Gaussian noise multiplier to standardise with")
+        scores, blocks = [], []
+        for run in runs:
+            coords, signs = self._coords_signs(run)
+            assert run.server_view is not None and run.metrics is not None
+            uploads = run.server_view["dirac/uploads"].to(torch.float64).numpy()  # [T, K], NaN: did not join
+            if uploads.shape[1] != len(coords):
+                return self._result(context, runs, inserted, None, observation, server_claim,
+                                    "held-out canaries are absent (an add/remove design), and the server, which sees who "
+                                    "takes part, would read participation itself")
+            taken = ~np.isnan(uploads)
+            if observation == "each upload":
+                counts = np.array([float(r.get("participants", 0)) + float(r.get("canary_participants", 0))
+                                   for r in run.metrics])
+                # one upload's noise is S·σ/√|P_t|: reading z = s·u·√|P_t|/(σS), shift μ_t = √|P_t|/σ
+                shifts = np.sqrt(counts) / sigma
+                z = (signs[None, :] * np.nan_to_num(uploads) * shifts[:, None] / self._clip(context)).T
+                scores.append(standardised_sum(z, taken.T, shifts))
+                blocks.append(uploads)
+            else:
+                readings = self._iterate_readings(context, run, coords, signs, sigma)
+                scores.append(standardised_sum(readings, taken.T))
+        result = self._result(context, runs, inserted, np.stack(scores), observation, server_claim, "")
+        accounted = claim.against("server")
+        if blocks and accounted is not None and accounted.covered and accounted.noise_multiplier:
+            # the least per-upload noise std the server's figure accounts: its multiplier per change
+            # one client can make (the clip S, zero-out neighbours) times S
+            clip = self._clip(context)
+            result.conformance = upload_conformance(blocks, list(inserted), clip, accounted.noise_multiplier * clip)
+            if result.conformance is not None:
+                result.notes += f"; uploads against the claimed clip and noise: {result.conformance.describe()}"
+        return result
+
+    @staticmethod
+    def _clip(context: CanaryContext) -> float:
+        """S: the largest contribution a client can make (:meth:`Defense.canary_norm`)."""
+        return context.defense.canary_norm(torch.empty(0))
+
+    @staticmethod
+    def _coords_signs(run: CanaryRun) -> tuple[np.ndarray, np.ndarray]:
+        injection = run.injection
+        assert injection.dirac_coords is not None and injection.dirac_values is not None
+        return injection.dirac_coords, np.sign(injection.dirac_values)
+
+    @classmethod
+    def _iterate_readings(cls, context: CanaryContext, run: CanaryRun, coords: np.ndarray, signs: np.ndarray,
+                          sigma: float) -> np.ndarray:
+        """z_{k,t} = s_k·(w_t − w_{t−1})_{j_k}·D_t/(η_g·σ·S): [K, T], N(0, 1) plus the real
+        clients' drift for a held-out canary, shifted by 1/σ in a round an inserted one joined."""
+        if run.iterates is None or run.metrics is None:
+            raise ValueError("the all-iterates statistic needs every round's global model and the run's metrics")
+        models = torch.cat([run.initial[None, :], run.iterates]).to(torch.float64)
+        deltas = (models[1:] - models[:-1])[:, torch.as_tensor(coords)].numpy()  # [T, K]
+        divisors = np.array([float(r.get("divisor") or 1.0) for r in run.metrics])[:, None]
+        z = deltas * divisors / (context.training.server_lr * sigma * cls._clip(context))
+        return (signs[None, :] * z).T
+

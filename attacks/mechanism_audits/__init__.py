@@ -1,0 +1,9 @@
+"""Audits of the mechanism itself rather than of a trained model.
+
+:mod:`~attacks.mechanism_audits.conformance` checks, observer by observer and round by round, that a
+defense's own code releases the noise its claim accounts for; :mod:`~attacks.mechanism_audits.mechanism_audit`
+audits one clipped-and-noised step with the optimal test. Neither imports another attack.
+
+Extension interface: an audit takes a defense through :mod:`defenses.federated.release_probe` (its
+real code path) and returns a verdict with its statistics and power.
+"""

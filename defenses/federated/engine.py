@@ -1,0 +1,357 @@
+"""The federated round loop shared by every round-based defense.
+
+One round (McMahan et al. 2017, FedAvg; 2018, DP-FedAvg Alg. 1):
+
+1. sample participants P_t — Poisson (each client independently with probability q) or a
+   fixed-size sample without replacement;
+2. every participant trains locally from the global model w (SGD, by epochs or iterations),
+   giving an update Δ_i = w_i − w; clients run batched (:func:`train_batched`) or one by one;
+3. the defense privatises the updates (:meth:`Defense.privatize`: clip, noise, ...), which is
+   what the clients upload;
+4. the defense aggregates the uploads (:meth:`Defense.aggregate`, a mean by default) and the
+   server steps w ← w + η_g · aggregate;
+5. metrics: pre-clip update norms, clip fraction, test loss/accuracy, ε so far; and the
+   server view (uploads and global models of the rounds and clients chosen for recording);
+6. divergence: a non-finite global model (or a non-finite loss in an evaluated round) stops
+   the run with :class:`TrainingDiverged` naming the round (a result the pipeline records).
+
+Randomness: the participants of round t come from stream ``(seed, "round", t, "sampling")``,
+client i's batches from the keyed Philox stream ``(seed, "round", t, "client", i, "batches")``
+(:func:`batch_stream`); defenses draw noise
+from :meth:`RoundContext.client_generator` / :meth:`RoundContext.server_generator`.
+
+What a run is given, what the hooks see each round and what a run returns (:class:`TrainingJob`,
+:class:`RoundContext`, :class:`TrainingOutcome`, ...) are in :mod:`defenses.federated.training_job`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from audit.core.lazy_modules import lazy_module
+from audit.core.seeding import numpy_rng, philox_rng, seed_torch
+from defenses.blocks.dirac_rows import DiracRows
+from defenses.blocks.flat import ParamLayout, parameters_of
+from defenses.blocks.local_training import TRAINERS, LocalSchedule, OptimizerSettings
+from defenses.federated.evaluation import evaluate
+from defenses.federated.round_defense import RoundDefense
+from defenses.federated.training_job import (
+    RoundContext,
+    RunState,
+    TrainingConfig,
+    TrainingDiverged,
+    TrainingJob,
+    TrainingOutcome,
+)
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
+    nn = lazy_module("torch.nn")
+
+
+LOSS_NAMES = {"train_loss": "training loss", "test_loss": "test loss"}
+
+
+def divergence(params: torch.Tensor | dict[str, torch.Tensor], row: dict[str, Any] | None = None,
+               losses: tuple[str, ...] = ()) -> str | None:
+    """What is non-finite after a round — the global parameters (a flat vector or a parameter dict),
+    or one of the ``losses`` named in the round's metrics ``row`` — or None when all is finite."""
+    tensors = params.values() if isinstance(params, dict) else (params,)
+    if not all(bool(torch.isfinite(t).all()) for t in tensors):
+        return "non-finite parameters"
+    for name in losses:
+        value = (row or {}).get(name)
+        if value is not None and not math.isfinite(value):
+            return f"non-finite {LOSS_NAMES.get(name, name)}"
+    return None
+
+
+def mean_update(uploads: torch.Tensor, ctx: RoundContext, denominator: float | None = None) -> torch.Tensor:
+    """Uniform mean (1/|P_t| or 1/denominator) or client-size-weighted mean of the uploads."""
+    if ctx.training.aggregation == "weighted":
+        weights = torch.as_tensor(ctx.sizes / ctx.sizes.sum(), dtype=uploads.dtype, device=uploads.device)
+        return weights @ uploads
+    return uploads.sum(0) / (denominator if denominator is not None else uploads.shape[0])
+
+
+def sample_participants(num_clients: int, training: TrainingConfig, seed: int, round_index: int) -> np.ndarray:
+    rng = numpy_rng(seed, "round", round_index, "sampling")
+    if training.sampling == "poisson":
+        return np.flatnonzero(rng.random(num_clients) < training.client_rate)
+    return np.sort(rng.choice(num_clients, size=training.round_size(num_clients), replace=False))
+
+
+def batch_stream(seed: int, round_index: int, client: int) -> np.random.Generator:
+    """The stream of client ``client``'s mini-batch order in round ``round_index`` (a keyed Philox:
+    the engine creates one per participant and round, so creation cost matters)."""
+    return philox_rng(seed, "round", round_index, "client", int(client), "batches")
+
+
+def sample_canaries(count: int, rate: float, seed: int, round_index: int) -> np.ndarray:
+    """Canary clients joining round ``round_index`` (Poisson at the clients' sampling rate)."""
+    return np.flatnonzero(numpy_rng(seed, "round", round_index, "canaries").random(count) < rate)
+
+
+def canary_clients(ctx: RoundContext) -> np.ndarray:
+    """Which participants of ``ctx`` are canary clients (a boolean per participant):
+    :meth:`FederatedEngine.add_canaries` gives them the ids N, N+1, ... after the N real clients."""
+    return np.asarray(ctx.participants) >= ctx.num_clients
+
+
+def initial_vector(model_factory: Callable[[], nn.Module], seed: int) -> tuple[nn.Module, ParamLayout, torch.Tensor]:
+    """The initial global model of a run with this seed (the same draw :meth:`FederatedEngine.run` makes)."""
+    seed_torch(seed, "torch")  # model init and dropout
+    model = model_factory()
+    layout = ParamLayout.of(model)
+    return model, layout, layout.flatten(parameters_of(model))
+
+
+def _norm_summary(norms: torch.Tensor) -> dict[str, float]:
+    values = norms.detach().to(torch.float64).cpu().numpy()
+    q = np.quantile(values, [0.0, 0.25, 0.5, 0.75, 1.0])
+    return {"update_norm_min": float(q[0]), "update_norm_q25": float(q[1]), "update_norm_median": float(q[2]),
+            "update_norm_q75": float(q[3]), "update_norm_max": float(q[4]), "update_norm_mean": float(values.mean())}
+
+
+def chunk_size(training: TrainingConfig, dim: int, factor: float = 1.0) -> int:
+    """Clients per batched computation: the configured value, or about 2^25 parameter-sized values in
+    all; ``factor`` is how many parameter-sized tensors one client needs (e.g. per-example gradients)."""
+    return training.client_chunk or max(1, int((1 << 25) // max(1.0, dim * factor)))
+
+
+def train_in_chunks(steps: list[int], size: int, train: Callable[[list[int]], torch.Tensor],
+                    start: torch.Tensor) -> torch.Tensor:
+    """The trained flat parameters [rows, d] of clients with ``steps`` local steps each, computed by
+    ``train(rows)`` in chunks of at most ``size`` rows; ``start`` [rows, d] holds where each row
+    starts. Rows with similar step counts share a chunk, so little padding is computed; one chunk
+    in row order needs no reassembly. A row with no local step (a client holding no records, as
+    the clients a membership run leaves out) is its start: it is not computed at all — in a chunk
+    beside training rows it would be carried through every step for nothing."""
+    order = [i for i in sorted(range(len(steps)), key=lambda i: -steps[i]) if steps[i] > 0]
+    if len(order) == len(steps) and len(order) <= size and order == sorted(order):
+        return train(order)
+    out = start.clone()
+    for chunk in (order[i:i + size] for i in range(0, len(order), size)):
+        out[torch.as_tensor(chunk, device=out.device)] = train(chunk)
+    return out
+
+
+def optimizer_settings(training: TrainingConfig, lr: float) -> OptimizerSettings:
+    return OptimizerSettings(lr, training.momentum, training.weight_decay, training.optimizer)
+
+
+def norm_list(norms: torch.Tensor) -> list[float]:
+    """Norms rounded to 6 significant digits, for the per-round distribution in metrics.jsonl."""
+    return [float(f"{v:.6g}") for v in norms.detach().to(torch.float64).cpu().tolist()]
+
+
+class FederatedEngine:
+    """Runs a round-based defense on a :class:`TrainingJob`."""
+
+    def __init__(self, defense: RoundDefense, job: TrainingJob):
+        self.defense = defense
+        self.job = job
+
+    def schedule(self, participants: np.ndarray, round_index: int) -> LocalSchedule:
+        job = self.job
+        batches = [self.defense.local_batches(len(job.clients[c]), job.training, batch_stream(job.seed, round_index, c))
+                   for c in participants]
+        return LocalSchedule.build(batches, [job.clients[c] for c in participants], participants)
+
+    def context(self, round_index: int, participants: np.ndarray, model: nn.Module, layout: ParamLayout,
+                global_vector: torch.Tensor, lr: float) -> RoundContext:
+        """Everything the defense's hooks may use in round ``round_index``."""
+        job = self.job
+        sizes = np.array([len(job.clients[c]) for c in participants])
+        return RoundContext(round_index, participants, sizes, len(job.clients), job.training, job.seed, job.device,
+                            model=model, layout=layout, global_vector=global_vector,
+                            client_data=[job.clients[c] for c in participants], pool_x=job.pool_x, pool_y=job.pool_y,
+                            schedule=self.schedule(participants, round_index), lr=lr,
+                            chunk_size=chunk_size(job.training, layout.dim, self.defense.memory_factor(job.training)))
+
+    def local_updates(self, ctx: RoundContext) -> torch.Tensor:
+        """Train the participants locally; returns their raw updates Δ_i = w_i − w as a C×d matrix."""
+        job, training, layout = self.job, self.job.training, ctx.layout
+        trainer = TRAINERS[training.engine]
+        opt = optimizer_settings(training, ctx.lr)
+        objective = self.defense.local_objective()
+        objective.begin_round(ctx)
+        global_params = {n: v.clone() for n, v in ctx.global_params().items()}
+
+        def train(rows: list[int]) -> torch.Tensor:
+            schedule = ctx.schedule.select(rows)
+            return layout.flatten_stacked(trainer(ctx.model, objective, global_params, schedule, job.pool_x, job.pool_y, opt))
+
+        starts = ctx.global_vector.expand(len(ctx.schedule.steps), -1)
+        return train_in_chunks(ctx.schedule.steps, ctx.chunk_size, train, starts) - ctx.global_vector
+
+    def add_canaries(self, updates: torch.Tensor, ctx: RoundContext, row: dict[str, Any]) -> tuple[torch.Tensor, RoundContext]:
+        """Append the canary clients of this round (ids N, N+1, ...) after the real participants.
+
+        A canary uploads its direction scaled by the defense's :meth:`~Defense.canary_rows` (to
+        the clip S, per tensor under per-tensor clipping), only in the job's ``canary_rounds``, and
+        then goes through the same privatisation and aggregation as every client (a defense that
+        must tell them apart, as DDGauss, whose noise shares are set for its real clients, uses
+        :func:`canary_clients`). Canaries join only rounds with at least one real participant
+        (the hooks need a round to exist).
+        """
+        job = self.job
+        directions = job.update_canaries
+        chosen = sample_canaries(len(directions), job.training.sampling_rate(len(job.clients)), job.seed, ctx.round)
+        first, last = job.canary_rounds or (1, job.training.rounds)
+        if not first <= ctx.round + 1 <= last:  # the audit targets other rounds
+            chosen = chosen[:0]
+        row["canary_participants"] = int(len(chosen))
+        if not len(chosen):
+            return updates, ctx
+        honest = torch.linalg.vector_norm(updates, dim=1, dtype=torch.float64)
+        # clients without data (a zero-out design's held-out ones) upload nothing: a canary is
+        # scaled like the clients that trained, not like the empty ones
+        trained = torch.as_tensor(np.asarray(ctx.sizes) > 0, device=honest.device)
+        rows = self.defense.canary_rows(directions[torch.as_tensor(chosen, device=directions.device)].to(updates),
+                                        honest[trained] if bool(trained.any()) else honest)
+        empty = np.array([], dtype=np.int64)
+        ctx = replace(ctx, participants=np.concatenate([ctx.participants, len(job.clients) + chosen]),
+                      sizes=np.concatenate([ctx.sizes, np.full(len(chosen), max(1, int(np.median(ctx.sizes))))]),
+                      client_data=list(ctx.client_data) + [empty] * len(chosen))
+        return torch.cat([updates, rows]), ctx
+
+    def dirac_round(self, ctx: RoundContext, row: dict[str, Any]) -> tuple[RoundContext, np.ndarray]:
+        """This round's Dirac canary clients (:attr:`TrainingJob.dirac_canaries`): each joins
+        like a client — Poisson at the clients' sampling rate, from its own stream — and counts in
+        |P_t|. Returns the context carrying them and which canaries (positions) joined."""
+        canaries = self.job.dirac_canaries
+        assert canaries is not None
+        chosen = sample_canaries(len(canaries), self.job.training.sampling_rate(len(self.job.clients)), self.job.seed,
+                                 ctx.round)
+        row["canary_participants"] = int(len(chosen))
+        index = torch.as_tensor(chosen, dtype=torch.long)
+        rows = DiracRows(canaries.coords[index.to(canaries.coords.device)], canaries.values[index.to(canaries.values.device)],
+                         canaries.dim)
+        return replace(ctx, canaries=rows), chosen
+
+    def start(self) -> RunState:
+        """Initialise the run: the initial global model, the bound defense, its ε trajectory."""
+        job, training = self.job, self.job.training
+        model, layout, _ = initial_vector(job.model_factory, job.seed)
+        model = model.to(job.device)
+        model.train()
+        defense = self.defense = self.defense if self.defense.layout is not None else self.defense.bind(layout)
+        global_vector = layout.flatten(parameters_of(model))
+        defense.prepare(job, model, {n: v.clone() for n, v in layout.unflatten(global_vector).items()})
+        members = torch.as_tensor(np.concatenate(job.clients) if job.clients else np.array([], dtype=np.int64),
+                                  device=job.pool_x.device)
+        defense.validate(training, len(job.clients))
+        trajectory = defense.epsilon_trajectory(training, len(job.clients), job.delta, job.accounting)
+        test_x, test_y = defense.test_split(job)
+        state = RunState(model, layout, global_vector, members, trajectory, test_x, test_y)
+        if job.dirac_canaries is not None:
+            reason = defense.dirac_canaries_refused(training)
+            if reason is not None:
+                raise ValueError(f"{defense.name} cannot take Dirac canary clients: {reason}")
+            state.dirac_uploads = torch.full((training.rounds, len(job.dirac_canaries)), math.nan)
+        return state
+
+    def begin_round(self, state: RunState, t: int) -> tuple[RoundContext | None, dict[str, Any]]:
+        """Round ``t``'s participants and context (None when the Poisson sample is empty)."""
+        job, training = self.job, self.job.training
+        participants = sample_participants(len(job.clients), training, job.seed, t)
+        lr = training.lr * training.lr_decay ** t
+        row: dict[str, Any] = {"round": t + 1, "participants": int(len(participants)), "lr": lr}
+        if not len(participants):
+            return None, row
+        return self.context(t, participants, state.model, state.layout, state.global_vector, lr), row
+
+    def finish_round(self, state: RunState, t: int, ctx: RoundContext | None, updates: torch.Tensor | None,
+                     row: dict[str, Any]) -> None:
+        """Privatise and aggregate the round's raw updates, step the global model, record metrics."""
+        job, training, defense = self.job, self.job.training, self.defense
+        round_number, total = t + 1, training.rounds
+        if ctx is not None:
+            participants = ctx.participants
+            if job.update_canaries is not None:
+                updates, ctx = self.add_canaries(updates, ctx, row)
+            if job.dirac_canaries is not None:
+                ctx, joined = self.dirac_round(ctx, row)
+                assert ctx.canaries is not None and state.dirac_uploads is not None
+                # the same hooks as the real clients' rows: clipping, noise (a share of σS/√|P_t|)
+                canary_uploads, _ = defense.privatize(ctx.canaries, ctx)
+                ctx = replace(ctx, canaries=canary_uploads)
+                state.dirac_uploads[t, torch.as_tensor(joined, dtype=torch.long)] = \
+                    canary_uploads.own_uploads().detach().float().cpu()
+                row["divisor"] = defense.divisor(ctx)
+            uploads, diagnostics = defense.privatize(updates, ctx)
+            step = defense.aggregate(uploads, ctx)
+            state.global_vector = state.global_vector + training.server_lr * step
+            # the norms of what is clipped (after any pre-clip sparsification), else of the raw updates
+            norms = diagnostics.pop("clip_input_norms", None)
+            if norms is None:
+                norms = torch.linalg.vector_norm(updates, dim=1, dtype=torch.float64)
+            row.update(_norm_summary(norms))
+            row["update_norms"] = norm_list(norms)
+            row.update(diagnostics)
+            if job.record.wants_uploads(round_number, total):
+                if defense.observes == "uploads":
+                    for i, client in enumerate(participants):
+                        if job.record.wants_client(int(client)):
+                            state.server_view[f"round_{round_number:04d}/client_{int(client):05d}"] = uploads[i].clone()
+                elif defense.observes == "shuffled":  # uploads in random order, no identities
+                    for i in range(len(participants)):
+                        state.server_view[f"round_{round_number:04d}/upload_{i:05d}"] = uploads[i].clone()
+                state.server_view[f"round_{round_number:04d}/aggregate"] = step.clone()
+        else:
+            row["skipped"] = True  # an empty Poisson round still counts in the accounting
+        if state.trajectory is not None:
+            row["epsilon"] = state.trajectory[t]
+        if round_number % training.eval_every == 0 or round_number == total:
+            params = state.layout.unflatten(state.global_vector)
+            row["test_loss"], row["test_accuracy"] = evaluate(state.model, params, state.test_x, state.test_y)
+            if len(state.members):
+                row["train_loss"], row["train_accuracy"] = evaluate(state.model, params, job.pool_x[state.members],
+                                                                    job.pool_y[state.members])
+        if job.record.wants_global(round_number, total):
+            state.global_models[f"round_{round_number:04d}"] = state.global_vector.clone()
+        state.metrics.append(row)
+        # an empty evaluation set gives a NaN loss that is no divergence
+        losses = (("train_loss",) if len(state.members) else ()) + \
+            (("test_loss",) if state.test_y is not None and len(state.test_y) else ())
+        what = divergence(state.global_vector, row, losses)
+        if what is not None:  # stop here: the remaining rounds would only carry NaN
+            row["diverged"] = what
+            raise TrainingDiverged(round_number, what, state.metrics)
+
+    def outcome(self, state: RunState) -> TrainingOutcome:
+        job, training = self.job, self.job.training
+        # Dirac canary clients are clients of the run: a figure that depends on the population (the
+        # server's view of one upload, σS/√|P_t|) is the one for the population the run had
+        population = len(job.clients) + (len(job.dirac_canaries) if job.dirac_canaries is not None else 0)
+        claim = self.defense.privacy_claim(training, population, training.rounds, job.delta, job.accounting)
+        final = {n: v.clone() for n, v in state.layout.unflatten(state.global_vector).items()}
+        if state.dirac_uploads is not None:  # what a server that sees each upload reads of each canary
+            state.server_view["dirac/uploads"] = state.dirac_uploads
+        return TrainingOutcome(final, state.layout, state.metrics, claim, state.server_view, state.global_models)
+
+    def run(self, on_round: Callable[[int, int, dict[str, Any]], None] | None = None) -> TrainingOutcome:
+        return self.train_from(self.start(), on_round)
+
+    def train_from(self, state: RunState, on_round: Callable[[int, int, dict[str, Any]], None] | None = None
+                   ) -> TrainingOutcome:
+        """Every round of a started run, then its outcome; raises :class:`TrainingDiverged` at the
+        first round that leaves a non-finite global model or loss."""
+        total = self.job.training.rounds
+        for t in range(total):
+            ctx, row = self.begin_round(state, t)
+            updates = self.local_updates(ctx) if ctx is not None else None
+            self.finish_round(state, t, ctx, updates, row)
+            if on_round is not None:
+                on_round(t + 1, total, row)
+        return self.outcome(state)

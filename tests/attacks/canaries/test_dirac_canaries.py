@@ -1,0 +1,98 @@
+"""Dirac canary clients end to end: ``dpfl-audit run`` on a small design must find a DP-FedAvg
+whose noise is secretly halved in VIOLATION of the claim it keeps, and must not find one in the
+honest DP-FedAvg (the canaries go through the defense's own clipping and noise: a canary path
+that skipped either would make the honest run violate)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from audit.cli import main
+
+DESIGN = """
+name: dirac-e2e
+partition: {clients: 20}
+training: {rounds: 10, local_steps: 1}
+defenses:
+  - {name: dp-fedavg, epsilons: [4]}
+  - {name: "tests.defenses.broken_dp_fedavg:HalvedNoise", label: halved, epsilons: [4]}
+  - {name: "tests.defenses.broken_dp_fedavg:OneClientUnclippedAfterFirstRound", label: unclipped, epsilons: [4]}
+membership: {runs: 2}
+attacks:
+  - {name: dirac-canaries, params: {coins: 20000, observers: [all iterates, server]}}
+diagnostics: {enabled: false}
+"""
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("dirac")
+    (folder / "design.yaml").write_text(DESIGN, encoding="utf-8")
+    assert main(["run", str(folder / "design.yaml"), "--out", str(folder / "out"), "--quiet"]) in (0, 1)
+    return json.loads((folder / "out" / "results.json").read_text(encoding="utf-8"))
+
+
+def _experiment(results, label):
+    return next(e for e in results["experiments"] if e["label"].startswith(label))
+
+
+def _statuses(experiment, observation):
+    record = next(a for a in experiment["attacks"] if a["observation"] == observation)
+    return {v["metric"]: v["status"] for v in record["verdicts"]}, record
+
+
+def test_the_secretly_halved_noise_violates_the_claim(results):
+    statuses, record = _statuses(_experiment(results, "halved"), "all iterates")
+    assert "violation" in statuses.values(), record["verdicts"]
+    assert record["adversary"] == "released" and "likelihood ratio" in record["statistic"]
+
+
+def test_one_client_unclipped_after_round_one_violates_the_claimed_mechanism(results):
+    """One canary a round, from round 2 on, reaches the server unclipped: too few coins to move a
+    one-run count, but its upload of ±U where ±S belongs is a VIOLATION of the claimed clip."""
+    statuses, record = _statuses(_experiment(results, "unclipped"), "each upload")
+    assert statuses["upload_conformance"] == "violation", record["verdicts"]
+    violation = next(v for v in record["verdicts"] if v["metric"] == "upload_conformance")
+    assert violation["kind"] == "conformance" and "beyond the clip" in violation["text"]
+    assert int(violation["text"].split(" in round ")[1].split(",")[0]) >= 2  # the bug starts in round 2
+
+
+def test_the_honest_dp_fedavg_does_not_violate(results):
+    honest = _experiment(results, "dp-fedavg")
+    for observation in ("all iterates", "each upload"):
+        statuses, record = _statuses(honest, observation)
+        assert "violation" not in statuses.values(), record["verdicts"]
+    # its uploads carry the claimed noise and clip, and the audit had the power to say so
+    assert _statuses(honest, "each upload")[0]["upload_conformance"] == "consistent"
+    # the released models' bound is compared with the released figure, the server's with its own
+    released = _statuses(honest, "all iterates")[1]["verdicts"][0]
+    server = _statuses(honest, "each upload")[1]["verdicts"][0]
+    assert released["claimed"] == pytest.approx(4.0, rel=1e-3) and server["claimed"] > released["claimed"]
+
+
+def test_a_canary_upload_is_clipped_and_noised_by_the_defense():
+    """One round of DP-FedAvg with Dirac canaries of raw value ±1000·S: each canary's upload at
+    its coordinate is ±S plus N(0, (σS)²/|P_t|) — never ±1000·S, never noiseless."""
+    from defenses.blocks.dirac_rows import DiracRows
+    from defenses.fedavg import DPFedAvg, DPFedAvgParams
+    from defenses.federated.engine import FederatedEngine
+    from defenses.federated.training_job import TrainingConfig, TrainingJob
+
+    torch.manual_seed(0)
+    x, y = torch.randn(40, 5), torch.randint(0, 6, (40,))
+    count, clip, sigma = 30, 0.5, 2.0
+    training = TrainingConfig(rounds=1, local_steps=1, batch_size=5, eval_every=1)
+    coords = torch.arange(count)
+    values = torch.where(torch.arange(count) % 2 == 0, 1000.0 * clip, -1000.0 * clip)
+    job = TrainingJob(lambda: torch.nn.Linear(5, 6), x, y, [np.arange(i, 40, 4) for i in range(4)], x, y, training,
+                      seed=1, dirac_canaries=DiracRows(coords, values, 36))
+    outcome = FederatedEngine(DPFedAvg(DPFedAvgParams(clip=clip, noise_multiplier=sigma)), job).run()
+    uploads = outcome.server_view["dirac/uploads"][0].double()
+    residual = (uploads - torch.sign(values).double() * clip).numpy()
+    share = clip * sigma / np.sqrt(4 + count)
+    assert np.all(np.abs(residual) < 6 * share)  # ±S, not ±1000·S
+    assert np.std(residual) > 0.3 * share  # noised
