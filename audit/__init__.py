@@ -6,10 +6,10 @@ stays light and the foundation in :mod:`audit.core` imports nothing above it)::
     import audit
     config = audit.load_config("my.yaml")            # or None: the default audit; preset="smoke"
     plan = audit.plan(config)                        # every check, nothing written
-    audit.train(plan, "out")                         # the runs, into out/runs (resumable)
-    results = audit.attack(plan, "out")              # {experiment: [AttackResult, ...]}
-    summary = audit.audit(config, "out")             # all of it: results.csv/json, report.html
-    audit.write_report(summary["summary"], "out/report.html")
+    trained = audit.train(plan, "out")               # TrainedRuns: the runs, into out/runs (resumable)
+    attacked = audit.attack(plan, "out")             # AttackResults: .results[experiment] = [AttackResult, ...]
+    outcome = audit.audit(config, "out")             # AuditOutcome: all of it, results.csv/json, report.html
+    audit.write_report(outcome.results, "out/report.html")
     outcomes = audit.check("out", "examples/policy.yaml")   # the CI gate's outcomes
 
     # systems trained elsewhere, judged against the claim their owner states (README: "Audit your own system")

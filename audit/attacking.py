@@ -1,5 +1,6 @@
-"""Running every attack and canary audit on every experiment; raw scores saved under
-``<out>/attacks/<experiment>/`` (file names are slugs of the attacks' labels)."""
+"""The attack stage: every attack and canary audit on every experiment's trained runs, returned as
+:class:`AttackResults`; raw scores saved under ``<out>/attacks/<experiment>/`` (file names are
+slugs of the attacks' labels)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,13 +25,15 @@ from attacks.canaries.canary_audit import CanaryAudit, CanaryRun
 from audit.core.lazy_modules import lazy_module
 from audit.core.safe_names import inside, slug
 from audit.core.seeding import derive_seed
+from audit.logs import progress_bar
 from audit.planning import Plan, PlannedExperiment, canary_context, canary_relation
-from audit.store import RunStore
+from audit.run_training import divergence_reason
 from audit.targets import membership_experiment, target_run
-from audit.training import divergence_reason, progress_bar, trained_claim, warn
+from audit.training import TrainedRuns
 from defenses.federated.engine import initial_vector
 from defenses.federated.training_job import TrainingDiverged
 from defenses.privacy.claims import PrivacyClaim
+from reports.document import Skipped
 from reports.soundness import measurement_delta
 
 if TYPE_CHECKING:
@@ -38,14 +43,30 @@ else:  # imported when first used (audit.core.lazy_modules)
 
 LOG = logging.getLogger(__name__)
 
-def evaluate_canaries(plan: Plan, store: RunStore, experiment: PlannedExperiment, audit: CanaryAudit) -> list[AttackResult]:
+
+@dataclass(frozen=True)
+class AttackResults:
+    """What the attack stage measured on a plan's trained runs.
+
+    ``results``: experiment key → the attacks' results, in the plan's order of attacks (an attack
+    may give several, or none); ``skipped``: experiment key → the attacks that could not run on it
+    and why (a diverged experiment: all of them); ``seconds``: ``"<experiment>/<attack label>"`` →
+    the attack's time."""
+
+    results: Mapping[str, tuple[AttackResult, ...]]
+    skipped: Mapping[str, tuple[Skipped, ...]]
+    seconds: Mapping[str, float]
+
+
+def evaluate_canaries(plan: Plan, trained: TrainedRuns, experiment: PlannedExperiment, audit: CanaryAudit) -> list[AttackResult]:
     """The audit's results on its canary runs (none where it did not run)."""
-    ids = plan.canary_ids.get((experiment.key, audit.label))
+    ids = trained.canary_ids.get(experiment.key, {}).get(audit.label)
     if not ids:
         return []
+    store = trained.store
     device = plan.config.device
     relation = canary_relation(experiment, audit)
-    delta = measurement_delta(trained_claim(plan, store, experiment), audit.unit, experiment.delta, relation)
+    delta = measurement_delta(trained.claim(experiment), audit.unit, experiment.delta, relation)
     context = canary_context(plan, experiment, delta)
     model = plan.task.model_factory().to(device)
     runs = []
@@ -81,36 +102,39 @@ def _save_scores(out: Path, experiment: PlannedExperiment, result: AttackResult)
     temporary.replace(inside(out, folder / f"{name}.npz"))
 
 
-def attack_runs(plan: Plan, store: RunStore, out: Path,
-                quiet: bool = False) -> tuple[dict[str, list[AttackResult]], dict[str, float]]:
-    """Run every attack on every experiment; scores are saved under ``<out>/attacks/<experiment>/``."""
-    results: dict[str, list[AttackResult]] = {}
+def attack_runs(plan: Plan, trained: TrainedRuns, out: Path, quiet: bool = False) -> AttackResults:
+    """Run every attack on every experiment's trained runs; scores are saved under ``<out>/attacks/<experiment>/``."""
+    results: dict[str, tuple[AttackResult, ...]] = {}
+    skipped: dict[str, tuple[Skipped, ...]] = {}
     timings: dict[str, float] = {}
     for experiment in plan.experiments:
-        results[experiment.key] = []
-        if experiment.key in plan.diverged:  # no finished model to attack
-            reason = divergence_reason(plan.diverged[experiment.key])
-            plan.skipped.setdefault(experiment.key, []).extend({"attack": a.label, "reason": reason} for a in plan.attacks)
+        produced_here: list[AttackResult] = []
+        skipped_here: list[Skipped] = []
+        results[experiment.key], skipped[experiment.key] = (), ()
+        diverged = trained.diverged.get(experiment.key)
+        if diverged is not None:  # no finished model to attack
+            reason = divergence_reason(diverged)
+            skipped[experiment.key] = tuple(Skipped(attack=a.label, reason=reason) for a in plan.attacks)
             continue
-        target = membership_experiment(plan, store, experiment)
+        target = membership_experiment(plan, trained, experiment)
         run_target: TargetRun | None = None  # run 0 as the server holds it, loaded once for all run attacks
         for attack in plan.attacks:
             started = time.perf_counter()
             if isinstance(attack, CanaryAudit):
-                produced = evaluate_canaries(plan, store, experiment, attack)
+                produced = evaluate_canaries(plan, trained, experiment, attack)
             elif isinstance(attack, RunAttack):
                 reason = attack.not_applicable(experiment.defense, plan.task.dataset)
                 if reason is not None:
-                    plan.skipped.setdefault(experiment.key, []).append({"attack": attack.label, "reason": reason})
+                    skipped_here.append(Skipped(attack=attack.label, reason=reason))
                     produced = []
                 else:
-                    run_target = run_target or target_run(plan, store, experiment)
+                    run_target = run_target or target_run(plan, trained, experiment)
                     try:
                         produced = attack.evaluate(run_target)
                     except TrainingDiverged as failure:  # a side run (another dataset) diverged
                         reason = f"training diverged: its side run at round {failure.round} ({failure.what})"
-                        plan.skipped.setdefault(experiment.key, []).append({"attack": attack.label, "reason": reason})
-                        warn(f"{experiment.label!r} {attack.label}: side run diverged at round {failure.round} "
+                        skipped_here.append(Skipped(attack=attack.label, reason=reason))
+                        LOG.warning(f"{experiment.label!r} {attack.label}: side run diverged at round {failure.round} "
                              f"({failure.what}); this attack is skipped")
                         produced = []
             else:
@@ -125,7 +149,7 @@ def attack_runs(plan: Plan, store: RunStore, out: Path,
                 bar.close()
             for result in produced:
                 _save_scores(out, experiment, result)
-            results[experiment.key].extend(produced)
+            produced_here.extend(produced)
             timings[f"{experiment.key}/{attack.label}"] = time.perf_counter() - started
             for result in produced:
                 auc = result.metrics.get("auc")
@@ -134,4 +158,5 @@ def attack_runs(plan: Plan, store: RunStore, out: Path,
                          "".join(f", {m} {result.metrics[m].value:.3g}" for m in ("epsilon_one_run", "epsilon_one_run_fdp")
                                  if m in result.metrics and result.metrics[m].value is not None),
                          timings[f"{experiment.key}/{attack.label}"])
-    return results, timings
+        results[experiment.key], skipped[experiment.key] = tuple(produced_here), tuple(skipped_here)
+    return AttackResults(results, skipped, timings)

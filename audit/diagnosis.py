@@ -11,9 +11,9 @@ from audit.core.atomic import write_json
 from audit.core.lazy_modules import lazy_module
 from audit.core.safe_names import inside
 from audit.core.seeding import derive_seed, numpy_rng
+from audit.logs import progress_bar
 from audit.planning import Plan
-from audit.store import RunStore
-from audit.training import progress_bar
+from audit.training import TrainedRuns
 from defenses.federated.diagnostics import perturbation_robustness, sharpness
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ else:  # imported when first used (audit.core.lazy_modules)
     torch = lazy_module("torch")
 
 
-def diagnose_runs(plan: Plan, store: RunStore, out: Path, quiet: bool = False) -> dict[str, list[dict]]:
+def diagnose_runs(plan: Plan, trained: TrainedRuns, out: Path, quiet: bool = False) -> dict[str, list[dict]]:
     """Sharpness and weight-perturbation robustness of every run's final model, from the store.
 
     Written to ``<out>/diagnostics/<experiment>.json`` (one entry per run), recomputed on every
@@ -38,12 +38,12 @@ def diagnose_runs(plan: Plan, store: RunStore, out: Path, quiet: bool = False) -
     keep_test = torch.as_tensor(
         numpy_rng(plan.config.seed, "diagnostics", "test").permutation(len(test_y))[:settings.max_records], device=device)
     for experiment in plan.experiments:
-        if experiment.key in plan.diverged:
+        if experiment.key in trained.diverged:
             continue  # nothing finished to diagnose
-        bar = progress_bar(len(plan.run_ids[experiment.key]), f"diagnose {experiment.label}", quiet)
+        bar = progress_bar(len(trained.run_ids[experiment.key]), f"diagnose {experiment.label}", quiet)
         entries = []
-        for r, rid in enumerate(plan.run_ids[experiment.key]):
-            params = store.load_params(rid, device=device)
+        for r, rid in enumerate(trained.run_ids[experiment.key]):
+            params = trained.store.load_params(rid, device=device)
             members = np.concatenate(plan.clients[r])
             chosen = numpy_rng(plan.config.seed, "diagnostics", "train", r).permutation(members)[:settings.max_records]
             train_x = plan.task.pool.features[torch.as_tensor(chosen)].to(device)

@@ -36,8 +36,8 @@ from audit.config import config_to_yaml
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
 from audit.planning import Plan, plan_audit
-from audit.store import RunStore
-from audit.training import run_groups, train_membership_runs
+from audit.run_training import run_groups, train_membership_runs
+from audit.store import RunStore, run_id
 
 if TYPE_CHECKING:
     import torch
@@ -58,7 +58,7 @@ Job = tuple[int, tuple[int, ...]]  # (experiment index, membership runs trained 
 
 def pending_jobs(plan: Plan, store: RunStore, workers: int, batch_runs: int | None = None) -> list[Job]:
     """The membership runs not yet in the store, as jobs: groups of runs of one experiment trained
-    together (:func:`audit.training.run_groups`), split so that ``workers`` workers all get work.
+    together (:func:`audit.run_training.run_groups`), split so that ``workers`` workers all get work.
     A run's result does not depend on its group, so any split trains the same bytes."""
     return [(e, tuple(group)) for e, experiment in enumerate(plan.experiments)
             for group in run_groups(plan, store, experiment, batch_runs, parts=workers)]
@@ -73,8 +73,10 @@ def train_job(plan: Plan, store: RunStore, job: Job) -> list[str]:
     """Train the membership runs of one job into ``store`` (those not in it yet); returns their ids.
 
     The one code path of every pool: a job is what :func:`pending_jobs` lists."""
-    experiment, runs = job
-    return train_membership_runs(plan, store, plan.experiments[experiment], list(runs))
+    index, runs = job
+    experiment = plan.experiments[index]
+    train_membership_runs(plan, store, experiment, list(runs))  # a diverged run is found again by the stage that follows
+    return [rid for rid in (run_id(plan, experiment, r) for r in runs) if store.is_complete(rid)]
 
 
 def _train(job: Job) -> list[str]:

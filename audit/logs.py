@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from tqdm import tqdm
+
 from audit.core import output_folder
 from audit.core.errors import UserInputError
 from audit.core.safe_names import inside
@@ -35,6 +37,11 @@ FILE_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 #: the console's level per -v count
 LEVELS = {0: logging.WARNING, 1: logging.INFO}
 
+def progress_bar(total: int, desc: str, quiet: bool) -> tqdm:
+    """A progress bar on stderr (none with --quiet), drawn around the console's log records."""
+    return tqdm(total=total, desc=desc, disable=quiet, file=sys.stderr, leave=True, dynamic_ncols=True,
+                mininterval=0.5, bar_format="{desc}: {n_fmt}/{total_fmt} |{bar}| {elapsed}<{remaining}{postfix}")
+
 
 class ConsoleHandler(logging.Handler):
     """``dpfl-audit: warning: ...`` (``dpfl-audit: ...`` below WARNING) on stderr, written with
@@ -42,8 +49,6 @@ class ConsoleHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            from tqdm import tqdm
-
             label = f"{record.levelname.lower()}: " if record.levelno >= logging.WARNING else ""
             tqdm.write(f"dpfl-audit: {label}{record.getMessage()}", file=sys.stderr)
         except Exception:  # logging must never take the command down

@@ -58,8 +58,8 @@ from audit.core.lazy_modules import lazy_module
 from audit.core.schema import from_mapping
 from audit.core.seeding import derive_seed, numpy_rng
 from audit.external import System, audit_external
+from audit.logs import progress_bar
 from audit.tasks import split_dataset
-from audit.training import progress_bar
 from defenses.federated.evaluation import logits_of
 from defenses.privacy.accounting import GaussianSchedule, compute_epsilon
 from defenses.privacy.claims import PrivacyClaim

@@ -3,15 +3,13 @@
 :func:`plan_audit` resolves registry names, hyper-parameters, dataset files, the model,
 partitions and noise calibration into a :class:`Plan` — the experiments (one per defense and ε),
 the attacks and the membership runs — so bad input fails fast with a one-line error and leaves no
-output directory. Run ids (:func:`run_id`, :func:`canary_run_id`) hash everything that
-determines a run, so a rerun finds the runs it already stored.
+output directory. The plan is a value: the stages that follow (:mod:`audit.training`,
+:mod:`audit.attacking`) take it and return records of their own.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -36,13 +34,8 @@ from defenses.federated.training_job import RecordSpec, TrainingConfig
 
 Relation = Literal["add-remove", "replace-one", "zero-out"]
 
-# bump when a change makes stored runs incompatible (or trains them differently: 3 = Philox batch streams, 4 = fully keyed noise
-# streams, claims per observer, 5 = membership designs matching the claim's relation, zero-out canary clients, 6 = DDGauss canary
-# clients without a noise share, LDP-FL zero-centred ranges that hold the tensor, FL-TOP family claims zero-out)
-STORE_FORMAT = 6
 
-
-@dataclass
+@dataclass(frozen=True)
 class PlannedExperiment:
     """One defense configuration (one ε of a sweep), trained as N membership runs."""
 
@@ -55,8 +48,12 @@ class PlannedExperiment:
     claim: PrivacyClaim
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
+    """What an audit will do, decided before anything is written: the experiments, the attacks,
+    the membership design and what the runs store. Nothing assigns to it afterwards: training
+    returns :class:`audit.training.TrainedRuns`, the attacks :class:`audit.attacking.AttackResults`."""
+
     config: AuditConfig
     task: Task
     experiments: list[PlannedExperiment]
@@ -64,19 +61,16 @@ class Plan:
     membership: Membership
     accounting: AccountingSettings
     record: RecordSpec
-    run_ids: dict[str, list[str]] = field(default_factory=dict)
-    #: (experiment key, audit label) → the audit's own runs
-    canary_ids: dict[tuple[str, str], list[str]] = field(default_factory=dict)
-    #: experiment key → [{"attack", "reason"}] for audits that cannot run on that defense
-    skipped: dict[str, list[dict[str, str]]] = field(default_factory=dict)
-    #: experiment key → {"run", "run_id", "round", "what"}: the lowest-index membership run whose
-    #: training diverged (the experiment is a diverged result: nothing of it is attacked)
-    diverged: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: what run 0 stores: ``record`` plus the uploads the run attacks replay (None: as ``record``)
     target_record: RecordSpec | None = None
 
     def record_for(self, run_index: int) -> RecordSpec:
         return self.target_record if run_index == 0 and self.target_record is not None else self.record
+
+    def canary_record(self, audit: CanaryAudit) -> RecordSpec:
+        """What a canary audit's runs store: the plan's record, and every round's global model where
+        the audit reads all iterates."""
+        return replace(self.record, global_rounds="all") if audit.needs_iterates() else self.record
 
     @property
     def keep(self) -> np.ndarray:
@@ -256,52 +250,6 @@ def _check_clients(config: AuditConfig, defense_specs: list[tuple]) -> None:
             if client >= clients:
                 raise UserInputError(f"record.upload_clients: client {client} of {clients} clients (numbered from 0); "
                                      f"allowed: 0 to {clients - 1}")
-
-
-def run_id(plan: Plan, experiment: PlannedExperiment, run_index: int) -> str:
-    """A stable id: the experiment key, the run index and a hash of everything that determines the run."""
-    config = plan.config
-    fingerprint = {
-        "format": STORE_FORMAT,
-        "seed": config.seed,
-        "dataset": to_mapping(config.dataset),
-        "model": to_mapping(config.model),
-        "partition": to_mapping(config.partition),
-        "membership": to_mapping(config.membership),
-        "training": to_mapping(experiment.training),
-        "defense": experiment.defense.name or type(experiment.defense).__name__,
-        "params": to_mapping(asdict(experiment.defense.params)),
-        "delta": experiment.delta,
-        "accounting": asdict(plan.accounting),
-        "record": asdict(plan.record_for(run_index)),
-        "run": run_index,
-        "keep": hashlib.sha256(np.packbits(plan.keep[run_index]).tobytes()).hexdigest(),
-        "clients": clients_digest(plan.clients[run_index]),
-        "device": config.device,
-    }
-    digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True, default=str).encode()).hexdigest()[:12]
-    return f"{experiment.key}-r{run_index:03d}-{digest}"
-
-
-def clients_digest(clients: list[np.ndarray]) -> str:
-    digest = hashlib.sha256()
-    for part in clients:
-        digest.update(np.asarray(part, dtype=np.int64).tobytes() + b"|")
-    return digest.hexdigest()
-
-
-def canary_run_id(plan: Plan, experiment: PlannedExperiment, audit: CanaryAudit, index: int) -> str:
-    base = run_id(plan, experiment, plan.canary_base_run(index))
-    fingerprint = {"base": base, "audit": audit.name, "label": audit.label, "params": to_mapping(asdict(audit.params)),
-                   "index": index, "record": asdict(canary_record(plan, audit))}
-    digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True, default=str).encode()).hexdigest()[:12]
-    return f"{experiment.key}-{slug(audit.label)}-c{index:03d}-{digest}"
-
-
-def canary_record(plan: Plan, audit: CanaryAudit) -> RecordSpec:
-    """What a canary audit's runs store: the plan's record, and every round's global model where
-    the audit reads all iterates."""
-    return replace(plan.record, global_rounds="all") if audit.needs_iterates() else plan.record
 
 
 def canary_context(plan: Plan, experiment: PlannedExperiment, delta: float | None = None) -> CanaryContext:

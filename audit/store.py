@@ -13,16 +13,22 @@ Layout of ``<out>/runs/<run_id>/``:
 A run is built in a temporary sibling directory and renamed into place in one step, so a
 killed run leaves nothing that looks finished and a rerun of the same config resumes by
 skipping every run whose directory exists.
+
+A run's id (:func:`run_id`, :func:`canary_run_id`) is its folder's name: the experiment key, the
+run index and a hash of everything that determines the run (with :data:`STORE_FORMAT`), so a
+rerun, or another audit that needs the same run, finds it stored.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,14 +38,23 @@ from safetensors import SafetensorError, safe_open
 from audit.core.atomic import dumps
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
-from audit.core.safe_names import is_safe
+from audit.core.safe_names import is_safe, slug
+from audit.core.schema import to_mapping
 
 if TYPE_CHECKING:
     import torch
     from safetensors import torch as safetensors_torch
+
+    from attacks.canaries.canary_audit import CanaryAudit
+    from audit.planning import Plan, PlannedExperiment
 else:  # imported when first used (audit.core.lazy_modules)
     safetensors_torch = lazy_module("safetensors.torch")
     torch = lazy_module("torch")
+
+# bump when a change makes stored runs incompatible (or trains them differently: 3 = Philox batch streams, 4 = fully keyed noise
+# streams, claims per observer, 5 = membership designs matching the claim's relation, zero-out canary clients, 6 = DDGauss canary
+# clients without a noise share, LDP-FL zero-centred ranges that hold the tensor, FL-TOP family claims zero-out)
+STORE_FORMAT = 6
 
 
 def _reason(exc: BaseException) -> str:
@@ -217,3 +232,54 @@ class RunStore:
         if self.runs.is_dir():
             for leftover in self.runs.glob(".staging-*"):
                 shutil.rmtree(leftover, ignore_errors=True)
+
+
+def run_id(plan: Plan, experiment: PlannedExperiment, run_index: int) -> str:
+    """A stable id: the experiment key, the run index and a hash of everything that determines the run."""
+    config = plan.config
+    fingerprint = {
+        "format": STORE_FORMAT,
+        "seed": config.seed,
+        "dataset": to_mapping(config.dataset),
+        "model": to_mapping(config.model),
+        "partition": to_mapping(config.partition),
+        "membership": to_mapping(config.membership),
+        "training": to_mapping(experiment.training),
+        "defense": experiment.defense.name or type(experiment.defense).__name__,
+        "params": to_mapping(asdict(experiment.defense.params)),
+        "delta": experiment.delta,
+        "accounting": asdict(plan.accounting),
+        "record": asdict(plan.record_for(run_index)),
+        "run": run_index,
+        "keep": hashlib.sha256(np.packbits(plan.keep[run_index]).tobytes()).hexdigest(),
+        "clients": clients_digest(plan.clients[run_index]),
+        "device": config.device,
+    }
+    digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return f"{experiment.key}-r{run_index:03d}-{digest}"
+
+
+def clients_digest(clients: list[np.ndarray]) -> str:
+    digest = hashlib.sha256()
+    for part in clients:
+        digest.update(np.asarray(part, dtype=np.int64).tobytes() + b"|")
+    return digest.hexdigest()
+
+
+def canary_run_id(plan: Plan, experiment: PlannedExperiment, audit: CanaryAudit, index: int) -> str:
+    """Canary run ``index`` of ``audit``: the id of the membership run whose clients it trains on,
+    the audit and what its runs store, hashed."""
+    base = run_id(plan, experiment, plan.canary_base_run(index))
+    fingerprint = {"base": base, "audit": audit.name, "label": audit.label, "params": to_mapping(asdict(audit.params)),
+                   "index": index, "record": asdict(plan.canary_record(audit))}
+    digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return f"{experiment.key}-{slug(audit.label)}-c{index:03d}-{digest}"
+
+
+def side_run_id(plan: Plan, experiment: PlannedExperiment, dataset: str, root: str | None,
+                clients: list[np.ndarray]) -> tuple[str, dict[str, Any]]:
+    """A side run's id (the experiment's defense trained on another dataset, for attacks its own data
+    cannot serve) and the fingerprint it hashes, which its manifest keeps."""
+    fingerprint = {"base": run_id(plan, experiment, 0), "dataset": dataset, "root": root, "clients": clients_digest(clients)}
+    digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return f"{experiment.key}-side-{dataset}-{digest}", fingerprint

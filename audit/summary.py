@@ -16,11 +16,11 @@ import numpy as np
 
 from attacks.base import MEMBERSHIP_METRICS, AttackResult
 from audit import __version__, provenance
+from audit.attacking import AttackResults
 from audit.core.metrics import mean_estimate
 from audit.core.schema import to_mapping
 from audit.planning import Plan
-from audit.store import RunStore
-from audit.training import trained_claim
+from audit.training import TrainedRuns
 from defenses.privacy.accounting import dp_accounting_version
 from defenses.privacy.claims import PrivacyClaim
 from reports.document import (
@@ -28,7 +28,6 @@ from reports.document import (
     AttackRecord,
     AuditInfo,
     Diagnostics,
-    Diverged,
     Estimate,
     Experiment,
     Figure,
@@ -37,7 +36,6 @@ from reports.document import (
     Robustness,
     Roc,
     Sharpness,
-    Skipped,
     Tool,
     Utility,
 )
@@ -151,24 +149,26 @@ def diagnostics_summary(manifests: list[dict], metrics: list[list[dict]], landsc
         sharpness=sharpness, robustness=robustness)
 
 
-def build_results(plan: Plan, store: RunStore, attack_results: dict[str, list[AttackResult]],
+def build_results(plan: Plan, trained: TrainedRuns, attacked: AttackResults,
                   landscape: dict[str, list[dict]] | None = None) -> Results:
-    config, task = plan.config, plan.task
+    """The results document of an audit: the plan's experiments, what training stored of them, what
+    the attacks measured and (optionally) the loss-landscape diagnostics."""
+    config, task, store = plan.config, plan.task, trained.store
     experiments = []
     for experiment in plan.experiments:
-        ids = plan.run_ids[experiment.key]
-        diverged = plan.diverged.get(experiment.key)
+        ids = list(trained.run_ids[experiment.key])
+        diverged = trained.diverged.get(experiment.key)
         # a diverged experiment is a result without a model: no utility, curves or diagnostics
         # (its finished runs alone would misstate it), its attacks listed as skipped
         manifests = [] if diverged else [store.load_manifest(rid) for rid in ids]
         metrics = [] if diverged else [store.load_metrics(rid) for rid in ids]
-        claim = trained_claim(plan, store, experiment)
-        attacks = attack_records(attack_results.get(experiment.key, []), claim)
+        claim = trained.claim(experiment)
+        attacks = attack_records(list(attacked.results.get(experiment.key, ())), claim)
         verdicts = [v for a in attacks for v in a.verdicts]
         soundness = experiment_verdict(verdicts)
         soundness_text = experiment_sentence(verdicts, [a.attack for a in attacks for _ in a.verdicts])
         if diverged:
-            soundness_text = f"training diverged at round {diverged['round']}: nothing was measured"
+            soundness_text = f"training diverged at round {diverged.round}: nothing was measured"
         experiments.append(Experiment(
             key=experiment.key,
             label=experiment.label,
@@ -188,11 +188,12 @@ def build_results(plan: Plan, store: RunStore, attack_results: dict[str, list[At
             attacks=attacks,
             soundness=soundness,  # type: ignore[arg-type]  # one of reports.soundness.PRECEDENCE
             soundness_text=soundness_text,
-            skipped_attacks=[Skipped(**s) for s in plan.skipped.get(experiment.key, [])],
+            # the canary audits training could not run, then the attacks the attack stage could not
+            skipped_attacks=[*trained.skipped.get(experiment.key, ()), *attacked.skipped.get(experiment.key, ())],
             runs=ids,
-            canary_runs={label: runs for (key, label), runs in plan.canary_ids.items() if key == experiment.key},
+            canary_runs={label: list(runs) for label, runs in trained.canary_ids.get(experiment.key, {}).items()},
             status="diverged" if diverged else "completed",
-            diverged=Diverged(**diverged) if diverged else None,
+            diverged=diverged,
         ))
     model = task.model_factory()
     audit = AuditInfo(

@@ -6,7 +6,7 @@ Every point is a whole audit (:func:`audit.pipeline.run_audit`) of the base conf
 point's values set, written to ``<out>/points/<name>/`` — its own results, report and figures.
 
 **Runs are shared.** All points train into one run store, ``<out>/runs``. A run's id hashes
-everything that determines its training (:func:`audit.planning.run_id`) and every point keeps
+everything that determines its training (:func:`audit.store.run_id`) and every point keeps
 the base config's seed, so a run two points need — the undefended baseline of an ε sweep, every
 run of a sweep over an attack's parameters — trains once, and points differ only by what the
 grid changes (common random numbers: the curve's steps are not drawn with fresh noise).

@@ -3,8 +3,6 @@ scores' inputs), the target run as the server holds it, and side runs on other d
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -18,10 +16,10 @@ from attacks.base import (
 from audit.config import DatasetConfig, ModelConfig
 from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import derive_seed
-from audit.planning import Plan, PlannedExperiment, clients_digest, run_id
-from audit.store import RunStore
+from audit.planning import Plan, PlannedExperiment
+from audit.store import RunStore, side_run_id
 from audit.tasks import build_task, record_membership
-from audit.training import trained_claim
+from audit.training import TrainedRuns
 from defenses.blocks.flat import ParamLayout
 from defenses.federated.engine import initial_vector
 from defenses.federated.training_job import TrainingJob
@@ -33,13 +31,14 @@ else:  # imported when first used (audit.core.lazy_modules)
     torch = lazy_module("torch")
 
 
-def membership_experiment(plan: Plan, store: RunStore, experiment: PlannedExperiment) -> MembershipExperiment:
-    ids = plan.run_ids[experiment.key]
+def membership_experiment(plan: Plan, trained: TrainedRuns, experiment: PlannedExperiment) -> MembershipExperiment:
+    """The membership runs of ``experiment`` as the membership attacks see them."""
+    ids, store = trained.run_ids[experiment.key], trained.store
     device = plan.config.device
     model = plan.task.model_factory().to(device)
     layout = ParamLayout.of(model)
     membership = plan.membership
-    claim = trained_claim(plan, store, experiment)
+    claim = trained.claim(experiment)
 
     def load_round(r: int, round_number: int) -> dict[str, torch.Tensor]:
         return layout.unflatten(store.load_tensor(ids[r], "global_models", f"round_{round_number:04d}", device))
@@ -65,9 +64,9 @@ def membership_experiment(plan: Plan, store: RunStore, experiment: PlannedExperi
     )
 
 
-def target_run(plan: Plan, store: RunStore, experiment: PlannedExperiment) -> TargetRun:
+def target_run(plan: Plan, trained: TrainedRuns, experiment: PlannedExperiment) -> TargetRun:
     """Run 0 of an experiment as the server holds it, for the run attacks."""
-    rid = plan.run_ids[experiment.key][0]
+    rid, store = trained.run_ids[experiment.key][0], trained.store
     device, task = plan.config.device, plan.task
     model, layout, initial = initial_vector(task.model_factory, derive_seed(plan.config.seed, "run", 0))
     stored = plan.record_for(0)
@@ -98,10 +97,7 @@ def side_run(plan: Plan, store: RunStore, experiment: PlannedExperiment, dataset
     layout = ParamLayout.of(task.model_factory())
     membership = record_membership(task.pool.labels.numpy(), replace(config.membership, runs=1, unit="record"),
                                    config.partition, derive_seed(config.seed, "side-run", dataset))
-    fingerprint = {"base": run_id(plan, experiment, 0), "dataset": dataset, "root": root,
-                   "clients": clients_digest(membership.clients[0])}
-    digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True, default=str).encode()).hexdigest()[:12]
-    rid = f"{experiment.key}-side-{dataset}-{digest}"
+    rid, fingerprint = side_run_id(plan, experiment, dataset, root, membership.clients[0])
     if not store.is_complete(rid):
         defense = type(experiment.defense)(experiment.defense.params, layout)
         if experiment.target_epsilon is not None:

@@ -37,15 +37,15 @@ import numpy as np
 from scipy.stats import norm
 
 from attacks.base import OPERATING_POINTS, membership_metrics, one_run_bounds
+from audit.attacking import attack_runs
 from audit.config import load_config
 from audit.core.audit_power import tight_scores
 from audit.core.empirical_epsilon import gaussian_fit_epsilon
 from audit.core.fdp_one_run import gdp_epsilon
-from audit.pipeline import attack
+from audit.logs import progress_bar
+from audit.pipeline import train
 from audit.planning import plan_audit
-from audit.store import RunStore
 from audit.summary import build_results
-from audit.training import progress_bar
 from defenses.privacy.claims import PrivacyClaim
 from reports.document import Estimate
 from reports.gate import FAIL, evaluate_policy
@@ -137,7 +137,8 @@ class Replicates:
 def pipeline_replicates(template: str, replicates: int, start_seed: int = 0, progress: str | None = None
                         ) -> tuple[dict[str, Replicates], dict[str, Tally]]:
     """The real pipeline — training, attacks, metrics and verdicts as ``dpfl-audit run`` computes
-    them (:func:`audit.pipeline.attack`, :func:`audit.summary.build_results`), without the HTML —
+    them (:func:`audit.pipeline.train`, :func:`audit.attacking.attack_runs`,
+    :func:`audit.summary.build_results`), without the HTML —
     on ``template`` (a config with a ``{seed}`` field) at seeds ``start_seed`` onwards.
 
     Returns every membership figure's intervals ("<attack> auc", "<attack> tpr_at_fpr_1%", …) and
@@ -152,10 +153,11 @@ def pipeline_replicates(template: str, replicates: int, start_seed: int = 0, pro
             config_file.write_text(template.format(seed=seed), encoding="utf-8")
             plan = plan_audit(load_config(config_file))
             out = Path(folder) / f"out-{seed}"
-            attacked = attack(plan, out, quiet=True)
-            results = build_results(plan, RunStore(out), attacked)
+            trained = train(plan, out, quiet=True)
+            attacked = attack_runs(plan, trained, out, quiet=True)
+            results = build_results(plan, trained, attacked)
             experiment = results.experiments[0]
-            scores_of = {result.name: result.scores for result in attacked[experiment.key]}
+            scores_of = {result.name: result.scores for result in attacked.results[experiment.key]}
             for record in experiment.attacks:
                 if record.kind != "membership":
                     continue
@@ -323,7 +325,8 @@ def smoke_results(seed: int, folder: Path, attacks: list[dict] | None = None):
         overrides["attacks"] = attacks
     plan = plan_audit(load_config(preset_name="smoke", overrides=overrides))
     out = folder / f"seed-{seed}"
-    results = build_results(plan, RunStore(out), attack(plan, out, quiet=True))
+    trained = train(plan, out, quiet=True)
+    results = build_results(plan, trained, attack_runs(plan, trained, out, quiet=True))
     shutil.rmtree(out, ignore_errors=True)
     return results
 

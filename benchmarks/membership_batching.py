@@ -40,9 +40,9 @@ import torch  # noqa: E402
 from workloads import MNIST_ROOT  # noqa: E402
 
 from audit.config import AuditConfig, DatasetConfig, DefenseEntry, ModelConfig  # noqa: E402
-from audit.planning import Plan, plan_audit, run_id  # noqa: E402
-from audit.store import RunStore  # noqa: E402
-from audit.training import train_membership_runs  # noqa: E402
+from audit.planning import Plan, plan_audit  # noqa: E402
+from audit.run_training import train_membership_runs  # noqa: E402
+from audit.store import RunStore, run_id  # noqa: E402
 
 TARGET = 16.0  # 64 runs together <= 16x one run (issue 20)
 

@@ -156,7 +156,8 @@ def run_setting(setting: Setting, args: argparse.Namespace, folder: Path) -> dic
     # groups of --batch-runs runs train together: the progress bar moves after each group
     result = audit.audit(config, folder / setting.name, quiet=args.quiet, batch_runs=args.batch_runs)
     seconds = time.perf_counter() - started
-    experiment = result["summary"].experiments[0]
+    assert result.results is not None
+    experiment = result.results.experiments[0]
     sizes = _sizes(args.quick, args.dataset)
     attacks = []
     for record in experiment.attacks:
@@ -183,12 +184,11 @@ def phi_baseline(config: Any, folder: Path) -> dict[str, Any]:
     through the same metric code and two-way intervals as the registered attacks."""
     from attacks import signals
     from attacks.base import membership_metrics
-    from audit.store import RunStore
     from audit.targets import membership_experiment
 
     plan = audit.plan(config)
-    audit.train(plan, folder, quiet=True)  # every run is stored already: this only names them in the plan
-    experiment = membership_experiment(plan, RunStore(folder), plan.experiments[0])
+    trained = audit.train(plan, folder, quiet=True)  # every run is stored already: this only lists them
+    experiment = membership_experiment(plan, trained, plan.experiments[0])
     logits = experiment.logits(experiment.round_list("final")[0])[:, 0]  # [runs, records, classes]
     scores = signals.logit_scaled_confidence(logits, experiment.labels.numpy())
     metrics, _, _ = membership_metrics(scores, experiment.keep.astype(bool), seed=config.seed)

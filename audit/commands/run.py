@@ -89,9 +89,9 @@ def command_run(args: argparse.Namespace, attack: bool) -> int:
         print(f"plan: {cost.describe()}", file=sys.stderr)
     result = run_audit(config, Path(args.out), attack=attack, quiet=args.quiet, plan=plan, executor=args.executor,
                        workers=args.workers, batch_runs=args.batch_runs, ray_address=args.ray_address)
-    paths = result["paths"]
-    if attack:
-        _print_summary(result["summary"])
+    paths = result.paths
+    if result.results is not None:
+        _print_summary(result.results)
         print(f"report:  {paths['report']}")
         print(f"results: {paths['results_csv']}, {paths['results_json']}")
         if trackers:

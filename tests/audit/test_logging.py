@@ -28,7 +28,7 @@ def test_every_run_writes_run_log_and_the_console_shows_info_only_with_v(tmp_pat
     log = (out / "run.log").read_text()
     # the pipeline's steps, in order, with DEBUG records too
     steps = [log.index(text) for text in ("INFO    audit.pipeline: plan: 1 experiment(s)", "training fedavg: 2 membership runs",
-                                          "DEBUG   audit.pipeline: fedavg: runs 0, 1 train together",
+                                          "DEBUG   audit.training: fedavg: runs 0, 1 train together",
                                           "audit.attacking: loss-threshold on fedavg: AUC", "wrote ")]
     assert steps == sorted(steps)
 

@@ -128,8 +128,8 @@ def test_a_zero_out_run_without_any_data_is_audited_without_a_crash_or_a_blind_c
     run 0 at seed 29). Canary runs then train on the next run that has data — FedAvg weighs
     uploads by data size, so canary clients beside only empty ones would weigh nothing and
     non-private FedAvg would look leak-free — and gradient inversion says why it was not attempted."""
-    from audit.pipeline import attack as run_attacks
-    from audit.store import RunStore
+    from audit.attacking import attack_runs
+    from audit.pipeline import train
     from audit.summary import build_results
 
     overrides = {"seed": 29, "attacks": [{"name": "client-canaries"}, {"name": "gradient-inversion",
@@ -140,7 +140,8 @@ def test_a_zero_out_run_without_any_data_is_audited_without_a_crash_or_a_blind_c
     empty = [r for r, clients in enumerate(plan.clients) if not any(len(c) for c in clients)]
     assert empty == [0]
     assert [plan.canary_base_run(i) for i in range(8)] == [1, 2, 3, 4, 5, 6, 7, 1]
-    results = build_results(plan, RunStore(tmp_path), run_attacks(plan, tmp_path, quiet=True))
+    trained = train(plan, tmp_path)
+    results = build_results(plan, trained, attack_runs(plan, trained, tmp_path, quiet=True))
     fedavg = next(e for e in results.experiments if e.defense == "fedavg")
     by_name = {a.attack: a for a in fedavg.attacks}
     assert by_name["client-canaries"].metrics["auc"].value == 1.0  # every canary client found

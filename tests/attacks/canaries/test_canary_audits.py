@@ -15,9 +15,9 @@ from attacks.canaries.canary_audit import CanaryRun, canary_result
 from audit.cli import main
 from audit.config import load_config
 from audit.core.seeding import derive_seed
-from audit.pipeline import train_runs
 from audit.planning import canary_context, plan_audit
 from audit.store import RunStore
+from audit.training import train_runs
 from defenses.base import DEFENSES
 from defenses.fedavg import DPFedAvg, DPFedAvgParams, FedAvg
 from defenses.federated.engine import initial_vector
@@ -86,13 +86,13 @@ def test_canary_audits_are_null_on_runs_that_never_saw_the_canaries(tmp_path):
     config = load_config(_config(tmp_path, "fedavg", extra="record: {global_rounds: all}\n"))
     plan = plan_audit(config)
     store = RunStore(tmp_path / "out")
-    train_runs(plan, store, quiet=True)
+    trained = train_runs(plan, store, quiet=True)
     experiment = plan.experiments[0]
     model = plan.task.model_factory()
     context = canary_context(plan, experiment)
     for audit in plan.canary_audits:
         runs = []
-        for i, rid in enumerate(plan.run_ids[experiment.key]):
+        for i, rid in enumerate(trained.run_ids[experiment.key]):
             params = store.load_params(rid)
             _, layout, initial = initial_vector(plan.task.model_factory, derive_seed(config.seed, "run", i))
             models = store.load_tensors(rid, "global_models")
