@@ -398,7 +398,7 @@ def _canary_members(count: int = 20, **replaced: bytes) -> list[tuple[str, bytes
 def _bounded_cases(tmp_path: Path) -> dict[str, tuple[Path, list[str]]]:
     """name → (file, words its one error line must contain); the cases named in :data:`SMALL_LIMITS`
     are read with those limits."""
-    import audit.score_files as score_files
+    import audit.score_tables as score_tables
 
     frame = _canary_frame(0, 1.0, 20)
     csv_text = frame.to_csv(index=False)
@@ -406,10 +406,10 @@ def _bounded_cases(tmp_path: Path) -> dict[str, tuple[Path, list[str]]]:
     # a header claiming 10¹¹ float64 entries (745 GiB): refused from the header's few bytes
     cases["npz header of 1e11 entries"] = (
         _npz(tmp_path / "claims.npz", _canary_members(**{"score.npy": _npy_header((10**11,))})),
-        ["array 'score' has 100000000000 rows", f"allowed: up to {score_files.MAX_ROWS} rows"])
+        ["array 'score' has 100000000000 rows", f"allowed: up to {score_tables.MAX_ROWS} rows"])
     cases["npz of 20 M rows"] = (
         _npz(tmp_path / "rows.npz", _canary_members(**{"canary.npy": _npy_header((20_000_000,), "<i8")})),
-        ["array 'canary' has 20000000 rows", f"allowed: up to {score_files.MAX_ROWS} rows"])
+        ["array 'canary' has 20000000 rows", f"allowed: up to {score_tables.MAX_ROWS} rows"])
     cases["npz member not .npy"] = (
         _npz(tmp_path / "notes.npz", [*_canary_members(), ("notes.txt", b"hello")]),
         ["member 'notes.txt' is not a .npy array", "allowed: one .npy array per column"])
@@ -421,7 +421,7 @@ def _bounded_cases(tmp_path: Path) -> dict[str, tuple[Path, list[str]]]:
         ["array 'score' must be one-dimensional", "(4, 5)"])
     cases["npz long text"] = (
         _npz(tmp_path / "text.npz", _canary_members(**{"canary.npy": _npy_header((20,), "<U100000")})),
-        ["array 'canary' holds text of up to 100000 characters", f"allowed: up to {score_files.MAX_TEXT_CHARS}"])
+        ["array 'canary' holds text of up to 100000 characters", f"allowed: up to {score_tables.MAX_TEXT_CHARS}"])
     cases["npz dates"] = (
         _npz(tmp_path / "dates.npz", _canary_members(**{"score.npy": _npy_header((20,), "<M8[s]")})),
         ["array 'score' has dtype datetime64[s]", "allowed: one-dimensional arrays of numbers"])
@@ -464,13 +464,13 @@ SMALL_LIMITS = {"csv rows": {"MAX_ROWS": 19}, "npz rows": {"MAX_ROWS": 19}, "par
 def test_bounded_and_silently_misread_files_are_one_line_errors(tmp_path, capsys, monkeypatch, case):
     """Exit 2, one line naming the file and what is wrong with its allowed range, nothing on
     stdout, the --out folder never created and nothing else written, whatever the file claims."""
-    import audit.score_files as score_files
+    import audit.score_tables as score_tables
 
     cases = _bounded_cases(tmp_path)
     if case not in cases:
         pytest.skip("pyarrow is not installed")
     for name, value in SMALL_LIMITS.get(case, {}).items():
-        monkeypatch.setattr(score_files, name, value)
+        monkeypatch.setattr(score_tables, name, value)
     file, words = cases[case]
     before = set(tmp_path.rglob("*"))
     out = tmp_path / "out"
@@ -485,9 +485,9 @@ def test_bounded_and_silently_misread_files_are_one_line_errors(tmp_path, capsys
 
 def test_files_at_the_row_limit_are_read(tmp_path, capsys, monkeypatch):
     """The limits refuse one row more, not the limit itself: 20 canaries with MAX_ROWS = 20."""
-    import audit.score_files as score_files
+    import audit.score_tables as score_tables
 
-    monkeypatch.setattr(score_files, "MAX_ROWS", 20)
+    monkeypatch.setattr(score_tables, "MAX_ROWS", 20)
     frame = _canary_frame(0, 1.0, 20)
     files = [_write(tmp_path, frame, "at.csv"), _npz(tmp_path / "at.npz", _canary_members())]
     if importlib.util.find_spec("pyarrow") is not None:
