@@ -8,10 +8,10 @@ them, and add N(0, (σ·S/m)²) to every coordinate of the average, m being ``nu
 (``flwr.supercore.differential_privacy.compute_stdv``). Flower states σ and S but no ε. This
 module turns such a deployment into an audited system:
 
-1. **Canary clients** (:func:`canary_mod`, a client-side Flower *Mod*): the nodes named in
-   :class:`CanaryClients` never train. Canary i is *inserted* with probability ½ (its coin from
-   the seeded stream ``(seed, "flower-canaries", "inserted")``); when sampled, an inserted canary
-   uploads the received global model plus c·u_i, u_i a fixed random unit direction of the
+1. **Canary clients** (:func:`audit.flower_canaries.canary_mod`, a client-side Flower *Mod*): the
+   nodes named in :class:`audit.flower_canaries.CanaryClients` never train. Canary i is *inserted*
+   with probability ½ (its coin from the seeded stream ``(seed, "flower-canaries", "inserted")``);
+   when sampled, an inserted canary uploads the received global model plus c·u_i, u_i a fixed random unit direction of the
    parameter space (stream ``(seed, "flower-canaries", "direction", i)``) and c = ``scale``·S with
    ``scale`` > 1, so that Flower's clipping scales the update to exactly S·u_i. A held-out canary
    is sampled and counted like any client too — so the sampling and the average's denominator are
@@ -27,12 +27,12 @@ module turns such a deployment into an audited system:
    (Andrew, Kairouz, Oh, Oprea, McMahan, Suriyakumar 2024, "One-shot Empirical Privacy
    Estimation for Federated Learning", §3 Alg. 1) are the auditor's own nodes, added to the
    population N the claim is accounted over.
-2. **The server's view** (:class:`FlowerRecorder`, a strategy wrapper around Flower's DP
+2. **The server's view** (:class:`audit.flower_view.FlowerRecorder`, a strategy wrapper around Flower's DP
    wrapper): the global model before every round (the first is the initial model) and after
    every ``aggregate_fit``, the sampled clients, the clients available and the weights FedAvg
    averaged with. It also taps the inner strategy, so that the clipped average *before* Flower's
    noise is kept too: the difference is the noise Flower added, whose std can be set beside what
-   the claim assumes (:meth:`FlowerView.noise_multipliers`).
+   the claim assumes (:meth:`audit.flower_view.FlowerView.noise_multipliers`).
 3. **The claim** (:func:`flower_claim`): T rounds of the Gaussian mechanism with multiplier σ on
    a fixed-size sample of m of N clients without replacement (Flower's ``ClientManager.sample``:
    ``random.sample`` of the available clients), accounted by *our* accountant
@@ -72,46 +72,19 @@ data-dependent quantity the Gaussian claim here does not describe).
 
 from __future__ import annotations
 
-import io
-import json
 import math
-import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from flwr.app import Context, Message, MessageType
-from flwr.common import (
-    Code,
-    EvaluateIns,
-    EvaluateRes,
-    FitIns,
-    FitRes,
-    NDArrays,
-    Parameters,
-    Scalar,
-    Status,
-    ndarrays_to_parameters,
-    parameters_to_ndarrays,
-)
-from flwr.compat.common import recorddict_compat as compat
-from flwr.server.client_manager import ClientManager
-from flwr.server.client_proxy import ClientProxy
-from flwr.server.strategy import (
-    DifferentialPrivacyClientSideFixedClipping,
-    DifferentialPrivacyServerSideFixedClipping,
-    Strategy,
-)
 
-from audit.core.atomic import write_bytes
 from audit.core.errors import UserInputError, check_choice
-from audit.core.seeding import derive_seed, numpy_rng, sklearn_random_state
+from audit.flower_canaries import CanaryClients
+from audit.flower_view import FlowerRecorder, FlowerView
 
-# The Mod runs in every client process (a Ray actor per CPU in simulation): this module imports
-# only numpy, Flower and the seeded streams at load time, and the accountant, attacks and
-# reports (scipy, scikit-learn, matplotlib: seconds per process) where the audit needs them.
+# The accountant, attacks and reports (scipy, scikit-learn, matplotlib: seconds per process) are
+# imported where the audit needs them: client processes import the canary Mod through this module.
 if TYPE_CHECKING:
     from attacks.base import AttackResult
     from defenses.privacy.claims import PrivacyClaim
@@ -121,298 +94,6 @@ if TYPE_CHECKING:
 ATTACK = "flower-client-canaries"
 #: the neighbouring relation of the canary design: a held-out canary takes part with another (tiny) update
 DESIGN_RELATION = "replace-one"
-#: Flower's fixed-clipping DP wrappers (σ on the clipped average, std σ·S/m)
-DP_WRAPPERS = (DifferentialPrivacyServerSideFixedClipping, DifferentialPrivacyClientSideFixedClipping)
-
-
-def _flat(arrays: NDArrays) -> np.ndarray:
-    """The model as one float64 vector, in Flower's array order."""
-    return np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays]) if arrays else np.zeros(0)
-
-
-# --------------------------------------------------------------------------- canary clients
-
-
-@dataclass(frozen=True)
-class CanaryClients:
-    """Which nodes are canary clients and what they upload.
-
-    ``ids`` are the values of ``node_config[id_key]`` (Flower's simulation sets ``partition-id``
-    0..N−1) of the canary nodes; canary i is ``ids[i]``. ``clipping_norm`` is Flower's S; a canary
-    uploads ``scale``·S·u_i, which the clip scales to S·u_i (hence ``scale`` > 1).
-    """
-
-    seed: int
-    ids: tuple[int, ...]
-    clipping_norm: float
-    scale: float = 10.0
-    id_key: str = "partition-id"
-    num_examples: int = 1  # FedAvg weight: the same as every real client's (see "Uniform weights")
-    held_out_norm: float = 1e-3  # a held-out canary's update norm, in units of S (small; not 0: see held_out_update)
-
-    def __post_init__(self) -> None:
-        ids = tuple(int(i) for i in self.ids)
-        object.__setattr__(self, "ids", ids)
-        if len(ids) < 4:
-            raise UserInputError(f"canaries.ids: {len(ids)} canary clients; allowed: at least 4 distinct node ids")
-        if len(set(ids)) != len(ids) or min(ids) < 0:
-            raise UserInputError("canaries.ids: must be distinct non-negative node ids; allowed: e.g. range(N, N + m)")
-        if not (self.clipping_norm > 0 and math.isfinite(self.clipping_norm)):
-            raise UserInputError(f"canaries.clipping_norm: {self.clipping_norm} is not allowed; allowed: Flower's "
-                                 "clipping norm S, a finite number > 0")
-        if not (self.scale > 1 and math.isfinite(self.scale)):
-            raise UserInputError(f"canaries.scale: {self.scale} is not allowed; allowed: a finite number > 1 (the clip "
-                                 "must scale the canary's update down to exactly S)")
-        if not (0 < self.held_out_norm < 1):
-            raise UserInputError(f"canaries.held_out_norm: {self.held_out_norm} is not allowed; allowed: a number in "
-                                 "(0, 1), a fraction of S")
-        if self.num_examples < 1:
-            raise UserInputError(f"canaries.num_examples: {self.num_examples} is not allowed; allowed: an integer ≥ 1")
-
-    @property
-    def count(self) -> int:
-        return len(self.ids)
-
-    @property
-    def inserted(self) -> np.ndarray:
-        """The coins: bool [m], each canary inserted independently with probability ½."""
-        return numpy_rng(self.seed, "flower-canaries", "inserted").random(self.count) < 0.5
-
-    def direction(self, index: int, dim: int) -> np.ndarray:
-        """u_i: a uniformly random unit vector of R^dim (a normalised Gaussian), float64."""
-        raw = numpy_rng(self.seed, "flower-canaries", "direction", index).standard_normal(dim)
-        return raw / np.linalg.norm(raw)
-
-    def held_out_update(self, index: int, dim: int) -> np.ndarray:
-        """A held-out canary's update: ``held_out_norm``·S·v_i, v_i a unit direction independent of u_i.
-        Not zero: Flower's clip divides by the update's norm (flwr 1.42 ``clip_inputs_inplace``
-        raises ZeroDivisionError on a zero update)."""
-        raw = numpy_rng(self.seed, "flower-canaries", "held-out", index).standard_normal(dim)
-        return self.held_out_norm * self.clipping_norm * raw / np.linalg.norm(raw)
-
-    def directions(self, dim: int) -> np.ndarray:
-        """All canaries' directions [m, dim]."""
-        return np.stack([self.direction(i, dim) for i in range(self.count)])
-
-    def index_of(self, context: Context) -> int | None:
-        """The canary index of the node running ``context`` (None: a real client)."""
-        if self.id_key not in context.node_config:
-            raise UserInputError(f"canaries.id_key: '{self.id_key}' is not in the node's config; allowed: a key of "
-                                 f"node_config, here {', '.join(sorted(context.node_config)) or 'none'}")
-        node = int(context.node_config[self.id_key])
-        return self.ids.index(node) if node in self.ids else None
-
-
-def canary_mod(canaries: CanaryClients):
-    """A Flower client Mod (``ClientApp(mods=[...])``) that makes the ``canaries`` nodes canary clients.
-
-    On a TRAIN message a canary node does not call the client: it replies with the received
-    global model w plus ``scale``·S·u_i when inserted, plus the tiny
-    :meth:`CanaryClients.held_out_update` when held out (Andrew et al. 2024, Alg. 1: a canary's
-    update is a fixed direction at the clip norm). Every other message, and
-    every real client, passes through unchanged.
-    """
-    inserted = canaries.inserted
-
-    def mod(msg: Message, ctxt: Context, call_next) -> Message:
-        if msg.metadata.message_type != MessageType.TRAIN:
-            return call_next(msg, ctxt)
-        index = canaries.index_of(ctxt)
-        if index is None:
-            return call_next(msg, ctxt)
-        fit_ins = compat.recorddict_to_fitins(msg.content, keep_input=True)
-        arrays = parameters_to_ndarrays(fit_ins.parameters)
-        dim = int(sum(a.size for a in arrays))
-        step = (canaries.scale * canaries.clipping_norm * canaries.direction(index, dim) if inserted[index]
-                else canaries.held_out_update(index, dim))
-        out, start = [], 0
-        for array in arrays:
-            # float64 arithmetic, cast back: the upload keeps the model's dtype
-            out.append((array.astype(np.float64) + step[start:start + array.size].reshape(array.shape)).astype(array.dtype))
-            start += array.size
-        arrays = out
-        reply = FitRes(Status(Code.OK, "canary client"), ndarrays_to_parameters(arrays), canaries.num_examples, {})
-        return Message(compat.fitres_to_recorddict(reply, keep_input=False), reply_to=msg)
-
-    return mod
-
-
-# --------------------------------------------------------------------------- the server's view
-
-
-class _Delegate(Strategy):
-    """A strategy that hands every call to ``strategy``."""
-
-    def __init__(self, strategy: Strategy) -> None:
-        super().__init__()
-        self.strategy = strategy
-
-    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
-        return self.strategy.initialize_parameters(client_manager)
-
-    def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager
-                      ) -> list[tuple[ClientProxy, FitIns]]:
-        return self.strategy.configure_fit(server_round, parameters, client_manager)
-
-    def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
-                      failures: list[tuple[ClientProxy, FitRes] | BaseException]) -> tuple[Parameters | None, dict[str, Scalar]]:
-        return self.strategy.aggregate_fit(server_round, results, failures)
-
-    def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: ClientManager
-                           ) -> list[tuple[ClientProxy, EvaluateIns]]:
-        return self.strategy.configure_evaluate(server_round, parameters, client_manager)
-
-    def aggregate_evaluate(self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]],
-                           failures: list[tuple[ClientProxy, EvaluateRes] | BaseException]
-                           ) -> tuple[float | None, dict[str, Scalar]]:
-        return self.strategy.aggregate_evaluate(server_round, results, failures)
-
-    def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
-        return self.strategy.evaluate(server_round, parameters)
-
-
-class _CleanTap(_Delegate):
-    """Sits between Flower's DP wrapper and its inner strategy: keeps the clipped average before
-    the wrapper adds its noise (observation only; the result passes through unchanged)."""
-
-    def __init__(self, strategy: Strategy, sink: dict[int, np.ndarray]) -> None:
-        super().__init__(strategy)
-        self.sink = sink
-
-    def aggregate_fit(self, server_round, results, failures):
-        aggregated, metrics = self.strategy.aggregate_fit(server_round, results, failures)
-        if aggregated is not None:
-            self.sink[server_round] = _flat(parameters_to_ndarrays(aggregated))
-        return aggregated, metrics
-
-
-class FlowerRecorder(_Delegate):
-    """Wraps Flower's DP wrapper (``DifferentialPrivacyServerSideFixedClipping(FedAvg(...))`` or the
-    client-side one) and records what the server sees; pass it to ``ServerAppComponents`` as the
-    strategy. ``seed`` seeds Flower's sampling and noise per round (module docstring)."""
-
-    def __init__(self, strategy: Strategy, seed: int | None = None) -> None:
-        if not isinstance(strategy, DP_WRAPPERS):
-            names = ", ".join(w.__name__ for w in DP_WRAPPERS)
-            raise UserInputError(f"strategy: {type(strategy).__name__} is not allowed; allowed: Flower's {names}")
-        super().__init__(strategy)
-        self.seed = seed
-        self.before: dict[int, np.ndarray] = {}
-        self.after: dict[int, np.ndarray] = {}
-        self.clean: dict[int, np.ndarray] = {}
-        self.sampled: dict[int, int] = {}
-        self.available: dict[int, int] = {}
-        self.results: dict[int, int] = {}
-        self.max_share: dict[int, float] = {}
-        strategy.strategy = _CleanTap(strategy.strategy, self.clean)
-
-    @property
-    def dp(self) -> DifferentialPrivacyServerSideFixedClipping | DifferentialPrivacyClientSideFixedClipping:
-        return self.strategy  # type: ignore[return-value]
-
-    def configure_fit(self, server_round, parameters, client_manager):
-        if self.seed is not None:
-            # Flower's ClientManager.sample draws with the global `random`; Python seeds it with all bits of an int
-            random.seed(derive_seed(self.seed, "flower", "sampling", server_round))
-        self.before[server_round] = _flat(parameters_to_ndarrays(parameters))
-        instructions = self.strategy.configure_fit(server_round, parameters, client_manager)
-        # counted after the sample: Flower's ClientManager.sample first waits for min_available_clients
-        # nodes, so before it the count can be short of the pool the sample was drawn from (nodes were
-        # still registering: 197 of 204 seen in round 1), which would misstate N in the claim
-        self.available[server_round] = client_manager.num_available()
-        self.sampled[server_round] = len(instructions)
-        return instructions
-
-    def aggregate_fit(self, server_round, results, failures):
-        if self.seed is not None:
-            # Flower's add_gaussian_noise_inplace draws np.random.normal from numpy's global RandomState
-            np.random.set_state(sklearn_random_state(self.seed, "flower", "noise", server_round).get_state())
-        weights = np.array([res.num_examples for _, res in results], dtype=np.float64)
-        self.results[server_round] = len(results)
-        self.max_share[server_round] = float(weights.max() / weights.sum()) if weights.size and weights.sum() > 0 else 0.0
-        aggregated, metrics = self.strategy.aggregate_fit(server_round, results, failures)
-        # no aggregate (failures): Flower's server keeps the previous global model
-        self.after[server_round] = (_flat(parameters_to_ndarrays(aggregated)) if aggregated is not None
-                                    else self.before[server_round])
-        return aggregated, metrics
-
-    def view(self) -> FlowerView:
-        """The recorded rounds as a :class:`FlowerView`."""
-        rounds = sorted(self.after)
-        if not rounds or rounds != list(range(1, len(rounds) + 1)):
-            raise UserInputError(f"recorder: rounds {rounds} were recorded; allowed: a finished run of rounds 1..T "
-                                 "(pass the FlowerRecorder itself to ServerAppComponents)")
-        clean = (np.stack([self.clean[t] for t in rounds]) if all(t in self.clean for t in rounds) else None)
-        dp = self.dp
-        return FlowerView(
-            initial=self.before[1], iterates=np.stack([self.after[t] for t in rounds]), clean=clean,
-            sampled=np.array([self.sampled[t] for t in rounds]), available=np.array([self.available[t] for t in rounds]),
-            results=np.array([self.results[t] for t in rounds]), max_share=np.array([self.max_share[t] for t in rounds]),
-            noise_multiplier=float(dp.noise_multiplier), clipping_norm=float(dp.clipping_norm),
-            num_sampled_clients=int(dp.num_sampled_clients), wrapper=type(dp).__name__,
-            inner=type(getattr(dp.strategy, "strategy", dp.strategy)).__name__)
-
-
-@dataclass
-class FlowerView:
-    """What the server of a Flower run saw, as :class:`FlowerRecorder` recorded it (float64)."""
-
-    initial: np.ndarray  # w_0 [d]
-    iterates: np.ndarray  # w_1..w_T [T, d]
-    clean: np.ndarray | None  # the clipped average before Flower's noise, per round [T, d]
-    sampled: np.ndarray  # clients sampled per round [T]
-    available: np.ndarray  # clients available per round [T]
-    results: np.ndarray  # replies aggregated per round [T]
-    max_share: np.ndarray  # the largest FedAvg weight share per round [T]
-    noise_multiplier: float  # Flower's σ, as the DP wrapper holds it
-    clipping_norm: float  # Flower's S
-    num_sampled_clients: int  # Flower's m (the noise std is σ·S/m)
-    wrapper: str = ""
-    inner: str = ""
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def rounds(self) -> int:
-        return len(self.iterates)
-
-    @property
-    def dim(self) -> int:
-        return len(self.initial)
-
-    def noise_multipliers(self) -> np.ndarray | None:
-        """The noise multiplier each round's aggregate really carries: the std of (noisy − clean)
-        average over the coordinates, times m/S (None without the clean averages)."""
-        if self.clean is None:
-            return None
-        noise = self.iterates - self.clean
-        return noise.std(axis=1) * self.num_sampled_clients / self.clipping_norm
-
-    def save(self, path: str | Path) -> Path:
-        """An .npz (no pickles: arrays and one JSON string)."""
-        path = Path(path)
-        meta = {"noise_multiplier": self.noise_multiplier, "clipping_norm": self.clipping_norm,
-                "num_sampled_clients": self.num_sampled_clients, "wrapper": self.wrapper, "inner": self.inner,
-                **self.meta}
-        arrays: dict[str, Any] = {"initial": self.initial, "iterates": self.iterates, "sampled": self.sampled,
-                  "available": self.available, "results": self.results, "max_share": self.max_share,
-                  "meta": np.array(json.dumps(meta))}
-        if self.clean is not None:
-            arrays["clean"] = self.clean
-        buffer = io.BytesIO()
-        np.savez(buffer, **arrays)
-        write_bytes(path, buffer.getvalue())  # a temp name unique to this process, then a rename
-        return path
-
-    @classmethod
-    def load(cls, path: str | Path) -> FlowerView:
-        with np.load(path, allow_pickle=False) as data:
-            meta = json.loads(str(data["meta"]))
-            return cls(initial=data["initial"], iterates=data["iterates"],
-                       clean=data.get("clean", None), sampled=data["sampled"],
-                       available=data["available"], results=data["results"], max_share=data["max_share"],
-                       noise_multiplier=meta.pop("noise_multiplier"), clipping_norm=meta.pop("clipping_norm"),
-                       num_sampled_clients=meta.pop("num_sampled_clients"), wrapper=meta.pop("wrapper"),
-                       inner=meta.pop("inner"), meta=meta)
 
 
 # --------------------------------------------------------------------------- the claim

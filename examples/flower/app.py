@@ -28,15 +28,9 @@ from flwr.simulation import run_simulation  # noqa: E402
 
 from audit.core.errors import UserInputError  # noqa: E402
 from audit.core.seeding import numpy_rng, torch_generator  # noqa: E402
-from audit.flower_audit import (  # noqa: E402
-    CanaryClients,
-    FlowerRecorder,
-    audit_flower,
-    canary_mod,
-    claim_of_view,
-    flower_claim,
-    summary,
-)
+from audit.flower_audit import audit_flower, claim_of_view, flower_claim, summary  # noqa: E402
+from audit.flower_canaries import CanaryClients, canary_mod  # noqa: E402
+from audit.flower_view import FlowerRecorder  # noqa: E402
 
 
 def make_model() -> torch.nn.Module:

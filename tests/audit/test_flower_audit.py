@@ -143,7 +143,7 @@ def test_a_canary_reply_through_flowers_client_side_clipping_is_s_times_its_dire
     from flwr.compat.common import recorddict_compat as compat
     from flwr.supercore.task_identity import TaskIdentity
 
-    from audit.flower_audit import CanaryClients, canary_mod
+    from audit.flower_canaries import CanaryClients, canary_mod
 
     # what Flower's server runtime sets before it creates messages (flwr.server.compat.app.start_grid)
     for key, value in (("_task_id", 1), ("_run_id", 1), ("_node_id", 1)):
@@ -172,7 +172,9 @@ def test_a_canary_reply_through_flowers_client_side_clipping_is_s_times_its_dire
 def test_bad_flower_audit_inputs_are_one_line_errors_naming_the_field():
     from flwr.server.strategy import FedAvg
 
-    from audit.flower_audit import CanaryClients, FlowerRecorder, flower_claim
+    from audit.flower_audit import flower_claim
+    from audit.flower_canaries import CanaryClients
+    from audit.flower_view import FlowerRecorder
 
     cases = [
         (lambda: CanaryClients(seed=0, ids=(1, 2, 3), clipping_norm=1.0), "canaries.ids"),
