@@ -19,7 +19,7 @@ RMIA on the membership runs, and Steinke, Nasr and Jagielski's (2023) one-run au
 canaries; an ε lower bound above the claim would say the claim (or its implementation) is wrong.
 
 ``--gradient-canaries COINS`` audits the optimiser itself instead, white box
-(:func:`audit.own_training.gradient_canary_audit`; Nasr et al. 2023, "Tight Auditing of
+(:func:`audit.gradient_canary_audit.gradient_canary_audit`; Nasr et al. 2023, "Tight Auditing of
 Differentially Private Machine Learning"): ``train`` hands its DPOptimizer to ``attach``, which
 inserts Dirac per-example gradients before Opacus clips and reads every step's noisy gradient.
 ``--noise-bug F`` plants a bug to catch: the optimiser adds F times the noise while the claim and
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def gradient_canaries(train_function, pool, test, claim, args) -> int:
     """``--gradient-canaries``: the white-box audit of the optimiser and what it shows."""
-    from audit.own_training import gradient_canary_audit
+    from audit.gradient_canary_audit import gradient_canary_audit
 
     audit = gradient_canary_audit(train_function, pool.features, pool.labels, claim, noise_multiplier=args.noise,
                                   sample_rate=SAMPLE_RATE, coins=args.gradient_canaries, seed=args.seed,

@@ -1,4 +1,4 @@
-"""The white-box gradient-canary audit of DP-SGD with Opacus (audit.own_training.gradient_canary_audit)
+"""The white-box gradient-canary audit of DP-SGD with Opacus (audit.gradient_canary_audit)
 through examples/opacus_audit.py's own training function: a planted noise bug is a VIOLATION, honest
 DP-SGD is not, the same seed gives the same audit, bad input is one line."""
 
@@ -14,7 +14,8 @@ import torch
 
 from audit.core.errors import UserInputError
 from audit.external import stated_claim
-from audit.own_training import dataset_pool, gradient_canary_audit
+from audit.gradient_canary_audit import gradient_canary_audit
+from audit.own_training import dataset_pool
 from tests.helpers import load_script, readme_commands, with_out
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: one thread is the fastest
