@@ -271,7 +271,7 @@ def test_the_sweep_state_lives_under_out_only(sweep):
 
 def test_the_readme_sweep_is_three_points_of_dp_fedavg_one_epsilon_each():
     """The README's command as printed (planned here; the tiny sweep above runs the same code)."""
-    from audit.cli import build_parser
+    from audit.cli_parser import build_parser
     from audit.sweep import plan_sweep
     from tests.helpers import readme_commands
 
