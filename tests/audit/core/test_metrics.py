@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from audit.core.metrics import (
     auc,
@@ -23,6 +24,51 @@ from audit.core.metrics import (
 def test_clopper_pearson_epsilon_reference():
     # tf-privacy epsilon_lower_bound_test: TP 500/500, FP 0/500 at α = 0.01 → 4.54 (recomputed 4.5419).
     assert epsilon_lower_bound(500, 0, 0, 500, confidence=0.99) == pytest.approx(4.5419, abs=0.005)
+
+
+@pytest.mark.parametrize(("k", "n", "confidence", "low", "high"), [
+    # 40-digit inversions of the regularised incomplete beta function (mpmath); the first is R's binom.test(3, 10)
+    (3, 10, 0.95, 0.066739511177734467, 0.65245285005999730),
+    (1, 1000, 0.99, 5.0125292607775061e-6, 0.0074062869383529376),
+    (517, 1000, 0.9, 0.49049557093605266, 0.54343009441545709),
+    (49, 50, 0.95, 0.89353045428850008, 0.99949377201695917),
+])
+def test_clopper_pearson_is_the_exact_interval(k, n, confidence, low, high):
+    assert clopper_pearson(k, n, confidence) == pytest.approx((low, high), rel=1e-13)
+
+
+@pytest.mark.parametrize("n", [1, 7, 100, 4096])
+def test_clopper_pearson_at_the_ends_has_its_closed_form(n):
+    """k = 0: (0, 1 − (α/2)^(1/n)); k = n: ((α/2)^(1/n), 1) (Clopper & Pearson 1934)."""
+    for confidence in (0.5, 0.95, 0.999):
+        tail = ((1 - confidence) / 2) ** (1 / n)
+        assert clopper_pearson(0, n, confidence) == pytest.approx((0.0, 1 - tail), rel=1e-12)
+        assert clopper_pearson(n, n, confidence) == pytest.approx((tail, 1.0), rel=1e-12)
+
+
+def test_clopper_pearson_agrees_with_scipys_binomial_test():
+    """scipy's ``binomtest(k, n).proportion_ci(method="exact")`` is the same interval found by root
+    finding on the binomial tail, so it agrees only to the root finder's tolerance (≈ 1e-5 relative
+    at n = 10⁵, ≈ 1e-9 for n ≤ 1000), where the beta quantile is exact to ≈ 1e-15 (the test above):
+    the library does not replace it without changing results.json's last digits."""
+    for n in [1, 2, 3, 10, 37, 100, 1000, 100_000]:
+        for k in sorted({0, 1, 2, n // 3, n // 2, n - 1, n} & set(range(n + 1))):
+            for confidence in (0.5, 0.9, 0.95, 0.99, 0.999):
+                library = stats.binomtest(k, n).proportion_ci(confidence, method="exact")
+                assert clopper_pearson(k, n, confidence) == pytest.approx((library.low, library.high), rel=1e-4, abs=1e-12)
+    assert clopper_pearson(0, 0) == (0.0, 1.0)  # no trials: no information (binomtest refuses n = 0)
+
+
+def test_the_epsilon_bound_uses_one_sided_clopper_pearson_limits():
+    """Each limit one-sided at level (1 − confidence)/2, as scipy's one-sided exact intervals give them."""
+    tp, fn, fp, tn, confidence, delta = 930, 70, 40, 960, 0.95, 1e-5
+    level = 1 - (1 - confidence) / 2
+    tpr_lo = stats.binomtest(tp, tp + fn, alternative="greater").proportion_ci(level).low
+    fpr_hi = stats.binomtest(fp, fp + tn, alternative="less").proportion_ci(level).high
+    tnr_lo = stats.binomtest(tn, fp + tn, alternative="greater").proportion_ci(level).low
+    fnr_hi = stats.binomtest(fn, tp + fn, alternative="less").proportion_ci(level).high
+    expected = max(math.log((tpr_lo - delta) / fpr_hi), math.log((tnr_lo - delta) / fnr_hi), 0.0)
+    assert epsilon_lower_bound(tp, fn, fp, tn, confidence, delta) == pytest.approx(expected, rel=1e-6)
 
 
 def test_epsilon_lower_bound_properties():
