@@ -588,11 +588,11 @@ def plan_defense(defense: Defense, setup: Setup, trials: int, seed: int,
     shown = params if params is not None else to_mapping(asdict(defense.params))
     if not defense.private:
         return Plan(DefenseConformance(name, False, NOT_APPLICABLE, shown, note="non-private: no claim to check"))
-    probe = defense.release_probe(setup.job)
+    probe = defense.audit_hooks().release_probe(setup.job)
     if probe is None:
         return Plan(DefenseConformance(name, True, NO_PROBE, shown,
                                        note="a private defense without a release probe cannot be audited "
-                                            "(Defense.release_probe)"))
+                                            "(AuditHooks.release_probe)"))
     training = probe.training or setup.training
     claim = probe.defense.privacy_claim(training, len(setup.job.clients), 1, setup.delta, setup.accounting)
     covered = [a for a in claim.adversaries if a.covered]

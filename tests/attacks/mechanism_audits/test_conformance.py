@@ -249,7 +249,7 @@ def test_engine_probe_draws_as_the_sampler():
     Binomial(N − 1, q), the target takes every position (last with the probability the law gives), and
     the rounds of the run are distinct contexts; fixed-size sampling gives exactly m with the target."""
     setup = probe_setup(0, 1e-5, CLIENTS, CLIENT_RATE, ROUNDS)
-    probe = DPFedAvg().release_probe(setup.job)
+    probe = DPFedAvg().audit_hooks().release_probe(setup.job)
     assert probe.rounds == ROUNDS and probe.contributors == CLIENTS
     draws = [probe.trial(1000 + t, t % ROUNDS) for t in range(4000)]
     sizes = np.array([len(d.participants) for d in draws])
@@ -264,7 +264,7 @@ def test_engine_probe_draws_as_the_sampler():
     assert len({tuple(probe.trial(s, 1).participants) for s in range(20)}) > 10  # the seed draws the sample
     fixed = probe_setup(0, 1e-5, CLIENTS, CLIENT_RATE, ROUNDS)
     fixed.job.training = dataclasses.replace(fixed.training, sampling="fixed")
-    fixed_probe = DPFedAvg().release_probe(fixed.job)
+    fixed_probe = DPFedAvg().audit_hooks().release_probe(fixed.job)
     draws = [fixed_probe.trial(t, 0) for t in range(500)]
     assert {len(d.participants) for d in draws} == {round(CLIENT_RATE * CLIENTS)}
     assert {int(d.participants[d.target]) for d in draws} == set(range(CLIENTS))
