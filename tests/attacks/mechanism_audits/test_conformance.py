@@ -22,16 +22,18 @@ from attacks.mechanism_audits.conformance import (
     CONFORMS,
     NO_PROBE,
     NOT_APPLICABLE,
-    POOLED,
     ROUNDS,
     UNCHECKED,
     VIOLATES,
     audit_probe,
     conformance,
+    probe_setup,
+)
+from attacks.mechanism_audits.conformance_statistics import (
+    POOLED,
     epsilon_ceiling,
     measure,
     multiplier_interval,
-    probe_setup,
     shortfall_test,
 )
 from audit.cli import main
