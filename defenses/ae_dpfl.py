@@ -222,9 +222,9 @@ class VotingAuditHooks(AuditHooks):
         super().__init__(defense, update_canaries=False, engine_rounds=False)
 
     def release_probe(self, job) -> ReleaseProbe:
-        defense = self.defense
         """One query's vote histogram: contribution row i is agent i's vote (its argmax class as a one-hot
         vector, or nothing for an all-zero row: an abstaining agent)."""
+        defense = self.defense
         agents = len(job.clients)
         classes = int(job.pool_y.max()) + 1
 
