@@ -425,8 +425,8 @@ def test_cli_json_and_exit_codes(capsys):
     assert main(["conformance", "dp-fedavg", "--trials", "150", "--quiet", "--json"]) == 0
     assert capsys.readouterr().out == first  # same seed, same document
     # a violation exits 1 and says so
-    assert main(["conformance", "tests.attacks.mechanism_audits.test_conformance:MaskedNoiseClaimingSigma", "--param", "noise_support=kept",
-                 "--param", "keep_fraction=0.25", "--trials", "150", "--quiet"]) == 1
+    assert main(["conformance", "tests.attacks.mechanism_audits.test_conformance:MaskedNoiseClaimingSigma",
+                 "--param", "noise_support=kept", "--param", "keep_fraction=0.25", "--trials", "150", "--quiet"]) == 1
     out = capsys.readouterr().out
     assert "VIOLATES" in out and "ε tests" in out
 
