@@ -40,7 +40,7 @@ Designs (``--design``):
 Parts: the matrix (``--skip-matrix`` leaves it out); a row per central-DP Gaussian defense at a
 tight ε = 4 (``--skip-defenses``): its ε_LB / ε where the Dirac audit runs, else the reason the
 audit gives for not running (``skipped_attacks`` in results.json, from
-``Defense.dirac_canaries_refused`` or the attack's ``not_applicable``); and ``--honest-seeds N``,
+``AuditHooks.dirac_canaries_refused`` or the attack's ``not_applicable``); and ``--honest-seeds N``,
 a mode of its own: the honest ``dp-fedavg`` on the small design over N seeds at each
 ``--epsilons``, for its false-violation rate (target ≤ 5 % over ≥ 100 seeds).
 

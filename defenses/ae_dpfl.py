@@ -25,7 +25,7 @@ import numpy as np
 
 from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import numpy_rng, seed_torch, torch_generator
-from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
+from defenses.base import DEFENSES, AccountingSettings, AuditHooks, Defense, PrivacyClaim
 from defenses.blocks.flat import ParamLayout, parameters_of
 from defenses.blocks.local_training import (
     TRAINERS,
@@ -77,7 +77,6 @@ class AEDPFL(Defense):
     Params = AEDPFLParams
     private = True
     default_view = "aggregate"
-    update_canaries = False  # agents upload noisy votes, not model updates
 
     def queries(self, test_size: int) -> int:
         return max(1, min(self.params.queries, int(test_size * self.params.public_fraction)))
@@ -129,21 +128,6 @@ class AEDPFL(Defense):
 
     def privacy_claim(self, training, num_clients, rounds, delta, accounting) -> PrivacyClaim:
         return self._claim(self.params.queries, delta, accounting)
-
-    def release_probe(self, job) -> ReleaseProbe:
-        """One query's vote histogram: contribution row i is agent i's vote (its argmax class as a one-hot
-        vector, or nothing for an all-zero row: an abstaining agent)."""
-        agents = len(job.clients)
-        classes = int(job.pool_y.max()) + 1
-
-        def views(contributions: torch.Tensor, seed: int) -> dict[str, torch.Tensor]:
-            votes = torch.zeros(agents, classes, dtype=torch.float64)
-            voting = contributions.abs().sum(1) > 0
-            votes[voting, contributions[voting].abs().argmax(1)] = 1.0
-            noisy = self.noisy_histograms(votes.sum(0, keepdim=True), agents, seed)[0]
-            return {"released": noisy, "server": noisy}
-
-        return ReleaseProbe(classes, agents, 1.0, views, "an agent's one-hot vote on one query", self)
 
     @staticmethod
     def predict(model, stacked: dict[str, torch.Tensor], x: torch.Tensor, budget: int = 1 << 24) -> torch.Tensor:
@@ -223,3 +207,32 @@ class AEDPFL(Defense):
         view = {"round_0001/votes": noisy.float()} if job.record.wants_uploads(1, 1) else {}
         globals_ = {"round_0001": layout.flatten(final)} if job.record.wants_global(1, 1) else {}
         return TrainingOutcome(final, layout, [row], claim, view, globals_)
+
+    def audit_hooks(self) -> VotingAuditHooks:
+        return VotingAuditHooks(self)
+
+
+class VotingAuditHooks(AuditHooks):
+    """AE-DPFL as the audits see it: agents upload noisy votes, not model updates (no canary
+    clients), and the conformance audit drives one query's vote histogram."""
+
+    defense: AEDPFL
+
+    def __init__(self, defense: AEDPFL):
+        super().__init__(defense, update_canaries=False, engine_rounds=False)
+
+    def release_probe(self, job) -> ReleaseProbe:
+        """One query's vote histogram: contribution row i is agent i's vote (its argmax class as a one-hot
+        vector, or nothing for an all-zero row: an abstaining agent)."""
+        defense = self.defense
+        agents = len(job.clients)
+        classes = int(job.pool_y.max()) + 1
+
+        def views(contributions: torch.Tensor, seed: int) -> dict[str, torch.Tensor]:
+            votes = torch.zeros(agents, classes, dtype=torch.float64)
+            voting = contributions.abs().sum(1) > 0
+            votes[voting, contributions[voting].abs().argmax(1)] = 1.0
+            noisy = defense.noisy_histograms(votes.sum(0, keepdim=True), agents, seed)[0]
+            return {"released": noisy, "server": noisy}
+
+        return ReleaseProbe(classes, agents, 1.0, views, "an agent's one-hot vote on one query", defense)

@@ -30,7 +30,7 @@ from audit.core.lazy_modules import lazy_module
 from defenses.base import DEFENSES
 from defenses.blocks.local_training import LocalObjective, mean_loss_gradient
 from defenses.blocks.sparsify import exact_fraction, kept_per_tensor, per_tensor_top_mask
-from defenses.fedavg import DPFedAvg, DPFedAvgParams
+from defenses.fedavg import DPFedAvg, DPFedAvgAuditHooks, DPFedAvgParams
 from defenses.federated.training_job import RoundContext, TrainingConfig
 
 if TYPE_CHECKING:
@@ -115,7 +115,9 @@ class _BLURMixin:
 
 
 class _LUSMixin:
-    update_canaries = False  # LUS's mask needs each client's data (its gradient at the final local model)
+    def audit_hooks(self) -> DPFedAvgAuditHooks:
+        # no canary clients: LUS's mask needs each client's data (its gradient at the final local model)
+        return DPFedAvgAuditHooks(self, update_canaries=False)
 
     def pre_clip(self, updates: torch.Tensor, ctx: RoundContext) -> tuple[torch.Tensor, torch.Tensor]:
         kept = lus_mask(updates, ctx, self.params.lus_sparsity, self.params.lus_gradient)

@@ -57,7 +57,7 @@ import numpy as np
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import numpy_rng
-from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
+from defenses.base import DEFENSES, AccountingSettings, AuditHooks, Defense, PrivacyClaim
 from defenses.blocks.clipping import clip_rows
 from defenses.blocks.noise import discrete_gaussian
 from defenses.blocks.rotation import padded_dimension, random_signs, rotate, unrotate
@@ -157,7 +157,6 @@ class DDGauss(Defense):
     Params = DDGaussParams
     private = True
     default_view = "aggregate"
-    clips_updates = True
 
     # ---------------------------------------------------------------- derived quantities
 
@@ -324,3 +323,6 @@ class DDGauss(Defense):
         decoded = unrotate(total, signs)[: ctx.layout.dim]
         # the configured n, a public constant (canary clients join beyond it and must not change the scale)
         return (decoded / setting.clients).to(torch.float32)
+
+    def audit_hooks(self) -> AuditHooks:
+        return AuditHooks(self, clips_updates=True)  # canary clients carry the clip c

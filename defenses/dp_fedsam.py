@@ -35,7 +35,7 @@ from audit.core.lazy_modules import lazy_module
 from defenses.base import DEFENSES, Defense, PrivacyClaim
 from defenses.blocks.local_training import LocalObjective, Params
 from defenses.blocks.sparsify import kept_per_tensor, per_tensor_top_mask
-from defenses.fedavg import DPFedAvg, DPFedAvgParams
+from defenses.fedavg import DPFedAvg, DPFedAvgParams, NoiseSupport
 from defenses.federated.training_job import RoundContext
 
 if TYPE_CHECKING:
@@ -149,24 +149,23 @@ class DPFedSAMTopK(DPFedSAM):
     def keep(self, ctx: RoundContext) -> list[int]:
         return kept_per_tensor(ctx.layout, self.params.topk_fraction, "ceil")
 
-    def masks_noise(self) -> bool:
-        return self.params.mask_stage == "after_noise"
-
-    def support_leak(self) -> str | None:
-        if self.masks_noise() and self.params.topk_source == "clean":
-            return ("the top-k support is chosen on the clean update and released with the noisy one: "
-                    "its zero pattern reveals the client's data")
-        return None
+    def noise_support(self) -> NoiseSupport:
+        if self.params.mask_stage != "after_noise":
+            return NoiseSupport()
+        if self.params.topk_source == "clean":
+            return NoiseSupport.kept("the top-k support is chosen on the clean update and released with the noisy one: "
+                                     "its zero pattern reveals the client's data")
+        return NoiseSupport.kept()
 
     def pre_clip(self, updates: torch.Tensor, ctx: RoundContext) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if self.masks_noise():
+        if self.noise_support().kept_only:
             return updates, None
         # clipping scales a row (or each tensor) uniformly, so the top-k of |Δ| is the top-k of |clip(Δ)|
         mask = per_tensor_top_mask(updates.abs(), ctx.layout, self.keep(ctx))
         return updates * mask, mask
 
     def post_noise(self, clipped: torch.Tensor, noisy: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
-        if not self.masks_noise():
+        if not self.noise_support().kept_only:
             return noisy
         source = clipped if self.params.topk_source == "clean" else noisy
         return noisy * per_tensor_top_mask(source.abs(), ctx.layout, self.keep(ctx))

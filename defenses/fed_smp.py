@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Literal
 from audit.core.lazy_modules import lazy_module
 from defenses.base import DEFENSES
 from defenses.blocks.sparsify import exact_count, random_mask, top_rows
-from defenses.fedavg import DPFedAvg, DPFedAvgParams
+from defenses.fedavg import DPFedAvg, DPFedAvgParams, NoiseSupport
 from defenses.federated.training_job import RoundContext
 
 if TYPE_CHECKING:
@@ -51,8 +51,8 @@ class _FedSMP(DPFedAvg):
     def kept(self, dim: int) -> int:
         return exact_count(self.params.keep_fraction, dim, "ceil")
 
-    def masks_noise(self) -> bool:
-        return self.params.noise_support == "kept"
+    def noise_support(self) -> NoiseSupport:
+        return NoiseSupport.kept() if self.params.noise_support == "kept" else NoiseSupport()
 
 
 @DEFENSES.register("fed-smp-randk")
@@ -77,11 +77,11 @@ class FedSMPTopK(_FedSMP):
         mask = top_rows(updates.abs(), self.kept(updates.shape[1]))
         return updates * mask, mask
 
-    def support_leak(self) -> str | None:
-        if self.masks_noise():
-            return ("noise only on the top-k coordinates: the support depends on the client's data and is released "
-                    "with the upload (and in the sum's zero pattern)")
-        return None
+    def noise_support(self) -> NoiseSupport:
+        if self.params.noise_support == "kept":
+            return NoiseSupport.kept("noise only on the top-k coordinates: the support depends on the client's data and is "
+                                     "released with the upload (and in the sum's zero pattern)")
+        return NoiseSupport()
 
 
 __all__ = ["FedSMPParams", "FedSMPRandK", "FedSMPTopK"]

@@ -14,8 +14,10 @@ updates, composed over T rounds (:mod:`defenses.privacy.accounting`), client-lev
 
 :class:`DPFedAvg` is also the base of the family that changes one step of this pipeline —
 BLUR/LUS (Cheng et al. 2022), DP-FedSAM and its top-k variant (Shi et al. 2023), Fed-SMP — through the hooks
-:meth:`DPFedAvg.pre_clip` (sparsify before clipping), :meth:`DPFedAvg.masks_noise` and
-:meth:`DPFedAvg.post_noise` (mask after the noise), and :meth:`Defense.local_objective`.
+:meth:`DPFedAvg.pre_clip` (sparsify before clipping), :meth:`DPFedAvg.noise_support` (which
+coordinates carry a client's noise: :class:`NoiseSupport`) and :meth:`DPFedAvg.post_noise` (mask
+after the noise), and :meth:`Defense.local_objective`; what the audits need of the family is
+:class:`DPFedAvgAuditHooks`.
 
 The claim names its observers (:mod:`defenses.privacy.claims`): the released models (sampled Gaussian
 with σ, amplified), the server (no amplification; the sum under secure aggregation or with a
@@ -34,6 +36,7 @@ from typing import TYPE_CHECKING, Literal
 
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
+from defenses.audit_hooks import AuditHooks
 from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
 from defenses.blocks.clipping import clip_rows, clip_rows_per_tensor
 from defenses.blocks.dirac_rows import DiracRows
@@ -67,6 +70,27 @@ class FedAvg(Defense):
 
 
 @dataclass(frozen=True)
+class NoiseSupport:
+    """Which coordinates of a client's upload carry its noise: every one (the default, sound with σ);
+    only the coordinates the client keeps (``kept_only``: Fed-SMP's noise on the kept coordinates,
+    Hu et al. 2022, §4; DP-FedSAM-top_k's mask after the noise, Shi et al. 2023, Eq. 12), so a
+    coordinate kept by one client alone carries only its share σ/√m; or only kept coordinates
+    chosen from the client's data, released with its upload (``leak`` says why that reveals the
+    data: no finite claim)."""
+
+    kept_only: bool = False
+    leak: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.leak is not None and not self.kept_only:
+            raise ValueError("a support leak needs noise on the kept coordinates only")
+
+    @classmethod
+    def kept(cls, leak: str | None = None) -> NoiseSupport:
+        return cls(True, leak)
+
+
+@dataclass(frozen=True)
 class DPFedAvgParams:
     clip: float = field(default=1.0, metadata={"min": 0.0, "min_exclusive": True,
                                                "help": "S: ℓ2 bound on each client's update"})
@@ -94,7 +118,6 @@ class DPFedAvg(Defense):
     reference = "McMahan, Ramage, Talwar, Zhang 2018, Learning Differentially Private Recurrent Language Models (Alg. 1)"
     Params = DPFedAvgParams
     private = True
-    clips_updates = True
 
     # ---------------------------------------------------------------- configuration
 
@@ -103,19 +126,14 @@ class DPFedAvg(Defense):
         private_sum = self.params.noise_placement == "aggregate" or self.params.secure_aggregation
         return "aggregate" if private_sum else "uploads"
 
-    def masks_noise(self) -> bool:
-        """Whether a client's noise is kept only on some coordinates (a paper variant: Fed-SMP's
-        noise on the kept coordinates, DP-FedSAM-top_k's mask after the noise)."""
-        return False
-
-    def support_leak(self) -> str | None:
-        """Why the released coordinates themselves reveal a client's data (None: they do not)."""
-        return None
+    def noise_support(self) -> NoiseSupport:
+        """Which coordinates carry a client's noise (every one, but for the papers' variants)."""
+        return NoiseSupport()
 
     def validate(self, training: TrainingConfig, num_clients: int) -> None:
         if training.aggregation != "uniform":
             raise UserInputError(f"training.aggregation: {self.name} needs 'uniform' (size weights change the sensitivity)")
-        if self.masks_noise() and self.params.noise_placement != "client":
+        if self.noise_support().kept_only and self.params.noise_placement != "client":
             raise UserInputError(f"params.noise_placement: {self.name} masks each client's noise, which needs 'client'")
 
     def effective_noise_multiplier(self) -> float:
@@ -141,10 +159,11 @@ class DPFedAvg(Defense):
         upload = sigma / math.sqrt(largest) if client_noise else None
         aggregate: float | None = sigma
         why = ""
-        if self.support_leak():
+        support = self.noise_support()
+        if support.leak:
             aggregate = upload = None
-            why = self.support_leak() or ""
-        elif self.masks_noise():
+            why = support.leak
+        elif support.kept_only:
             aggregate = upload
             why = "noise only on kept coordinates"
         if client_noise:
@@ -160,7 +179,7 @@ class DPFedAvg(Defense):
         """The headline's schedule: the sampled Gaussian on the aggregate (as the released models see it)."""
         multiplier = self.noise_reach(training, num_clients, rounds).aggregate
         if multiplier is None:
-            raise UserInputError(f"defenses: {self.name} with these params makes no finite claim ({self.support_leak()}); "
+            raise UserInputError(f"defenses: {self.name} with these params makes no finite claim ({self.noise_support().leak}); "
                                  "remove its 'epsilons' or choose its sound variant")
         return GaussianSchedule(multiplier, training.sampling_rate(num_clients),
                                 training.rounds if rounds is None else rounds, training.sampling, num_clients)
@@ -185,9 +204,10 @@ class DPFedAvg(Defense):
         if self.params.clip_mode == "per_tensor":
             notes.append(f"per-tensor clipping: sensitivity S√L with L={len(self.layout.names)} tensors, "
                          f"accounted with noise multiplier σ/√L = {self.effective_noise_multiplier():.4g}")
-        if self.support_leak():
-            notes.append(f"no finite guarantee: {self.support_leak()}")
-        elif self.masks_noise():
+        support = self.noise_support()
+        if support.leak:
+            notes.append(f"no finite guarantee: {support.leak}")
+        elif support.kept_only:
             notes.append(f"noise only on kept coordinates (the paper's variant): a coordinate kept by one client carries only "
                          f"its share σ/√m, so the claim is accounted with σ/√m_max = {reach.aggregate:.4g} instead of σ")
         notes.extend(self.claim_notes())
@@ -231,17 +251,6 @@ class DPFedAvg(Defense):
         the |P_t| uploads carries N(0, S²σ²) — Dirac canary clients count in |P_t| and add shares."""
         return self.params.clip * self.params.noise_multiplier / math.sqrt(ctx.participant_count)
 
-    def dirac_canaries_refused(self, training: TrainingConfig) -> str | None:
-        """DP-FedAvg and the variants that only change local training clip, noise and sum Dirac
-        rows exactly as dense ones; a variant that transforms each dense upload (sparsifies it
-        before clipping, masks or filters it after the noise) does not take them."""
-        if type(self).pre_clip is not DPFedAvg.pre_clip or type(self).post_noise is not DPFedAvg.post_noise \
-                or self.masks_noise():
-            return "it transforms each dense upload before clipping or after the noise"
-        if training.sampling == "fixed":
-            return "fixed-size sampling draws m of the clients, so canary clients would change who else is sampled"
-        return None
-
     def privatize(self, updates: torch.Tensor | DiracRows, ctx: RoundContext) -> tuple[torch.Tensor | DiracRows, dict]:
         if isinstance(updates, DiracRows):
             clipped_rows, _, _ = self.clip(updates)
@@ -258,13 +267,14 @@ class DPFedAvg(Defense):
             std = self.upload_noise_std(ctx)
             generators = [ctx.client_generator(int(c), "noise") for c in ctx.participants]
             noise = gaussian_rows(len(ctx.participants), updates.shape[1], std, generators, updates.device)
-            if kept is not None and self.masks_noise():
+            if kept is not None and self.noise_support().kept_only:
                 noise = noise * kept
             noisy = clipped + noise
         return self.post_noise(clipped, noisy, ctx), diagnostics
 
     def divisor(self, ctx: RoundContext) -> float:
-        """|P_t| as realised (Dirac canary clients included), or the expected qN."""
+        """What :meth:`aggregate` divides the sum by: |P_t| as realised (Dirac canary clients
+        included), or the expected qN."""
         if self.params.denominator == "expected":
             return ctx.training.sampling_rate(ctx.num_clients) * ctx.num_clients
         return float(ctx.participant_count)
@@ -277,3 +287,31 @@ class DPFedAvg(Defense):
             std = self.params.clip * self.params.noise_multiplier
             total = total + gaussian_rows(1, uploads.shape[1], std, [ctx.server_generator("noise")], uploads.device)[0]
         return total / self.divisor(ctx)
+
+    def audit_hooks(self) -> DPFedAvgAuditHooks:
+        return DPFedAvgAuditHooks(self)
+
+
+class DPFedAvgAuditHooks(AuditHooks):
+    """DP-FedAvg's family as the audits see it: canaries carry the clip S, Dirac rows go through the
+    privatisation where it treats them as dense ones, the released step divides by :meth:`DPFedAvg.divisor`."""
+
+    defense: DPFedAvg
+
+    def __init__(self, defense: DPFedAvg, *, update_canaries: bool = True):
+        super().__init__(defense, update_canaries=update_canaries, clips_updates=True)
+
+    def dirac_canaries_refused(self, training: TrainingConfig) -> str | None:
+        """DP-FedAvg and the variants that only change local training clip, noise and sum Dirac
+        rows exactly as dense ones; a variant that transforms each dense upload (sparsifies it
+        before clipping, masks or filters it after the noise) does not take them."""
+        kind = type(self.defense)
+        if kind.pre_clip is not DPFedAvg.pre_clip or kind.post_noise is not DPFedAvg.post_noise \
+                or self.defense.noise_support().kept_only:
+            return "it transforms each dense upload before clipping or after the noise"
+        if training.sampling == "fixed":
+            return "fixed-size sampling draws m of the clients, so canary clients would change who else is sampled"
+        return None
+
+    def divisor(self, ctx: RoundContext) -> float:
+        return self.defense.divisor(ctx)

@@ -27,7 +27,7 @@ from defenses.blocks.noise import gaussian_rows
 from defenses.blocks.partial_dct import PartialDCT
 from defenses.blocks.sparsify import exact_count
 from defenses.federated.training_job import RoundContext
-from defenses.subset_training import SubsetFL, SubsetParams, masked_public_update
+from defenses.subset_training import SubsetAuditHooks, SubsetFL, SubsetParams, masked_public_update
 
 if TYPE_CHECKING:
     import torch
@@ -80,14 +80,26 @@ class _CS(SubsetFL):
         diagnostics.update(clip_fraction=float(was_clipped.double().mean()), clip=self._clip)
         return noisy, diagnostics
 
-    def release_statistic(self, uploads: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
+    def compressed_mean(self, uploads: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
         """The mean of the (noisy) compressed uploads; the ℓ1 reconstruction is post-processing of it."""
         return uploads.sum(0) / len(ctx.participants)
 
     def aggregate(self, uploads: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
-        mean = self.release_statistic(uploads, ctx).cpu().numpy()
+        mean = self.compressed_mean(uploads, ctx).cpu().numpy()
         estimate = self.sketch(ctx).reconstruct(mean, self.params.solver_iterations, self.params.sparsity_weight)
         return torch.as_tensor(estimate, dtype=ctx.global_vector.dtype, device=ctx.global_vector.device)
+
+    def audit_hooks(self) -> CompressedAuditHooks:
+        return CompressedAuditHooks(self)
+
+
+class CompressedAuditHooks(SubsetAuditHooks):
+    """The released statistic is the mean of the compressed uploads (:meth:`_CS.compressed_mean`)."""
+
+    defense: _CS
+
+    def release_statistic(self, uploads: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
+        return self.defense.compressed_mean(uploads, ctx)
 
 
 @DEFENSES.register("fl-cs")

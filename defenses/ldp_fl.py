@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Literal
 
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
-from defenses.base import DEFENSES, Defense, PrivacyClaim
+from defenses.base import DEFENSES, AuditHooks, Defense, PrivacyClaim
 from defenses.blocks.ldp import perturb, shuffle_amplification
 from defenses.federated.release_probe import ReleaseProbe, engine_probe
 from defenses.federated.training_job import RoundContext, TrainingConfig
@@ -157,12 +157,6 @@ class LDPFL(Defense):
         return PrivacyClaim(eps, 0.0, "weight", "per-weight ε-LDP (LDP-FL Thm 1)", mechanism, "; ".join(notes), alternatives,
                             relation="replace-one", adversary="local", adversaries=adversaries)
 
-    def release_probe(self, job) -> ReleaseProbe:
-        """The engine's privatise path with linked reports (shuffling is post-processing of them, so the
-        per-weight claim must hold before it); neighbours differ in one weight."""
-        probe = engine_probe(self if self.params.server_view == "linked" else self.with_params(server_view="linked"), job)
-        return replace(probe, one_coordinate=True, contribution="a client's model update; one weight differs")
-
     # ---------------------------------------------------------------- the mechanism
 
     def _ranges(self, models: torch.Tensor, ctx: RoundContext) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -216,6 +210,23 @@ class LDPFL(Defense):
         if self.params.server_view == "unlinked":
             uploads = split_and_shuffle(uploads, ctx.server_generator("shuffle"))
         return uploads, diagnostics
+
+    def audit_hooks(self) -> PerWeightAuditHooks:
+        return PerWeightAuditHooks(self)
+
+
+class PerWeightAuditHooks(AuditHooks):
+    """LDP-FL as the conformance audit drives it: per-weight neighbours, linked reports."""
+
+    defense: LDPFL
+
+    def release_probe(self, job) -> ReleaseProbe:
+        """The engine's privatise path with linked reports (shuffling is post-processing of them, so the
+        per-weight claim must hold before it); neighbours differ in one weight."""
+        defense = self.defense
+        linked = defense if defense.params.server_view == "linked" else defense.with_params(server_view="linked")
+        probe = engine_probe(linked, job)
+        return replace(probe, one_coordinate=True, contribution="a client's model update; one weight differs")
 
 
 def split_and_shuffle(reports: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

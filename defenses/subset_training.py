@@ -32,7 +32,7 @@ import numpy as np
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import numpy_rng
-from defenses.base import AccountingSettings, Defense, PrivacyClaim
+from defenses.base import AccountingSettings, AuditHooks, Defense, PrivacyClaim
 from defenses.blocks.clipping import clip_rows
 from defenses.blocks.local_training import (
     LocalObjective,
@@ -151,10 +151,6 @@ class SubsetFL(Defense):
     def observes(self) -> str:
         return "aggregate" if self.private else "uploads"
 
-    def canary_norm(self, honest_norms: torch.Tensor) -> float:
-        # S, once calibrated on the public batch (the DP variants clip the exchanged vector to S)
-        return float(self._clip) if self.private and self._clip > 0 else super().canary_norm(honest_norms)
-
     def validate(self, training: TrainingConfig, num_clients: int) -> None:
         if training.weight_decay:
             raise UserInputError(f"training.weight_decay: {self.name} freezes coordinates, which weight decay would move; use 0")
@@ -266,3 +262,17 @@ class SubsetFL(Defense):
         schedule = self.schedule(training, num_clients, training.rounds)
         trajectory = epsilon_trajectory(schedule, delta, accounting.conversion)
         return [float(e) for e in trajectory[self.extra_rounds:]]
+
+    def audit_hooks(self) -> SubsetAuditHooks:
+        return SubsetAuditHooks(self)
+
+
+class SubsetAuditHooks(AuditHooks):
+    """Canary clients of the DP variants carry S, once calibrated on the public batch (they clip the
+    exchanged vector to S); the rest as by default."""
+
+    defense: SubsetFL
+
+    def canary_norm(self, honest_norms: torch.Tensor) -> float:
+        clip = self.defense._clip
+        return float(clip) if self.defense.private and clip > 0 else super().canary_norm(honest_norms)

@@ -36,7 +36,7 @@ import numpy as np
 
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
-from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
+from defenses.base import DEFENSES, AccountingSettings, AuditHooks, Defense, PrivacyClaim
 from defenses.blocks.dp_sgd import DPSGDObjective, clip_and_sum
 from defenses.blocks.harmonizer import epsilon as accounted_epsilon
 from defenses.blocks.harmonizer import harmonize
@@ -224,31 +224,6 @@ class UDPFL(Defense):
         return DPSGDObjective(self.params.clip, self.params.clip_norm, mechanism_of,
                               lambda client: max(self.params.sample_rate * sizes[client], 1e-12), self._seed, pull_of)
 
-    def release_probe(self, job) -> ReleaseProbe:
-        """One DP-SGD step of one client of the weakest-ε group (its noise lives in local training, not
-        in privatize): contribution rows are that client's per-example gradients; every observer sees
-        (post-processing of) the noisy step."""
-        engine = FederatedEngine(self, job)
-        state = engine.start()
-        objective = engine.defense.local_objective()
-        layout = state.layout
-        params = {n: v[None] for n, v in layout.unflatten(state.global_vector).items()}
-        epsilons = self.params.client_epsilons
-        client = next(i for i in range(len(job.clients)) if epsilons[i % len(epsilons)] == max(epsilons)) if epsilons else 0
-        examples = 8
-
-        def views(contributions: torch.Tensor, seed: int) -> dict[str, torch.Tensor]:
-            objective.seed, objective.round = seed, 0
-            objective.at_step(0, [client])
-            gradients = {n: g[None] for n, g in layout.unflatten_stacked(contributions.to(state.global_vector)).items()}
-            mask = torch.ones(1, contributions.shape[0], dtype=state.global_vector.dtype)
-            summed = clip_and_sum(gradients, mask, self.params.clip, self.params.clip_norm)
-            step = layout.flatten_stacked(objective.noisy_gradient(summed, params))[0].detach().double()
-            return {"released": step, "server": step, "local": step}
-
-        return ReleaseProbe(layout.dim, examples, self.params.clip, views,
-                            "one client's per-example gradients in one DP-SGD step", engine.defense)
-
     def prepare(self, job, model=None, initial=None) -> None:
         self._training = job.training
         self._sizes = {i: len(c) for i, c in enumerate(job.clients)}
@@ -268,3 +243,38 @@ class UDPFL(Defense):
         order = torch.randperm(len(ctx.participants), generator=ctx.server_generator("shuffle"))
         ctx.sizes = ctx.sizes[order.numpy()]  # weights travel with their (anonymous) uploads
         return updates[order.to(updates.device)], diagnostics
+
+    def audit_hooks(self) -> DPSGDAuditHooks:
+        return DPSGDAuditHooks(self)
+
+
+class DPSGDAuditHooks(AuditHooks):
+    """UDP-FL as the conformance audit drives it: its noise is added inside local training (DP-SGD)."""
+
+    defense: UDPFL
+
+    def release_probe(self, job) -> ReleaseProbe:
+        """One DP-SGD step of one client of the weakest-ε group (its noise lives in local training, not
+        in privatize): contribution rows are that client's per-example gradients; every observer sees
+        (post-processing of) the noisy step."""
+        defense = self.defense
+        engine = FederatedEngine(defense, job)
+        state = engine.start()
+        objective = engine.defense.local_objective()
+        layout = state.layout
+        params = {n: v[None] for n, v in layout.unflatten(state.global_vector).items()}
+        epsilons = defense.params.client_epsilons
+        client = next(i for i in range(len(job.clients)) if epsilons[i % len(epsilons)] == max(epsilons)) if epsilons else 0
+        examples = 8
+
+        def views(contributions: torch.Tensor, seed: int) -> dict[str, torch.Tensor]:
+            objective.seed, objective.round = seed, 0
+            objective.at_step(0, [client])
+            gradients = {n: g[None] for n, g in layout.unflatten_stacked(contributions.to(state.global_vector)).items()}
+            mask = torch.ones(1, contributions.shape[0], dtype=state.global_vector.dtype)
+            summed = clip_and_sum(gradients, mask, defense.params.clip, defense.params.clip_norm)
+            step = layout.flatten_stacked(objective.noisy_gradient(summed, params))[0].detach().double()
+            return {"released": step, "server": step, "local": step}
+
+        return ReleaseProbe(layout.dim, examples, defense.params.clip, views,
+                            "one client's per-example gradients in one DP-SGD step", engine.defense)

@@ -8,7 +8,10 @@ built-in registries:
 * a defense: a subclass of ``defenses.base.Defense`` with a ``Params`` dataclass. Round-based
   defenses override the engine's hooks (``local_objective``, ``privatize``, ``aggregate``) and
   ``privacy_claim``; everything else (sampling, batching, metrics, the run store, the attacks,
-  the report) comes from the harness.
+  the report) comes from the harness. ``DPFedProx`` builds on DP-FedAvg instead, and inherits its
+  privatisation, its claim and what the audits need of it (its audit hooks).
+
+The page that explains the interface quotes this file: docs/add-a-defense.md.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from torch import nn
 from audit.core.datasets import Dataset, Split
 from defenses.base import Defense, PrivacyClaim
 from defenses.blocks.local_training import LocalObjective
+from defenses.fedavg import DPFedAvg, DPFedAvgParams
 
 
 def breast_cancer(root=None) -> Dataset:
@@ -74,3 +78,21 @@ class FedProx(Defense):
 
     def privacy_claim(self, training, num_clients, rounds, delta, accounting) -> PrivacyClaim:
         return PrivacyClaim.non_private("FedProx adds no noise")
+
+
+@dataclass(frozen=True)
+class DPFedProxParams(DPFedAvgParams):
+    mu: float = field(default=0.01, metadata={"min": 0.0, "help": "proximal weight μ"})
+
+
+class DPFedProx(DPFedAvg):
+    """DP-FedAvg whose clients train FedProx's local loss: the clip, the noise, the claim and the audit
+    hooks are DP-FedAvg's, since the loss changes what a client computes, not how much one upload may move."""
+
+    name = "dp-fedprox"
+    summary = "DP-FedAvg with a proximal term in the local loss"
+    reference = "Li et al. 2020 (local loss); McMahan et al. 2018 (clip and noise)"
+    Params = DPFedProxParams
+
+    def local_objective(self) -> LocalObjective:
+        return ProximalObjective(self.params.mu)

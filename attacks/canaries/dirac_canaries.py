@@ -119,7 +119,7 @@ class DiracCanaries(CanaryAudit):
     unit = "client"
 
     def not_applicable(self, defense) -> str | None:
-        if not defense.update_canaries:
+        if not defense.audit_hooks().update_canaries:
             return (f"'{defense.name}' cannot take canary clients (its privatisation needs client data, or clients "
                     "do not upload updates)")
         if not defense.private:
@@ -128,7 +128,7 @@ class DiracCanaries(CanaryAudit):
 
     def refused(self, defense, training) -> str | None:
         """Why the defense's privatisation cannot take Dirac rows (None: it can)."""
-        return defense.dirac_canaries_refused(training)
+        return defense.audit_hooks().dirac_canaries_refused(training)
 
     def check(self, field_path: str, setting: Setting) -> None:
         if len(set(self.params.observers)) != len(self.params.observers):
@@ -253,8 +253,8 @@ class DiracCanaries(CanaryAudit):
 
     @staticmethod
     def _clip(context: CanaryContext) -> float:
-        """S: the largest contribution a client can make (:meth:`Defense.canary_norm`)."""
-        return context.defense.canary_norm(torch.empty(0))
+        """S: the largest contribution a client can make (:meth:`~defenses.audit_hooks.AuditHooks.canary_norm`)."""
+        return context.defense.audit_hooks().canary_norm(torch.empty(0))
 
     @staticmethod
     def _coords_signs(run: CanaryRun) -> tuple[np.ndarray, np.ndarray]:

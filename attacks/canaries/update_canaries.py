@@ -23,7 +23,7 @@ Both read the aggregate the server forms, which is what a client-level claim on 
 models covers. Canary clients join the rounds like any client
 (:meth:`defenses.federated.engine.FederatedEngine.add_canaries`): sampled at the clients' rate — only in
 ``params.round_range`` when one is given — their update scaled by
-:meth:`defenses.base.Defense.canary_rows` (the clip S where the defense clips updates; S for
+:meth:`defenses.audit_hooks.AuditHooks.canary_rows` (the clip S where the defense clips updates; S for
 *every* tensor under per-tensor clipping) and privatised like every other upload. Under
 per-tensor clipping a canary's direction has the same norm in every tensor, so the scaled
 upload stays parallel to it (a Dirac canary then marks one coordinate per tensor).
@@ -74,9 +74,9 @@ class UpdateCanaryParams:
 
 
 def _directions_per_tensor(context: CanaryContext) -> list[slice] | None:
-    """The tensors the defense clips separately (None: flat clipping): :meth:`Defense.clip_slices`
-    of the defense bound to the audited model's layout."""
-    return context.defense.bind(context.layout).clip_slices()
+    """The tensors the defense clips separately (None: flat clipping): its audit hooks'
+    :meth:`~defenses.audit_hooks.AuditHooks.clip_slices`, the defense bound to the audited model's layout."""
+    return context.defense.bind(context.layout).audit_hooks().clip_slices()
 
 
 class UpdateCanaryAudit(CanaryAudit):
@@ -84,7 +84,7 @@ class UpdateCanaryAudit(CanaryAudit):
     unit = "client"
 
     def not_applicable(self, defense) -> str | None:
-        if not defense.update_canaries:
+        if not defense.audit_hooks().update_canaries:
             return (f"'{defense.name}' cannot take canary clients (its privatisation needs client data, or clients "
                     "do not upload updates)")
         return None

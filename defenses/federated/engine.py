@@ -197,7 +197,8 @@ class FederatedEngine:
     def add_canaries(self, updates: torch.Tensor, ctx: RoundContext, row: dict[str, Any]) -> tuple[torch.Tensor, RoundContext]:
         """Append the canary clients of this round (ids N, N+1, ...) after the real participants.
 
-        A canary uploads its direction scaled by the defense's :meth:`~Defense.canary_rows` (to
+        A canary uploads its direction scaled by the defense's audit hooks
+        (:meth:`~defenses.audit_hooks.AuditHooks.canary_rows`, to
         the clip S, per tensor under per-tensor clipping), only in the job's ``canary_rounds``, and
         then goes through the same privatisation and aggregation as every client (a defense that
         must tell them apart, as DDGauss, whose noise shares are set for its real clients, uses
@@ -217,7 +218,7 @@ class FederatedEngine:
         # clients without data (a zero-out design's held-out ones) upload nothing: a canary is
         # scaled like the clients that trained, not like the empty ones
         trained = torch.as_tensor(np.asarray(ctx.sizes) > 0, device=honest.device)
-        rows = self.defense.canary_rows(directions[torch.as_tensor(chosen, device=directions.device)].to(updates),
+        rows = self.defense.audit_hooks().canary_rows(directions[torch.as_tensor(chosen, device=directions.device)].to(updates),
                                         honest[trained] if bool(trained.any()) else honest)
         empty = np.array([], dtype=np.int64)
         ctx = replace(ctx, participants=np.concatenate([ctx.participants, len(job.clients) + chosen]),
@@ -255,7 +256,7 @@ class FederatedEngine:
         test_x, test_y = defense.test_split(job)
         state = RunState(model, layout, global_vector, members, trajectory, test_x, test_y)
         if job.dirac_canaries is not None:
-            reason = defense.dirac_canaries_refused(training)
+            reason = defense.audit_hooks().dirac_canaries_refused(training)
             if reason is not None:
                 raise ValueError(f"{defense.name} cannot take Dirac canary clients: {reason}")
             state.dirac_uploads = torch.full((training.rounds, len(job.dirac_canaries)), math.nan)
@@ -288,7 +289,7 @@ class FederatedEngine:
                 ctx = replace(ctx, canaries=canary_uploads)
                 state.dirac_uploads[t, torch.as_tensor(joined, dtype=torch.long)] = \
                     canary_uploads.own_uploads().detach().float().cpu()
-                row["divisor"] = defense.divisor(ctx)
+                row["divisor"] = defense.audit_hooks().divisor(ctx)
             uploads, diagnostics = defense.privatize(updates, ctx)
             step = defense.aggregate(uploads, ctx)
             state.global_vector = state.global_vector + training.server_lr * step

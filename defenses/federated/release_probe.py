@@ -9,13 +9,13 @@ votes for private voting — and a trial, and returns, per adversary a claim nam
 observer sees:
 
 * ``released``: the noisy statistic the released model is computed from by post-processing
-  (:meth:`Defense.release_statistic`; the global step itself by default);
+  (:meth:`defenses.audit_hooks.AuditHooks.release_statistic`; the global step itself by default);
 * ``server``: that statistic where the server sees only the aggregate, else the target's upload;
 * ``local``: the target's upload (its own contribution row).
 
 Nothing here is a re-implementation: :func:`engine_probe` runs the defense's ``prepare`` and the
 rounds of a real run through :class:`FederatedEngine`, and a trial of round t calls the
-defense's ``privatize`` and ``release_statistic`` on the :class:`RoundContext` the engine builds
+defense's ``privatize`` and its audit hooks' ``release_statistic`` on the :class:`RoundContext` the engine builds
 for round t (its global model, learning rate and round index, the defense as it stood when round
 t began). The participants are drawn by the engine's own sampler (Poisson or fixed size,
 :func:`defenses.federated.engine.sample_participants`) from the trial's seed, conditioned on the target
@@ -194,11 +194,11 @@ def engine_probe(defense: RoundDefense, job: TrainingJob) -> ReleaseProbe:
             cached[key] = replace(ctx, seed=trial.seed)
         base = cached[key]
         ctx = replace(base, sizes=base.sizes.copy())  # privatize may reorder sizes (shuffling)
-        hooks = starts[trial.round].defense
-        uploads, _ = hooks.privatize(contributions.to(base.global_vector).clone(), ctx)
-        released = _flat(hooks.release_statistic(uploads, ctx))
+        defense = starts[trial.round].defense
+        uploads, _ = defense.privatize(contributions.to(base.global_vector).clone(), ctx)
+        released = _flat(defense.audit_hooks().release_statistic(uploads, ctx))
         upload = _flat(uploads[trial.target])
-        return {"released": released, "server": released if hooks.observes == "aggregate" else upload,
+        return {"released": released, "server": released if defense.observes == "aggregate" else upload,
                 "local": upload}
 
     def views(contributions: torch.Tensor, seed: int) -> Views:

@@ -1,10 +1,11 @@
 """What the federated engine needs from a defense: the round-based part of its interface.
 
 :class:`~defenses.federated.engine.FederatedEngine` and :mod:`defenses.federated.release_probe` drive a defense
-through its rounds — the local work of each client, privatisation, aggregation, the claim — and
-need nothing else of it. They name this :class:`RoundDefense` protocol rather than
-:class:`defenses.base.Defense`, which builds on the engine: the engine then depends on no
-defense module, not even for its type annotations, and every :class:`~defenses.base.Defense`
+through its rounds — the local work of each client, privatisation, aggregation, the claim — and,
+for the canary audits and the conformance audit, the part of its audit adapter they call
+(:class:`EngineAuditHooks`). They name these protocols rather than :class:`defenses.base.Defense`
+and :class:`defenses.audit_hooks.AuditHooks`, which build on the engine: the engine then depends
+on no defense module, not even for its type annotations, and every :class:`~defenses.base.Defense`
 satisfies the protocol by its methods (mypy checks it where a defense is handed to the engine).
 """
 
@@ -20,6 +21,19 @@ if TYPE_CHECKING:
     from defenses.federated.training_job import RoundContext, TrainingConfig, TrainingJob
     from defenses.privacy.accounting import AccountingSettings
     from defenses.privacy.claims import PrivacyClaim
+
+
+class EngineAuditHooks(Protocol):
+    """What the engine and the release probe call of a defense's audit adapter (see
+    :class:`defenses.audit_hooks.AuditHooks` for what each member does and its defaults)."""
+
+    def canary_rows(self, directions: torch.Tensor, honest_norms: torch.Tensor) -> torch.Tensor: ...
+
+    def dirac_canaries_refused(self, training: TrainingConfig) -> str | None: ...
+
+    def divisor(self, ctx: RoundContext) -> float | None: ...
+
+    def release_statistic(self, uploads: torch.Tensor, ctx: RoundContext) -> torch.Tensor: ...
 
 
 @runtime_checkable
@@ -58,20 +72,12 @@ class RoundDefense(Protocol):
     # a tensor of updates, or DiracRows where the defense takes Dirac canary clients
     def privatize(self, updates: Any, ctx: RoundContext) -> tuple[Any, dict[str, float]]: ...
 
-    def divisor(self, ctx: RoundContext) -> float | None: ...
-
     def aggregate(self, uploads: torch.Tensor, ctx: RoundContext) -> torch.Tensor: ...
-
-    def release_statistic(self, uploads: torch.Tensor, ctx: RoundContext) -> torch.Tensor: ...
-
-    def dirac_canaries_refused(self, training: TrainingConfig) -> str | None: ...
-
-    def canary_norm(self, honest_norms: torch.Tensor) -> float: ...
-
-    def canary_rows(self, directions: torch.Tensor, honest_norms: torch.Tensor) -> torch.Tensor: ...
 
     def privacy_claim(self, training: TrainingConfig, num_clients: int, rounds: int, delta: float,
                       accounting: AccountingSettings) -> PrivacyClaim: ...
 
     def epsilon_trajectory(self, training: TrainingConfig, num_clients: int, delta: float,
                            accounting: AccountingSettings) -> list[float] | None: ...
+
+    def audit_hooks(self) -> EngineAuditHooks: ...

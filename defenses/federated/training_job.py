@@ -124,7 +124,7 @@ class TrainingJob:
     device: str = "cpu"
     #: canary clients for update-space audits (Andrew et al. 2024): unit-norm directions, one row
     #: per canary client; each round a canary joins like a client (Poisson at the sampling rate)
-    #: and uploads its direction scaled to :meth:`Defense.canary_norm` instead of training
+    #: and uploads its direction scaled to :meth:`AuditHooks.canary_norm` (:mod:`defenses.audit_hooks`) instead of training
     update_canaries: torch.Tensor | None = None
     #: the 1-based rounds (first, last) canary clients join (None: every round)
     canary_rounds: tuple[int, int] | None = None

@@ -25,7 +25,7 @@ from defenses.dp_fedsam import (
     sam_perturbation,
 )
 from defenses.fed_smp import FedSMPParams, FedSMPRandK, FedSMPTopK
-from defenses.fedavg import DPFedAvg, DPFedAvgParams, FedAvg
+from defenses.fedavg import DPFedAvg, DPFedAvgParams, FedAvg, NoiseSupport
 from defenses.federated.training_job import TrainingConfig
 from defenses.privacy.accounting import GaussianSchedule, compute_epsilon
 from tests.defenses.test_blur_lus import _round_context, _same
@@ -103,11 +103,11 @@ def test_topk_support_counts_order_and_noise(digits_job):
                     dropped = clipped[row, part][~support[row]].abs()
                     if len(dropped):
                         assert float(kept.min()) >= float(dropped.max())
-        assert (defense.support_leak() is not None) == (source == "clean")
+        assert (defense.noise_support().leak is not None) == (source == "clean")
     sound = DPFedSAMTopK(DPFedSAMTopKParams(topk_fraction=0.3, noise_multiplier=1.0, clip=0.5))
     ctx, updates = _round_context(job, sound)
     uploads, _ = sound.privatize(updates, ctx)
-    assert bool((uploads != 0).all()) and sound.support_leak() is None and not sound.masks_noise()
+    assert bool((uploads != 0).all()) and sound.noise_support() == NoiseSupport()
 
 
 @pytest.mark.parametrize("cls", [FedSMPRandK, FedSMPTopK])

@@ -57,8 +57,8 @@ def test_canary_clients_join_at_the_sampling_rate_with_the_clip_norm(digits_job)
     assert abs(share - 0.5) <= 4 * np.sqrt(0.25 / 400)
     # the canary's clipped update is privatised and averaged like any upload: with no noise, each round it
     # joins moves coordinate 0 of the global model (a first-layer weight) by clip/|P_t| more than without it
-    assert defense.canary_norm(torch.tensor([3.0, 0.1])) == clip
-    assert FedAvg().canary_norm(torch.tensor([3.0, 1.0, 2.0])) == 2.0  # no clip: the median honest norm
+    assert defense.audit_hooks().canary_norm(torch.tensor([3.0, 0.1])) == clip
+    assert FedAvg().audit_hooks().canary_norm(torch.tensor([3.0, 1.0, 2.0])) == 2.0  # no clip: the median honest norm
     first = next(iter(base.final_params))
     shift = float(with_canary.final_params[first].flatten()[0] - base.final_params[first].flatten()[0])
     assert shift > 0 if sum(joined) else shift == 0

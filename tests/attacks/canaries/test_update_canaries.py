@@ -107,7 +107,7 @@ def test_per_tensor_clipping_canaries_carry_the_clip_in_every_tensor():
     for name in ("client-canaries", "gradient-canaries"):
         directions = ATTACKS.get(name)().directions(_context(defense, layout), 0)
         assert torch.allclose(torch.linalg.vector_norm(directions, dim=1), torch.ones(len(directions)), atol=1e-5)
-        rows = defense.canary_rows(directions, torch.ones(3))
+        rows = defense.audit_hooks().canary_rows(directions, torch.ones(3))
         for part in slices:
             assert torch.allclose(torch.linalg.vector_norm(rows[:, part], dim=1), torch.full((len(rows),), clip), rtol=1e-5)
         assert torch.allclose(torch.linalg.vector_norm(rows, dim=1),
@@ -121,7 +121,7 @@ def test_per_tensor_clipping_canaries_carry_the_clip_in_every_tensor():
                 assert ((directions[:, part] != 0).sum(dim=1) == 1).all()
     flat = DPFedAvg(DPFedAvgParams(clip=clip, noise_multiplier=1.0)).bind(layout)
     directions = ATTACKS.get("client-canaries")().directions(_context(flat, layout), 0)
-    assert torch.allclose(torch.linalg.vector_norm(flat.canary_rows(directions, torch.ones(3)), dim=1),
+    assert torch.allclose(torch.linalg.vector_norm(flat.audit_hooks().canary_rows(directions, torch.ones(3)), dim=1),
                           torch.full((len(directions),), clip), rtol=1e-5)
 
 

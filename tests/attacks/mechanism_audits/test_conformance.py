@@ -22,16 +22,18 @@ from attacks.mechanism_audits.conformance import (
     CONFORMS,
     NO_PROBE,
     NOT_APPLICABLE,
-    POOLED,
     ROUNDS,
     UNCHECKED,
     VIOLATES,
     audit_probe,
     conformance,
+    probe_setup,
+)
+from attacks.mechanism_audits.conformance_statistics import (
+    POOLED,
     epsilon_ceiling,
     measure,
     multiplier_interval,
-    probe_setup,
     shortfall_test,
 )
 from audit.cli import main
@@ -249,7 +251,7 @@ def test_engine_probe_draws_as_the_sampler():
     Binomial(N − 1, q), the target takes every position (last with the probability the law gives), and
     the rounds of the run are distinct contexts; fixed-size sampling gives exactly m with the target."""
     setup = probe_setup(0, 1e-5, CLIENTS, CLIENT_RATE, ROUNDS)
-    probe = DPFedAvg().release_probe(setup.job)
+    probe = DPFedAvg().audit_hooks().release_probe(setup.job)
     assert probe.rounds == ROUNDS and probe.contributors == CLIENTS
     draws = [probe.trial(1000 + t, t % ROUNDS) for t in range(4000)]
     sizes = np.array([len(d.participants) for d in draws])
@@ -264,7 +266,7 @@ def test_engine_probe_draws_as_the_sampler():
     assert len({tuple(probe.trial(s, 1).participants) for s in range(20)}) > 10  # the seed draws the sample
     fixed = probe_setup(0, 1e-5, CLIENTS, CLIENT_RATE, ROUNDS)
     fixed.job.training = dataclasses.replace(fixed.training, sampling="fixed")
-    fixed_probe = DPFedAvg().release_probe(fixed.job)
+    fixed_probe = DPFedAvg().audit_hooks().release_probe(fixed.job)
     draws = [fixed_probe.trial(t, 0) for t in range(500)]
     assert {len(d.participants) for d in draws} == {round(CLIENT_RATE * CLIENTS)}
     assert {int(d.participants[d.target]) for d in draws} == set(range(CLIENTS))
@@ -274,7 +276,7 @@ def test_engine_probe_draws_as_the_sampler():
 def test_a_defense_short_of_its_claim_is_rejected(broken, capsys):
     """Through the command (a defense given as module:callable goes through the same code): exit 1, the
     released aggregate violates, and what was measured is what the mechanism gives."""
-    reference = f"tests.attacks.test_conformance:{broken.__name__}"
+    reference = f"tests.attacks.mechanism_audits.test_conformance:{broken.__name__}"
     params = ["--param", "noise_support=kept", "--param", "keep_fraction=0.25"] if broken is MaskedNoiseClaimingSigma else []
     assert main(["conformance", reference, *params, "--trials", str(BROKEN_TRIALS), "--quiet", "--json"]) == 1
     document = json.loads(capsys.readouterr().out)
@@ -423,8 +425,8 @@ def test_cli_json_and_exit_codes(capsys):
     assert main(["conformance", "dp-fedavg", "--trials", "150", "--quiet", "--json"]) == 0
     assert capsys.readouterr().out == first  # same seed, same document
     # a violation exits 1 and says so
-    assert main(["conformance", "tests.attacks.test_conformance:MaskedNoiseClaimingSigma", "--param", "noise_support=kept",
-                 "--param", "keep_fraction=0.25", "--trials", "150", "--quiet"]) == 1
+    assert main(["conformance", "tests.attacks.mechanism_audits.test_conformance:MaskedNoiseClaimingSigma",
+                 "--param", "noise_support=kept", "--param", "keep_fraction=0.25", "--trials", "150", "--quiet"]) == 1
     out = capsys.readouterr().out
     assert "VIOLATES" in out and "ε tests" in out
 

@@ -35,7 +35,7 @@ def test_per_coordinate_noise_of_each_view(name):
     the same seed, so the effect is known exactly (masks and subsets included); trials where the target
     does not reach the view (a coordinate outside this round's random subset) carry no such test."""
     setup = probe_setup(seed=1)
-    probe = DEFENSES.get(name)().release_probe(setup.job)
+    probe = DEFENSES.get(name)().audit_hooks().release_probe(setup.job)
     claim = probe.defense.privacy_claim(setup.training, len(setup.job.clients), 1, setup.delta, setup.accounting)
     gaussian = [a for a in claim.adversaries if a.covered and a.noise_multiplier is not None]
     if not gaussian:

@@ -138,7 +138,7 @@ def _released_statistic(defense, rows: torch.Tensor, clients: int, training: Tra
     """What the released models are computed from, for uploads ``rows`` of participants 0..len−1."""
     ctx = RoundContext(0, np.arange(len(rows)), np.ones(len(rows), dtype=np.int64), clients, training, 0, "cpu",
                        global_vector=torch.zeros(rows.shape[1]))
-    return defense.release_statistic(rows, ctx)
+    return defense.audit_hooks().release_statistic(rows, ctx)
 
 
 LAYOUT = ParamLayout(("w", "b"), ((40, 10), (10,)))

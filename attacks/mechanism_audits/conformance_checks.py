@@ -1,0 +1,304 @@
+"""The per-observer checks of the conformance audit (:mod:`attacks.mechanism_audits.conformance`,
+steps 2, 3, 5 and 7): the survey of a defense's release probe for where the noise is least, the
+coupled trials of every candidate input against each observer a claim covers, and each
+observer's verdict.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from attacks.mechanism_audits.conformance_statistics import (
+    MIN_INFLUENTIAL,
+    ScopeResult,
+    epsilon_bound,
+    epsilon_ceiling,
+    sigma_scopes,
+)
+from audit.core.lazy_modules import lazy_module
+from audit.core.seeding import derive_seed
+from defenses.federated.release_probe import ReleaseProbe, Trial
+from defenses.privacy.claims import AdversaryClaim
+
+if TYPE_CHECKING:
+    import torch
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
+
+CONFORMS, VIOLATES, NOT_APPLICABLE = "conforms", "violates", "not applicable"
+#: a private defense the audit cannot check: no release probe, or a covered observer whose claim
+#: states neither a per-round noise multiplier nor a one-round ε
+NO_PROBE, UNCHECKED = "no probe", "unchecked"
+#: how far beyond the clip the audit's inputs lie (every clip must act)
+INPUT_SCALE = 1000.0
+#: candidate inputs per observer at most
+CANDIDATES = 3
+#: the σ tests of one scope (a round, or all rounds pooled): the χ² interval and the KS shortfall test
+SIGMA_TESTS = 2
+
+
+@dataclass
+class Candidate:
+    name: str
+    vector: torch.Tensor
+
+
+@dataclass
+class CandidateResult:
+    input: str
+    influential: int
+    multiplier: float | None
+    interval: tuple[float, float] | None
+    epsilon_lower_bound: float | None
+    scopes: list[ScopeResult] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"input": self.input, "influential_trials": self.influential, "noise_multiplier": self.multiplier,
+                "interval": list(self.interval) if self.interval else None, "epsilon_lower_bound": self.epsilon_lower_bound,
+                "scopes": [s.as_dict() for s in self.scopes]}
+
+
+@dataclass
+class Failure:
+    """One σ test that rejected: which input and scope, and in words."""
+
+    input: str
+    scope: str
+    test: str  # "interval" or "shortfall"
+    text: str
+    strength: float  # for ordering: how far past its level (larger is stronger)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"input": self.input, "scope": self.scope, "test": self.test, "detail": self.text}
+
+
+@dataclass
+class AdversaryCheck:
+    adversary: str
+    claim: AdversaryClaim
+    status: str = CONFORMS
+    detail: str = ""
+    candidates: list[CandidateResult] = field(default_factory=list)
+    #: the ε test: whether it was run, and the largest ε_LB the trial count could ever give
+    epsilon_test: bool = False
+    epsilon_ceiling: float | None = None
+    sigma_tests: int = 0
+    failures: list[Failure] = field(default_factory=list)
+
+    @property
+    def worst_multiplier(self) -> CandidateResult | None:
+        measured = [c for c in self.candidates if c.multiplier is not None]
+        return min(measured, key=lambda c: math.inf if c.multiplier is None else c.multiplier) if measured else None
+
+    @property
+    def worst_epsilon(self) -> CandidateResult | None:
+        measured = [c for c in self.candidates if c.epsilon_lower_bound is not None]
+        return max(measured, key=lambda c: -math.inf if c.epsilon_lower_bound is None else c.epsilon_lower_bound) \
+            if measured else None
+
+    def as_dict(self) -> dict[str, Any]:
+        worst, strongest = self.worst_multiplier, self.worst_epsilon
+        claimed = self.claim.noise_multiplier
+        within = (None if claimed is None or worst is None or worst.interval is None
+                  else bool(worst.interval[0] <= claimed <= worst.interval[1]))
+        epsilon_test: dict[str, Any] = {"run": self.epsilon_test, "ceiling": self.epsilon_ceiling}
+        if not self.epsilon_test and self.claim.round_epsilon is not None and self.epsilon_ceiling is not None:
+            epsilon_test["why_not"] = (f"the trials can show at most ε_LB = {self.epsilon_ceiling:.3g} (every count "
+                                       f"perfect) ≤ the one-round ε = {self.claim.round_epsilon:.3g}")
+        return {"adversary": self.adversary, "status": self.status, "relation": self.claim.relation,
+                "observes": self.claim.observes, "claimed_noise_multiplier": claimed,
+                "measured_noise_multiplier": worst.multiplier if worst else None,
+                "interval": list(worst.interval) if worst and worst.interval else None,
+                "within_interval": within, "worst_input": worst.input if worst else None,
+                "claimed_round_epsilon": self.claim.round_epsilon,
+                "epsilon_lower_bound": strongest.epsilon_lower_bound if strongest else None,
+                "epsilon_input": strongest.input if strongest else None, "epsilon_test": epsilon_test,
+                "sigma_tests": self.sigma_tests, "failed_tests": [f.as_dict() for f in self.failures],
+                "detail": self.detail, "candidates": [c.as_dict() for c in self.candidates]}
+
+
+def scope_count(probe: ReleaseProbe) -> int:
+    """σ-test scopes per candidate: each round, and all rounds pooled when there are several."""
+    return probe.rounds + (1 if probe.rounds > 1 else 0)
+
+
+@dataclass
+class Survey:
+    """The first batches of trials: the candidate inputs, and each view's mean per round (zero inputs)."""
+
+    candidates: list[Candidate]
+    centre: dict[str, np.ndarray]  # view → [rounds, k]
+
+
+def _run(probe: ReleaseProbe, target: torch.Tensor | None, trial: Trial, views: list[str]) -> dict[str, np.ndarray]:
+    inputs = torch.zeros(probe.rows(trial), probe.dim, dtype=torch.float64)
+    if target is not None:
+        inputs[trial.target] = target
+    observed = probe.observe(inputs, trial)
+    return {v: observed[v].numpy() for v in views}
+
+
+def survey(probe: ReleaseProbe, views: list[str], seed: int, trials: int) -> Survey:
+    """Spread input and concentrated inputs where the noise is least (overall, and where the target
+    acts), from all-zero trials spread over the rounds (which also give each round's mean view)."""
+    magnitude = INPUT_SCALE * max(1.0, probe.bound)
+    spread = torch.full((probe.dim,), magnitude / math.sqrt(probe.dim), dtype=torch.float64)
+    per_round = max(30, trials // (4 * probe.rounds))
+    samples: list[list[dict[str, np.ndarray]]] = [[] for _ in range(probe.rounds)]
+    for t in range(per_round * probe.rounds):
+        trial = probe.trial(derive_seed(seed, "variance", t), t % probe.rounds)
+        samples[trial.round].append(_run(probe, None, trial, views))
+    centre = {v: np.stack([np.mean([s[v] for s in rows], axis=0) for rows in samples]) for v in views}
+    # a coordinate quiet in any one round is a candidate: noise may be short in one round only
+    variance = {v: np.min(np.stack([np.var(np.stack([s[v] for s in rows]), axis=0) for rows in samples]), axis=0)
+                for v in views}
+    moved = {v: np.zeros_like(variance[v], dtype=bool) for v in views}
+    for t in range(16):
+        trial = probe.trial(derive_seed(seed, "influence", t), t % probe.rounds)
+        base, shifted = _run(probe, None, trial, views), _run(probe, spread, trial, views)
+        for v in views:
+            moved[v] |= np.abs(shifted[v] - base[v]) > 0
+    out = [] if probe.one_coordinate else [Candidate("spread over all coordinates", spread)]
+    chosen: list[int] = []
+    for v in views:
+        if len(variance[v]) != probe.dim:  # the view is not coordinate-aligned with the input (e.g. a sketch)
+            continue
+        chosen.append(int(np.argmin(variance[v])))
+        if moved[v].any():
+            chosen.append(int(np.flatnonzero(moved[v])[np.argmin(variance[v][moved[v]])]))
+    if not chosen:
+        chosen.append(0)
+    for j in dict.fromkeys(chosen):
+        vector = torch.zeros(probe.dim, dtype=torch.float64)
+        vector[j] = magnitude
+        out.append(Candidate(f"concentrated on coordinate {j}", vector))
+    return Survey(out[:CANDIDATES], centre)
+
+
+def audit_probe(probe: ReleaseProbe, claims: list[AdversaryClaim], trials: int, seed: int, level: float,
+                delta: float, progress: Callable[[int, int], None] | None = None, found: Survey | None = None,
+                epsilon_cutoff: float | None = None) -> list[AdversaryCheck]:
+    """Check each covered observer of one defense's probe (the family's level already applied).
+
+    ``epsilon_cutoff``: run the ε test of a claim whose one-round ε is at most this (the family
+    decides, :func:`family`); None: wherever its ceiling at ``level`` exceeds that ε.
+    """
+    views = [c.adversary for c in claims]
+    checks = {c.adversary: AdversaryCheck(c.adversary, c) for c in claims}
+    found = found or survey(probe, views, seed, trials)
+    candidates = found.candidates
+    ceiling = epsilon_ceiling(trials, level, delta)
+    for check in checks.values():
+        epsilon = check.claim.round_epsilon
+        check.epsilon_ceiling = ceiling
+        check.epsilon_test = epsilon is not None and (ceiling > epsilon if epsilon_cutoff is None else epsilon <= epsilon_cutoff)
+        gaussian = check.claim.noise_multiplier is not None
+        check.sigma_tests = len(candidates) * SIGMA_TESTS * scope_count(probe) if gaussian else 0
+    replace_views = [v for v in views if checks[v].claim.relation == "replace-one"]
+    rounds = np.array([t % probe.rounds for t in range(trials)])
+    # per candidate and view: ⟨n_t, s_t⟩ and ‖s_t‖ of each trial (the σ tests), and the views themselves
+    # only where the ε test needs them
+    dots = {(k, v): np.zeros(trials) for k in range(len(candidates)) for v in views}
+    norms = {(k, v): np.zeros(trials) for k in range(len(candidates)) for v in views}
+    kept: dict[tuple[int, str], tuple[list[np.ndarray], list[np.ndarray]]] = {
+        (k, v): ([], []) for k in range(len(candidates)) for v in views if checks[v].epsilon_test}
+    for t in range(trials):
+        # one trial serves every candidate: its all-zero round is run once (the candidates' tests share
+        # their noise, which Bonferroni allows)
+        trial = probe.trial(derive_seed(seed, "trial", t), int(rounds[t]))
+        zero = _run(probe, None, trial, views)
+        noise = {v: zero[v] - found.centre[v][rounds[t]] for v in views}
+        for k, candidate in enumerate(candidates):
+            moved = _run(probe, candidate.vector, trial, views)
+            # the neighbour: the target switched off, or (replace-one) its negation
+            negative = _run(probe, -candidate.vector, trial, views) if replace_views else {}
+            for v in views:
+                neighbour = negative[v] if v in replace_views else zero[v]
+                effect = moved[v] - neighbour
+                dots[k, v][t], norms[k, v][t] = float(noise[v] @ effect), float(np.linalg.norm(effect))
+                if (k, v) in kept:
+                    kept[k, v][0].append(neighbour)
+                    kept[k, v][1].append(moved[v])
+        if progress is not None:
+            progress(t + 1, trials)
+    for k, candidate in enumerate(candidates):
+        for v in views:
+            count, scopes = sigma_scopes(dots[k, v], norms[k, v], rounds, level, checks[v].claim.noise_multiplier)
+            bound = (epsilon_bound(np.stack(kept[k, v][0]), np.stack(kept[k, v][1]), level, delta)
+                     if (k, v) in kept and count >= MIN_INFLUENTIAL else None)
+            pooled = scopes[0]
+            checks[v].candidates.append(CandidateResult(candidate.name, count, pooled.multiplier, pooled.interval, bound,
+                                                        scopes))
+    for check in checks.values():
+        _verdict(check, level)
+    return list(checks.values())
+
+
+def _failures(check: AdversaryCheck, level: float) -> list[Failure]:
+    claimed = check.claim.noise_multiplier
+    out: list[Failure] = []
+    if claimed is None:
+        return out
+    for candidate in check.candidates:
+        for scope in candidate.scopes:
+            where = f"{scope.scope}, {candidate.input}"
+            if scope.interval is not None and scope.interval[1] < claimed:
+                low, high = scope.interval
+                out.append(Failure(candidate.input, scope.scope, "interval",
+                                   f"σ_eff = {scope.multiplier:.4g} [{low:.4g}, {high:.4g}] ({where}) is below the "
+                                   f"accounted σ = {claimed:.4g}", claimed / high))
+            if scope.shortfall_p is not None and scope.shortfall_p < 1.0 - level:
+                out.append(Failure(candidate.input, scope.scope, "shortfall",
+                                   f"too many trials carry less noise per unit of effect than σ = {claimed:.4g} "
+                                   f"(one-sided KS against the half-normal: D⁺ = {scope.shortfall:.3f}, "
+                                   f"p = {scope.shortfall_p:.2g}; {where})",
+                                   -math.log10(max(scope.shortfall_p, 1e-300)) + math.log10(1.0 - level)))
+    return sorted(out, key=lambda f: -f.strength)
+
+
+def _verdict(check: AdversaryCheck, level: float) -> None:
+    claimed, round_epsilon = check.claim.noise_multiplier, check.claim.round_epsilon
+    if claimed is None and round_epsilon is None:
+        check.status = UNCHECKED
+        check.detail = "the claim states no per-round noise multiplier or one-round ε to check against"
+        return
+    reasons, remarks = [], []
+    worst, strongest = check.worst_multiplier, check.worst_epsilon
+    if worst is None and strongest is None:
+        check.detail = "the target's contribution never reached this view (no effect to measure)"
+        return
+    check.failures = _failures(check, level)
+    if check.failures:
+        shown = [next(f for f in check.failures if f.test == test) for test in ("interval", "shortfall")
+                 if any(f.test == test for f in check.failures)]
+        reasons += [f.text for f in shown]
+        if len(check.failures) > len(shown):
+            reasons.append(f"{len(check.failures)} of {check.sigma_tests} σ tests reject")
+    if claimed is not None and worst is not None and worst.interval is not None and not check.failures:
+        low, high = worst.interval
+        rounds = [s.multiplier for s in worst.scopes[1:] if s.multiplier is not None]
+        each = f"; each round ≥ {min(rounds):.4g}" if rounds else ""
+        figure = f"σ_eff = {worst.multiplier:.4g} [{low:.4g}, {high:.4g}] ({worst.input}; {worst.scopes[0].scope}{each})"
+        if low > claimed:
+            remarks.append(f"{figure} lies above the accounted σ = {claimed:.4g}: the claim is conservative")
+        elif high >= claimed:
+            remarks.append(f"{figure} covers the accounted σ = {claimed:.4g}")
+    elif worst is not None and claimed is None:
+        remarks.append(f"σ_eff = {worst.multiplier:.4g} ({worst.input}; not a Gaussian claim)")
+    if round_epsilon is not None:
+        if not check.epsilon_test:
+            remarks.append(f"ε test not run: these trials can show at most ε_LB = {check.epsilon_ceiling:.3g} "
+                           f"≤ one-round ε = {round_epsilon:.3g}")
+        elif strongest is not None and strongest.epsilon_lower_bound is not None:
+            text = f"ε_LB = {strongest.epsilon_lower_bound:.3g} ({strongest.input})"
+            if strongest.epsilon_lower_bound > round_epsilon * (1 + 1e-9):
+                reasons.append(f"{text} exceeds the one-round ε = {round_epsilon:.3g}")
+            else:
+                remarks.append(f"{text} ≤ one-round ε = {round_epsilon:.3g}")
+    check.status = VIOLATES if reasons else CONFORMS
+    check.detail = "; ".join(reasons + remarks)

@@ -1,0 +1,113 @@
+"""What the audits need from a defense, kept off the algorithm: one adapter per defense.
+
+A defense (:class:`defenses.base.Defense`) states its algorithm — local objective, privatisation,
+aggregation — and its claim. The audits need more of it: how to craft a canary client that
+contributes as much as a client may (the clip S, per tensor under per-tensor clipping: Andrew et
+al. 2024, §3), whether canary clients can join at all, whether Dirac canary rows (Nasr et al.
+2023, §4) go through its privatisation, what the released step is divided by, the noisy
+statistic the released step post-processes, and how the conformance audit drives one round
+(:mod:`defenses.federated.release_probe`). :meth:`Defense.audit_hooks` returns an
+:class:`AuditHooks` for these; the default is built from the algorithm's public attributes
+(``params.clip``, ``params.clip_mode``, ``layout``, ``aggregate``), and a defense whose audits
+differ returns a subclass defined next to it, in its own paper's file.
+
+The engine and the release probe call only :class:`defenses.federated.round_defense.EngineAuditHooks`
+(the part of this adapter they use), so they depend on a protocol, not on this module.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from audit.core.lazy_modules import lazy_module
+from defenses.federated.release_probe import ReleaseProbe, engine_probe
+
+if TYPE_CHECKING:
+    import torch
+
+    from defenses.federated.round_defense import RoundDefense
+    from defenses.federated.training_job import RoundContext, TrainingConfig, TrainingJob
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
+
+DENSE_ONLY = "its privatisation handles dense uploads only (the dense client-canaries and gradient-canaries audits apply)"
+
+
+class AuditHooks:
+    """A defense as the audits see it.
+
+    ``update_canaries``: whether canary clients with a fixed update can join (update-space audits);
+    False where privatisation needs a client's data or clients upload something other than updates.
+    ``clips_updates``: whether ``params.clip`` bounds each client's update (DP-FedAvg family,
+    DDGauss, FL-TOP-DP). ``engine_rounds``: whether the defense trains by the engine's rounds
+    (then the default :meth:`release_probe` drives them).
+    """
+
+    def __init__(self, defense: RoundDefense, *, update_canaries: bool = True, clips_updates: bool = False,
+                 engine_rounds: bool = True):
+        self.defense = defense
+        self.update_canaries = update_canaries
+        self.clips_updates = clips_updates
+        self.engine_rounds = engine_rounds
+
+    # ---------------------------------------------------------------- canary clients
+
+    def canary_norm(self, honest_norms: torch.Tensor) -> float:
+        """ℓ2 norm a canary client's update is given: the clip where the defense clips updates
+        (the largest contribution a client can make), else the round's median honest norm."""
+        clip = getattr(self.defense.params, "clip", None)
+        if self.clips_updates and isinstance(clip, int | float) and clip > 0:
+            return float(clip)
+        return float(honest_norms.median()) if len(honest_norms) else 1.0
+
+    def clip_slices(self) -> list[slice] | None:
+        """The parameter tensors clipped separately (``params.clip_mode: per_tensor``: each to
+        norm S), None where an update is clipped as one vector."""
+        if getattr(self.defense.params, "clip_mode", "flat") != "per_tensor" or self.defense.layout is None:
+            return None
+        return list(self.defense.layout.slices().values())
+
+    def canary_rows(self, directions: torch.Tensor, honest_norms: torch.Tensor) -> torch.Tensor:
+        """Canary clients' uploads before privatisation: each direction scaled to
+        :meth:`canary_norm`. Under per-tensor clipping a client may put norm S into *every*
+        tensor (sensitivity S√L), so each tensor's part of a canary is scaled to S: a canary
+        scaled as one vector would carry only S, a 1/√L share of what the claim must cover."""
+        norm = self.canary_norm(honest_norms)
+        slices = self.clip_slices() if self.clips_updates else None
+        if slices is None:
+            return directions * norm
+        rows = directions.clone()
+        for part in slices:
+            lengths = torch.linalg.vector_norm(rows[:, part], dim=1, dtype=torch.float64, keepdim=True)
+            scale = torch.where(lengths > 0, norm / lengths.clamp_min(torch.finfo(torch.float64).tiny), torch.zeros_like(lengths))
+            rows[:, part] = rows[:, part] * scale.to(rows.dtype)
+        return rows
+
+    def dirac_canaries_refused(self, training: TrainingConfig) -> str | None:
+        """Why Dirac canary clients at scale (:mod:`defenses.blocks.dirac_rows`) cannot go through this
+        defense's own privatisation, None when they can. A defense takes them when its ``privatize``
+        and ``aggregate`` handle :class:`~defenses.blocks.dirac_rows.DiracRows` (clip, noise and sum
+        them like dense rows)."""
+        return DENSE_ONLY
+
+    def divisor(self, ctx: RoundContext) -> float | None:
+        """What ``aggregate`` divides the round's sum by (None: not a sum over a public divisor);
+        the Dirac canary audit standardises the released steps with it."""
+        return None
+
+    # ---------------------------------------------------------------- the conformance audit
+
+    def release_statistic(self, uploads: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
+        """The noisy statistic the released step is computed from by post-processing alone (what the
+        conformance audit observes for the released models); default: the step itself."""
+        return self.defense.aggregate(uploads, ctx)
+
+    def release_probe(self, job: TrainingJob) -> ReleaseProbe | None:
+        """The defense's round as the conformance audit drives it (:mod:`defenses.federated.release_probe`):
+        the engine's privatise → release path for round-based defenses; a defense that trains
+        otherwise, or whose noise lives elsewhere (DP-SGD inside local training), overrides it.
+        None: no probe (a private defense without one fails the audit)."""
+        return engine_probe(self.defense, job) if self.engine_rounds else None
+
+
+__all__ = ["DENSE_ONLY", "AuditHooks"]
