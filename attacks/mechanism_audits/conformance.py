@@ -83,6 +83,7 @@ from audit.core.metrics import epsilon_lower_bound, held_out_epsilon_lower_bound
 from audit.core.models import build_model
 from audit.core.schema import to_mapping
 from audit.core.seeding import derive_seed
+from audit.core.vocabulary import ConformanceStatus, Relation
 from defenses.base import DEFENSES, AccountingSettings, Defense
 from defenses.federated.release_probe import ReleaseProbe, Trial, describe_participation
 from defenses.federated.training_job import TrainingConfig, TrainingJob
@@ -93,10 +94,10 @@ if TYPE_CHECKING:
 else:  # imported when first used (audit.core.lazy_modules)
     torch = lazy_module("torch")
 
-CONFORMS, VIOLATES, NOT_APPLICABLE = "conforms", "violates", "not applicable"
+CONFORMS, VIOLATES, NOT_APPLICABLE = ConformanceStatus.CONFORMS, ConformanceStatus.VIOLATES, ConformanceStatus.NOT_APPLICABLE
 #: a private defense the audit cannot check: no release probe, or a covered observer whose claim
 #: states neither a per-round noise multiplier nor a one-round ε
-NO_PROBE, UNCHECKED = "no probe", "unchecked"
+NO_PROBE, UNCHECKED = ConformanceStatus.NO_PROBE, ConformanceStatus.UNCHECKED
 #: how far beyond the clip the audit's inputs lie (every clip must act)
 INPUT_SCALE = 1000.0
 #: candidate inputs per observer at most
@@ -451,7 +452,7 @@ def audit_probe(probe: ReleaseProbe, claims: list[AdversaryClaim], trials: int, 
         check.epsilon_ceiling = ceiling
         check.epsilon_test = epsilon is not None and (ceiling > epsilon if epsilon_cutoff is None else epsilon <= epsilon_cutoff)
         check.sigma_tests = (len(candidates) * SIGMA_TESTS * _scopes(probe)) if check.claim.noise_multiplier is not None else 0
-    replace_views = [v for v in views if checks[v].claim.relation == "replace-one"]
+    replace_views = [v for v in views if checks[v].claim.relation == Relation.REPLACE_ONE]
     rounds = np.array([t % probe.rounds for t in range(trials)])
     # per candidate and view: ⟨n_t, s_t⟩ and ‖s_t‖ of each trial (the σ tests), and the views themselves
     # only where the ε test needs them
