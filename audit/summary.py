@@ -18,6 +18,7 @@ from attacks.base import MEMBERSHIP_METRICS, AttackResult
 from audit import __version__, provenance
 from audit.core.metrics import mean_estimate
 from audit.core.schema import to_mapping
+from audit.core.vocabulary import Unit
 from audit.planning import Plan
 from audit.store import RunStore
 from audit.training import trained_claim
@@ -186,7 +187,7 @@ def build_results(plan: Plan, store: RunStore, attack_results: dict[str, list[At
             rounds=_round_curves(metrics),
             diagnostics=diagnostics_summary(manifests, metrics, (landscape or {}).get(experiment.key, [])),
             attacks=attacks,
-            soundness=soundness,  # type: ignore[arg-type]  # one of reports.soundness.PRECEDENCE
+            soundness=soundness,
             soundness_text=soundness_text,
             skipped_attacks=[Skipped(**s) for s in plan.skipped.get(experiment.key, [])],
             runs=ids,
@@ -208,7 +209,7 @@ def build_results(plan: Plan, store: RunStore, attack_results: dict[str, list[At
         model=config.model.name,
         model_parameters=sum(p.numel() for p in model.parameters()),
         membership_runs=config.membership.runs,
-        membership_unit=plan.membership.unit,  # type: ignore[arg-type]  # "record" or "client"
+        membership_unit=Unit(plan.membership.unit),
         accounting=asdict(plan.accounting),
         metric_definitions=MEMBERSHIP_METRICS,
     )

@@ -18,6 +18,7 @@ from attacks.base import (
 from audit.config import DatasetConfig, ModelConfig
 from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import derive_seed
+from audit.core.vocabulary import MEMBERSHIP_UNITS, Unit
 from audit.planning import Plan, PlannedExperiment, clients_digest, run_id
 from audit.store import RunStore
 from audit.tasks import build_task, record_membership
@@ -55,13 +56,13 @@ def membership_experiment(plan: Plan, store: RunStore, experiment: PlannedExperi
         seed=derive_seed(plan.config.seed, "attack", experiment.key),
         device=device,
         unit=membership.unit,
-        owners=membership.owners if membership.unit == "client" else None,
+        owners=membership.owners if membership.unit == Unit.CLIENT else None,
         relation=membership.relation,
         inclusion=plan.config.membership.inclusion,
         client_keep=membership.client_keep,
         load_round=load_round,
         rounds=experiment.training.rounds,
-        deltas={unit: measurement_delta(claim, unit, experiment.delta, membership.relation) for unit in ("record", "client")},
+        deltas={unit: measurement_delta(claim, unit, experiment.delta, membership.relation) for unit in MEMBERSHIP_UNITS},
     )
 
 
@@ -96,7 +97,7 @@ def side_run(plan: Plan, store: RunStore, experiment: PlannedExperiment, dataset
     side_config = replace(config, dataset=DatasetConfig(name=dataset, root=root), model=ModelConfig(name="mlp"))
     task = build_task(side_config)
     layout = ParamLayout.of(task.model_factory())
-    membership = record_membership(task.pool.labels.numpy(), replace(config.membership, runs=1, unit="record"),
+    membership = record_membership(task.pool.labels.numpy(), replace(config.membership, runs=1, unit=Unit.RECORD.value),
                                    config.partition, derive_seed(config.seed, "side-run", dataset))
     fingerprint = {"base": run_id(plan, experiment, 0), "dataset": dataset, "root": root,
                    "clients": clients_digest(membership.clients[0])}

@@ -23,18 +23,23 @@ from __future__ import annotations
 import enum
 import sys
 
+
+class StrEnum310(str, enum.Enum):
+    """:class:`enum.StrEnum` (Python 3.11) for Python 3.10: a member is its value for str(),
+    format() and f-strings (a plain ``(str, Enum)`` mixin would print ``Unit.CLIENT``); JSON and
+    csv write the string itself either way."""
+
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    def __format__(self, format_spec: str) -> str:
+        return str.__format__(str(self), format_spec)
+
+
 if sys.version_info >= (3, 11):
     from enum import StrEnum
 else:  # pragma: no cover - Python 3.10
-
-    class StrEnum(str, enum.Enum):
-        """:class:`enum.StrEnum` of Python 3.11: members are their values for str(), format() and JSON."""
-
-        def __str__(self) -> str:
-            return str.__str__(self)
-
-        def __format__(self, format_spec: str) -> str:
-            return str.__format__(str(self), format_spec)
+    StrEnum = StrEnum310
 
 
 class Unit(StrEnum):
