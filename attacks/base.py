@@ -50,6 +50,7 @@ from audit.core.metrics import IntervalEstimate, thin_curve
 from audit.core.registry import Registry
 from audit.core.seeding import numpy_rng
 from audit.core.upload_conformance import UploadConformance
+from audit.core.vocabulary import EpsilonKind, Relation, Unit
 from defenses.federated.evaluation import logits_of
 from defenses.privacy.claims import PrivacyClaim
 
@@ -84,8 +85,8 @@ class MembershipExperiment:
     load_params: Callable[[int], dict[str, torch.Tensor]]  # final global model of run r
     seed: int
     device: str = "cpu"
-    unit: str = "record"  # what the runs include at random
-    relation: str = "add-remove"  # what one inclusion coin changes (audit.tasks): add/remove or replace-one
+    unit: str = Unit.RECORD  # what the runs include at random
+    relation: str = Relation.ADD_REMOVE  # what one inclusion coin changes (audit.tasks): add/remove or replace-one
     inclusion: float = 0.5  # probability of each coin
     owners: np.ndarray | None = None  # candidate client of each record (client unit)
     client_keep: np.ndarray | None = None  # bool [runs, candidate clients] (client unit)
@@ -104,17 +105,17 @@ class MembershipExperiment:
     def resolve_unit(self, unit: str) -> str:
         if unit == "auto":
             return self.unit
-        if unit == "client" and self.owners is None:
+        if unit == Unit.CLIENT and self.owners is None:
             raise UserInputError("attacks: unit 'client' needs runs that include whole clients; set membership.unit: client")
         return unit
 
     def truth(self, unit: str) -> np.ndarray:
         """bool [runs, units]: was the unit in the run."""
-        return self.keep.astype(bool) if self.resolve_unit(unit) == "record" else self.client_keep.astype(bool)
+        return self.keep.astype(bool) if self.resolve_unit(unit) == Unit.RECORD else self.client_keep.astype(bool)
 
     def to_unit(self, record_scores: np.ndarray, unit: str) -> np.ndarray:
         """Record scores [targets, records] → unit scores: a client's is the mean of its records'."""
-        if self.resolve_unit(unit) == "record":
+        if self.resolve_unit(unit) == Unit.RECORD:
             return record_scores
         clients = self.client_keep.shape[1]
         counts = np.bincount(self.owners, minlength=clients).astype(np.float64)
@@ -174,7 +175,7 @@ class AttackResult:
     kind: str = "membership"
     #: neighbouring relation of the design the scores come from (audit.tasks): one coin adds or
     #: removes a unit, or replaces one client of a pair by the other
-    relation: str = "add-remove"
+    relation: str = Relation.ADD_REMOVE
     #: ε figure → the one-run counts behind it (their p-value against any claim; reports.soundness)
     evidence: dict[str, OneRunAudit] = field(default_factory=dict)
     #: what the scores were read from where an audit offers a choice ("final model", "all iterates", ...)
@@ -356,7 +357,7 @@ class MembershipAttack(Attack):
         scores, truth, covered = self._unit_scores(experiment, record_scores, unit, records)
         bound_scores, bound_truth, _ = self._unit_scores(experiment, row_scores, unit, records, rows)
         coins = design_coins(bound_scores[:, covered], bound_truth[:, covered], experiment.relation, unit, experiment.inclusion)
-        if experiment.relation == "replace-one" and not covered.all():
+        if experiment.relation == Relation.REPLACE_ONE and not covered.all():
             coins = None  # pairs need both clients scored
         metrics, roc, evidence = membership_metrics(scores, truth, experiment.seed, delta=experiment.deltas.get(unit, 0.0),
                                                     coins=coins, run_groups=run_groups)
@@ -364,7 +365,7 @@ class MembershipAttack(Attack):
         if coins is None:
             note = f"no one-run ε: it needs independent coins of probability ½ (inclusion {experiment.inclusion:g})"
         return AttackResult(self.label, variant, unit, scores, truth, metrics, roc, f"{notes}; {note}",
-                            dict.fromkeys(ONE_RUN_FIGURES, "lower_bound"), relation=experiment.relation,
+                            dict.fromkeys(ONE_RUN_FIGURES, EpsilonKind.LOWER_BOUND), relation=experiment.relation,
                             evidence=evidence)
 
     @staticmethod
@@ -395,7 +396,7 @@ def design_coins(scores: np.ndarray, truth: np.ndarray, relation: str, unit: str
     """
     if inclusion != 0.5 or scores.size == 0:
         return None
-    if relation == "replace-one" and unit == "client":
+    if relation == Relation.REPLACE_ONE and unit == Unit.CLIENT:
         if scores.shape[1] % 2:
             return None
         return (scores[:, 0::2] - scores[:, 1::2]).ravel(), truth[:, 0::2].ravel()

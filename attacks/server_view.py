@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from audit.core.lazy_modules import lazy_module
+from audit.core.vocabulary import Observation
 from defenses.blocks.clipping import clip_rows, clip_rows_per_tensor, tensor_slices
 
 if TYPE_CHECKING:
@@ -89,7 +90,7 @@ class UploadView:
     def observation(self) -> str:
         """What the server observes, in words: each upload, or the aggregate of m uploads (and why)."""
         if self.clients == 1:
-            return "each upload"
+            return Observation.EACH_UPLOAD
         return f"the aggregate of {self.clients} uploads ({self.summed_by})"
 
 

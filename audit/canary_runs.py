@@ -13,6 +13,7 @@ import numpy as np
 from attacks.canaries.canary_audit import CanaryAudit, CanaryInjection
 from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import derive_seed
+from audit.core.vocabulary import Relation
 from audit.logs import progress_bar
 from audit.planning import Plan, PlannedExperiment, canary_context, canary_relation
 from audit.run_training import PendingRun, divergence_reason, joint_run_limit, train_and_store, training_job
@@ -32,7 +33,7 @@ def dirac_rows(injection: CanaryInjection, relation: str, dim: int, device: str)
     """The Dirac canary clients of a run: under zero-out every canary takes part and a held-out
     one's raw update is zero; otherwise only the inserted ones exist."""
     assert injection.dirac_coords is not None and injection.dirac_values is not None
-    keep = np.ones(len(injection.inserted), dtype=bool) if relation == "zero-out" else injection.inserted.astype(bool)
+    keep = np.ones(len(injection.inserted), dtype=bool) if relation == Relation.ZERO_OUT else injection.inserted.astype(bool)
     values = np.where(injection.inserted, injection.dirac_values, 0.0)[keep]
     return DiracRows(torch.as_tensor(injection.dirac_coords[keep], dtype=torch.long, device=device),
                      torch.as_tensor(values, dtype=torch.float32, device=device), dim)
@@ -67,7 +68,7 @@ def train_canary_runs(plan: Plan, store: RunStore, experiment: PlannedExperiment
             for client, index in zip(injection.record_clients[chosen], extra):
                 clients[int(client)] = np.append(clients[int(client)], index)
         directions = None
-        if injection.directions is not None and canary_relation(experiment, audit) == "zero-out":
+        if injection.directions is not None and canary_relation(experiment, audit) == Relation.ZERO_OUT:
             # every canary client takes part; a held-out one uploads nothing (zero-out neighbours)
             directions = injection.directions * torch.as_tensor(injection.inserted, dtype=injection.directions.dtype)[:, None]
         elif injection.directions is not None:

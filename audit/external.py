@@ -27,9 +27,10 @@ from audit import __version__, provenance
 from audit.core.atomic import write_json
 from audit.core.errors import UserInputError, check_choice
 from audit.core.output_folder import claim
+from audit.core.vocabulary import Observer, Relation, Unit
 from audit.summary import attack_records, diagnostics_summary, mean_interval
 from defenses.privacy.accounting import dp_accounting_version
-from defenses.privacy.claims import ADVERSARIES, ADVERSARY_TEXT, RELATIONS, AdversaryClaim, PrivacyClaim
+from defenses.privacy.claims import ADVERSARIES, ADVERSARY_TEXT, AdversaryClaim, PrivacyClaim
 from reports.document import SCHEMA_VERSION, AuditInfo, Experiment, Results, Tool, Utility
 from reports.figures import write_figures
 from reports.html import write_report
@@ -39,12 +40,12 @@ from reports.soundness import experiment_sentence, experiment_verdict
 LOG = logging.getLogger(__name__)
 
 #: units and relations a stated claim may name
-CLAIM_UNITS = ("record", "client")
-CLAIM_RELATIONS = tuple(r for r in RELATIONS if r != "none")
+CLAIM_UNITS = (Unit.RECORD, Unit.CLIENT)
+CLAIM_RELATIONS = tuple(r for r in Relation if r != Relation.NONE)
 
 
-def stated_claim(epsilon: float | None, delta: float, unit: str, relation: str = "add-remove",
-                 adversary: str = "released", accountant: str = "stated by the system's owner",
+def stated_claim(epsilon: float | None, delta: float, unit: str, relation: str = Relation.ADD_REMOVE,
+                 adversary: str = Observer.RELEASED, accountant: str = "stated by the system's owner",
                  mechanism: str = "", notes: str = "", observes: str | None = None) -> PrivacyClaim:
     """The claim a system's owner states: (ε, δ)-DP for ``unit`` under ``relation`` against
     ``adversary``, computed by ``accountant``. ``epsilon`` None: no claim (the audit still measures,
@@ -58,12 +59,13 @@ def stated_claim(epsilon: float | None, delta: float, unit: str, relation: str =
         return PrivacyClaim.non_private(notes or "no claim stated")
     if not (epsilon >= 0.0) or not math.isfinite(epsilon):
         raise UserInputError(f"claim epsilon: must be a finite number ≥ 0, got {epsilon}")
-    observed = observes or ADVERSARY_TEXT[adversary]
+    observer, neighbours = Observer(adversary), Relation(relation)
+    observed = observes or ADVERSARY_TEXT[observer]
     others = tuple(AdversaryClaim.not_covered(a, "the stated claim names another adversary") for a in ADVERSARIES
-                   if a != adversary)
-    entry = AdversaryClaim(adversary, float(epsilon), float(delta), relation, observed, accountant, notes=notes)
-    return PrivacyClaim(float(epsilon), float(delta), unit, accountant, mechanism, notes, relation=relation,
-                        adversary=adversary, adversaries=(entry, *others))
+                   if a != observer)
+    entry = AdversaryClaim(observer, float(epsilon), float(delta), neighbours, observed, accountant, notes=notes)
+    return PrivacyClaim(float(epsilon), float(delta), Unit(unit), accountant, mechanism, notes, relation=neighbours,
+                        adversary=observer, adversaries=(entry, *others))
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,7 @@ class System:
     model: str = "external"
     model_parameters: int = 0
     runs: int = 1  # models (or score runs) the membership attacks compared
-    unit: str = "record"  # unit of the membership design
+    unit: str = Unit.RECORD  # unit of the membership design
     params: dict[str, Any] = field(default_factory=dict)  # hyper-parameters the system states
     server_view: str = "the released model"
     test_accuracy: Sequence[float] = ()  # per trained model, where known
@@ -99,7 +101,7 @@ def external_results(system: System, claim: PrivacyClaim, attack_results: list[A
         claim=claim, server_view=system.server_view,
         utility=Utility(test_accuracy=mean_interval(list(system.test_accuracy)), test_loss=mean_interval([])),
         rounds=[], diagnostics=diagnostics_summary([], [], []), attacks=attacks,
-        soundness=experiment_verdict(verdicts),  # type: ignore[arg-type]  # one of reports.soundness.PRECEDENCE
+        soundness=experiment_verdict(verdicts),
         soundness_text=experiment_sentence(verdicts, [a.attack for a in attacks for _ in a.verdicts]),
         skipped_attacks=[], runs=[], canary_runs={}, status="completed")
     audit = AuditInfo(
@@ -107,7 +109,7 @@ def external_results(system: System, claim: PrivacyClaim, attack_results: list[A
         kind=system.kind,  # type: ignore[arg-type]
         pool_size=system.pool_size, test_size=system.test_size, clients=system.clients, partition="external",
         model=system.model, model_parameters=system.model_parameters, membership_runs=max(1, system.runs),
-        membership_unit=system.unit,  # type: ignore[arg-type]
+        membership_unit=Unit(system.unit),
         accounting={}, metric_definitions=MEMBERSHIP_METRICS, system=system.description)
     return Results(schema_version=SCHEMA_VERSION,
                    tool=Tool(name="dpfl-audit", version=__version__, dp_accounting=dp_accounting_version()),

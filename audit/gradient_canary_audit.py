@@ -29,6 +29,7 @@ from audit.core.audit_power import AuditPower, gdp_mu, one_run_power
 from audit.core.empirical_epsilon import OneRunAudit
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
+from audit.core.vocabulary import EpsilonKind, Relation, Unit
 from audit.external import System, audit_external
 from audit.logs import progress_bar
 from defenses.privacy.accounting import GaussianSchedule, compute_epsilon
@@ -229,9 +230,10 @@ def gradient_canary_audit(train: Callable[..., nn.Module], features: torch.Tenso
     # the two one-run figures of these coins, judged as one family (Holm) as the document judges them
     evidence = one_run_bounds(scores.ravel(), inserted.ravel(), delta)
     metrics = {figure: audit.as_estimate() for figure, audit in evidence.items()}
-    family = attack_verdicts(claim, "record", metrics, dict.fromkeys(evidence, "lower_bound"), "add-remove", evidence)
+    family = attack_verdicts(claim, Unit.RECORD, metrics, dict.fromkeys(evidence, EpsilonKind.LOWER_BOUND), Relation.ADD_REMOVE,
+                             evidence)
     verdicts = family_verdicts(family)
-    bound = claim_bound(claim, "record", "add-remove")
+    bound = claim_bound(claim, Unit.RECORD, Relation.ADD_REMOVE)
     # the f-DP test's power at the level its verdict was given (the family's share of α for that test),
     # so the figure printed is the one the verdict was decided with (one_run_power is cached)
     decided = dict(zip(evidence, verdicts))["epsilon_one_run_fdp"]

@@ -35,6 +35,7 @@ from audit.core.lazy_modules import lazy_module
 from audit.core.output_folder import claim
 from audit.core.schema import from_mapping, to_mapping
 from audit.core.seeding import derive_seed, numpy_rng
+from audit.core.vocabulary import Observer
 from audit.planning import check_device
 from audit.reproductions import STUDIES
 from audit.store import RunStore
@@ -126,7 +127,7 @@ class Runner:
         norms = [m["update_norm_median"] for m in metrics if "update_norm_median" in m]
         fractions = [m["clip_fraction"] for m in metrics if "clip_fraction" in m]
         claim = PrivacyClaim.from_dict(manifest["claim"])
-        server = claim.against("server")
+        server = claim.against(Observer.SERVER)
         return RunResult(
             arm=arm.key, epsilon_target=epsilon, seed=seed,
             epsilon=float(claim.epsilon),

@@ -116,12 +116,12 @@ def _one_per_seed(pairs: Iterable[tuple[int, Any]]) -> dict[int, float]:
 
 MIN_PAIRS = 2  # complete pairs a place needs for a verdict: one pair has a sign but no spread
 CONFIDENCE = 0.95  # of the paired Student-t intervals shown beside each place
-TIE = 1e-12  # differences this close to a claim's bound are a tie (see Relation.holds)
+TIE = 1e-12  # differences this close to a claim's bound are a tie (see Comparison.holds)
 ACCURACY_METRICS = ("final_accuracy", "best_accuracy", "train_accuracy")
 
 
 @dataclass(frozen=True)
-class Relation:
+class Comparison:
     """What a claim says of a place's mean: ``op`` is ≥, >, ≤, < (against ``bound``) or ± (|mean| ≤ ``bound``)."""
 
     op: str
@@ -180,7 +180,7 @@ def where_epsilon(epsilon: float | None) -> str:
     return "" if epsilon is None else f"ε={epsilon:g}"
 
 
-def judge(claim: str, steps: list[Step], relation: Relation, percent: bool = True, level: bool = False,
+def judge(claim: str, steps: list[Step], relation: Comparison, percent: bool = True, level: bool = False,
           sides_unit: str | None = None) -> ClaimCheck:
     """The verdict of ``claim``, judged at every place it speaks of (``steps``: each ε of "at every
     ε", each step of "grows with ε", the best round), never on a mean pooled over them — a pooled
@@ -284,7 +284,7 @@ def compare(results: StudyResults, better: str, worse: str, epsilons: Sequence[f
         else:
             a, b = results.by_seed(better, epsilon, metric), results.by_seed(worse, epsilon, metric)
         steps.append(paired_step(where_epsilon(epsilon), a, b))
-    relation = Relation(">" if strict else "≥", margin)
+    relation = Comparison(">" if strict else "≥", margin)
     return judge(claim or f"{better} {relation.op} {worse}", steps, relation, percent=at_epsilon or metric in ACCURACY_METRICS)
 
 
@@ -293,7 +293,7 @@ def smaller(results: StudyResults, smaller_arm: str, larger_arm: str, epsilons: 
     """"``smaller_arm``'s metric is below ``larger_arm``'s" at every ε, on paired differences (strict: a tie is not below)."""
     steps = [paired_step(where_epsilon(e), results.by_seed(smaller_arm, e, metric), results.by_seed(larger_arm, e, metric))
              for e in epsilons]
-    return judge(claim, steps, Relation("<"), percent=metric in ACCURACY_METRICS)
+    return judge(claim, steps, Comparison("<"), percent=metric in ACCURACY_METRICS)
 
 
 @dataclass

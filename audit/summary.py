@@ -19,6 +19,7 @@ from audit import __version__, provenance
 from audit.attacking import AttackResults
 from audit.core.metrics import mean_estimate
 from audit.core.schema import to_mapping
+from audit.core.vocabulary import Unit
 from audit.planning import Plan
 from audit.training import TrainedRuns
 from defenses.privacy.accounting import dp_accounting_version
@@ -186,7 +187,7 @@ def build_results(plan: Plan, trained: TrainedRuns, attacked: AttackResults,
             rounds=_round_curves(metrics),
             diagnostics=diagnostics_summary(manifests, metrics, (landscape or {}).get(experiment.key, [])),
             attacks=attacks,
-            soundness=soundness,  # type: ignore[arg-type]  # one of reports.soundness.PRECEDENCE
+            soundness=soundness,
             soundness_text=soundness_text,
             # the canary audits training could not run, then the attacks the attack stage could not
             skipped_attacks=[*trained.skipped.get(experiment.key, ()), *attacked.skipped.get(experiment.key, ())],
@@ -209,7 +210,7 @@ def build_results(plan: Plan, trained: TrainedRuns, attacked: AttackResults,
         model=config.model.name,
         model_parameters=sum(p.numel() for p in model.parameters()),
         membership_runs=config.membership.runs,
-        membership_unit=plan.membership.unit,  # type: ignore[arg-type]  # "record" or "client"
+        membership_unit=Unit(plan.membership.unit),
         accounting=asdict(plan.accounting),
         metric_definitions=MEMBERSHIP_METRICS,
     )

@@ -16,6 +16,7 @@ from attacks.base import (
 from audit.config import DatasetConfig, ModelConfig
 from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import derive_seed
+from audit.core.vocabulary import MEMBERSHIP_UNITS, Unit
 from audit.planning import Plan, PlannedExperiment
 from audit.store import RunStore, side_run_id
 from audit.tasks import build_task, record_membership
@@ -54,13 +55,13 @@ def membership_experiment(plan: Plan, trained: TrainedRuns, experiment: PlannedE
         seed=derive_seed(plan.config.seed, "attack", experiment.key),
         device=device,
         unit=membership.unit,
-        owners=membership.owners if membership.unit == "client" else None,
+        owners=membership.owners if membership.unit == Unit.CLIENT else None,
         relation=membership.relation,
         inclusion=plan.config.membership.inclusion,
         client_keep=membership.client_keep,
         load_round=load_round,
         rounds=experiment.training.rounds,
-        deltas={unit: measurement_delta(claim, unit, experiment.delta, membership.relation) for unit in ("record", "client")},
+        deltas={unit: measurement_delta(claim, unit, experiment.delta, membership.relation) for unit in MEMBERSHIP_UNITS},
     )
 
 
@@ -95,7 +96,7 @@ def side_run(plan: Plan, store: RunStore, experiment: PlannedExperiment, dataset
     side_config = replace(config, dataset=DatasetConfig(name=dataset, root=root), model=ModelConfig(name="mlp"))
     task = build_task(side_config)
     layout = ParamLayout.of(task.model_factory())
-    membership = record_membership(task.pool.labels.numpy(), replace(config.membership, runs=1, unit="record"),
+    membership = record_membership(task.pool.labels.numpy(), replace(config.membership, runs=1, unit=Unit.RECORD.value),
                                    config.partition, derive_seed(config.seed, "side-run", dataset))
     rid, fingerprint = side_run_id(plan, experiment, dataset, root, membership.clients[0])
     if not store.is_complete(rid):

@@ -43,6 +43,7 @@ from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
 from audit.core.models import build_model
 from audit.core.seeding import numpy_rng
+from audit.core.vocabulary import Relation, Unit
 from audit.partitions import partition
 
 if TYPE_CHECKING:
@@ -107,7 +108,7 @@ def keep_matrix(pool_size: int, membership: MembershipConfig, seed: int) -> np.n
     return rng.random((membership.runs, pool_size)) < membership.inclusion
 
 
-RELATIONS = ("add-remove", "replace-one", "zero-out")
+RELATIONS = (Relation.ADD_REMOVE, Relation.REPLACE_ONE, Relation.ZERO_OUT)
 
 
 @dataclass
@@ -132,31 +133,31 @@ class Membership:
 
     def coins(self, run: int) -> np.ndarray:
         """Run ``run``'s inclusion coins: one per record (record unit) or candidate client."""
-        return self.keep[run] if self.unit == "record" else self.client_keep[run]
+        return self.keep[run] if self.unit == Unit.RECORD else self.client_keep[run]
 
     def run_clients(self, run: int, coins: np.ndarray | None = None) -> list[np.ndarray]:
         """The clients (pool indices) of the run whose coins are ``coins`` (default: run ``run``'s)."""
         coins = self.coins(run) if coins is None else np.asarray(coins, dtype=bool)
-        if self.unit == "record":  # every fixed client keeps its included records
+        if self.unit == Unit.RECORD:  # every fixed client keeps its included records
             return [part[coins[part]] for part in self.parts]
-        if self.relation == "zero-out":  # every candidate takes part; one whose coin is off has no data
+        if self.relation == Relation.ZERO_OUT:  # every candidate takes part; one whose coin is off has no data
             return [part if coin else part[:0] for part, coin in zip(self.parts, coins)]
         return [self.parts[c] for c in np.flatnonzero(coins)]
 
     def truth(self, unit: str) -> np.ndarray:
         """Membership of every unit in every run: bool [runs, records or candidate clients]."""
-        return self.keep if unit == "record" else self.client_keep
+        return self.keep if unit == Unit.RECORD else self.client_keep
 
 
 def _resolved(membership: MembershipConfig, unit: str) -> MembershipConfig:
     """``membership`` with its relation checked; "auto" left unresolved by the caller (the planner
     resolves it from the claims) is add/remove."""
     if membership.relation == "auto":
-        membership = replace(membership, relation="add-remove")
-    if membership.relation != "add-remove" and unit == "record":
+        membership = replace(membership, relation=Relation.ADD_REMOVE.value)
+    if membership.relation != Relation.ADD_REMOVE and unit == Unit.RECORD:
         raise UserInputError(f"membership.relation: '{membership.relation}' is available for membership.unit: client; "
                              "records are audited with add-remove")
-    if membership.relation == "replace-one" and membership.inclusion != 0.5:
+    if membership.relation == Relation.REPLACE_ONE and membership.inclusion != 0.5:
         raise UserInputError("membership.inclusion: replace-one pairs need 0.5 (one client of each pair), got "
                              f"{membership.inclusion}")
     return membership
@@ -165,9 +166,9 @@ def _resolved(membership: MembershipConfig, unit: str) -> MembershipConfig:
 def client_membership(pool_labels: np.ndarray, membership: MembershipConfig, spec: PartitionConfig, seed: int) -> Membership:
     """Candidate clients fixed once; each run includes each candidate by an independent coin
     (add/remove) or one client of each fixed pair (replace-one)."""
-    membership = _resolved(membership, "client")
-    paired = membership.relation == "replace-one"
-    if membership.relation == "zero-out":  # the N clients of every run; a coin says whether one has its data
+    membership = _resolved(membership, Unit.CLIENT)
+    paired = membership.relation == Relation.REPLACE_ONE
+    if membership.relation == Relation.ZERO_OUT:  # the N clients of every run; a coin says whether one has its data
         candidates = spec.clients
     else:
         candidates = 2 * spec.clients if paired else max(spec.clients + 1, int(round(spec.clients / membership.inclusion)))
@@ -183,22 +184,22 @@ def client_membership(pool_labels: np.ndarray, membership: MembershipConfig, spe
     else:
         client_keep = rng.random((membership.runs, candidates)) < membership.inclusion
     empty = np.flatnonzero(~client_keep.any(1))
-    if len(empty) and membership.relation != "zero-out":
+    if len(empty) and membership.relation != Relation.ZERO_OUT:
         raise UserInputError(f"partition.clients: membership run {int(empty[0])} drew none of the {candidates} candidate "
                              "clients; raise partition.clients or membership.inclusion")
-    return Membership("client", membership.relation, client_keep[:, owners], parts, owners, client_keep)
+    return Membership(Unit.CLIENT, membership.relation, client_keep[:, owners], parts, owners, client_keep)
 
 
 def record_membership(pool_labels: np.ndarray, membership: MembershipConfig, spec: PartitionConfig, seed: int) -> Membership:
     """Fixed clients; each run includes each record by an independent coin (add/remove)."""
-    membership = _resolved(membership, "record")
+    membership = _resolved(membership, Unit.RECORD)
     keep = keep_matrix(len(pool_labels), membership, seed)
     parts = partition(pool_labels, spec.name, spec.clients, seed, alpha=spec.alpha, classes_per_client=spec.classes_per_client,
                       min_client_size=spec.min_client_size, stream=("owners",))
     owners = np.empty(len(pool_labels), dtype=np.int64)
     for c, part in enumerate(parts):
         owners[part] = c
-    return Membership("record", "add-remove", keep, parts, owners)
+    return Membership(Unit.RECORD, Relation.ADD_REMOVE, keep, parts, owners)
 
 
 def run_clients(pool_labels: np.ndarray, keep_row: np.ndarray, spec: PartitionConfig, seed: int,

@@ -42,6 +42,7 @@ from audit.config import load_config
 from audit.core.audit_power import tight_scores
 from audit.core.empirical_epsilon import gaussian_fit_epsilon
 from audit.core.fdp_one_run import gdp_epsilon
+from audit.core.vocabulary import EpsilonKind, Relation, Unit, VerdictStatus
 from audit.logs import progress_bar
 from audit.pipeline import train
 from audit.planning import plan_audit
@@ -170,7 +171,7 @@ def pipeline_replicates(template: str, replicates: int, start_seed: int = 0, pro
                 if bound is not None and bound.value is not None:
                     events.setdefault(f"{record.attack} ε_LB = 0", Tally()).count(bound.value <= 0.0)
             statuses = {v.status for record in experiment.attacks for v in record.verdicts}
-            events.setdefault("experiment without a VIOLATION", Tally()).count("violation" not in statuses)
+            events.setdefault("experiment without a VIOLATION", Tally()).count(VerdictStatus.VIOLATION not in statuses)
             shutil.rmtree(out, ignore_errors=True)
             bar.update(1)
     bar.close()
@@ -284,7 +285,7 @@ def tight_claim(replicates: int, epsilon: float, delta: float, runs: int = 16, u
     claimed; ``figures`` correlated attacks per experiment (the same coins, different noise), each
     with its two one-run bounds (Steinke et al.'s and the f-DP analysis of the same counts)."""
     rng = np.random.default_rng(seed)
-    claim = PrivacyClaim(epsilon, delta, "client", "simulated", relation="add-remove")
+    claim = PrivacyClaim(epsilon, delta, Unit.CLIENT, "simulated", relation=Relation.ADD_REMOVE)
     violations = 0
     for _ in range(replicates):
         inserted = rng.random(runs * units) < 0.5
@@ -293,9 +294,9 @@ def tight_claim(replicates: int, epsilon: float, delta: float, runs: int = 16, u
         for f in range(figures):  # correlated figures: a shared optimal statistic plus attack-specific noise
             scores = base + (0.3 * f) * rng.standard_normal(base.shape)
             audits = one_run_bounds(scores, inserted, delta)
-            family += attack_verdicts(claim, "client", {k: Estimate(a.epsilon, a.epsilon, None) for k, a in audits.items()},
-                                      dict.fromkeys(audits, "lower_bound"), "add-remove", audits)
-        violations += any(v.status == "violation" for v in family_verdicts(family))
+            family += attack_verdicts(claim, Unit.CLIENT, {k: Estimate(a.epsilon, a.epsilon, None) for k, a in audits.items()},
+                                      dict.fromkeys(audits, EpsilonKind.LOWER_BOUND), Relation.ADD_REMOVE, audits)
+        violations += any(v.status == VerdictStatus.VIOLATION for v in family_verdicts(family))
     return violations / replicates, replicates
 
 

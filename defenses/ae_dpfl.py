@@ -25,6 +25,7 @@ import numpy as np
 
 from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import numpy_rng, seed_torch, torch_generator
+from audit.core.vocabulary import Observer, Relation, Unit
 from defenses.base import DEFENSES, AccountingSettings, AuditHooks, Defense, PrivacyClaim
 from defenses.blocks.flat import ParamLayout, parameters_of
 from defenses.blocks.local_training import (
@@ -102,17 +103,18 @@ class AEDPFL(Defense):
         # every agent votes on every query, so knowing who took part teaches the server nothing: the
         # released model (trained on the voted labels) and the server's histograms get the same figure
         adversaries = (
-            AdversaryClaim("released", report.epsilon, delta, "add-remove", "the model trained on the voted labels",
+            AdversaryClaim(Observer.RELEASED, report.epsilon, delta, Relation.ADD_REMOVE, "the model trained on the voted labels",
                            report.label, rounds=queries, noise_multiplier=sigma, round_epsilon=one_query,
                            notes="post-processing of the noisy histograms"),
-            AdversaryClaim("server", report.epsilon, delta, "zero-out", "the summed noisy vote histograms", report.label,
+            AdversaryClaim(Observer.SERVER, report.epsilon, delta, Relation.ZERO_OUT, "the summed noisy vote histograms",
+                           report.label,
                            rounds=queries, noise_multiplier=sigma, round_epsilon=one_query,
                            notes=server_notes("an agent that abstains votes the zero vector: the histogram moves by ≤ 1 in ℓ2")),
-            AdversaryClaim.not_covered("local", "one agent's votes carry only its share σ_v/√N of the noise; secure "
+            AdversaryClaim.not_covered(Observer.LOCAL, "one agent's votes carry only its share σ_v/√N of the noise; secure "
                                                 "aggregation is what hides them", "one agent's noisy votes"),
         )
-        return PrivacyClaim(report.epsilon, delta, "client", report.label, mechanism, notes, relation="add-remove",
-                            adversary="released", adversaries=adversaries)
+        return PrivacyClaim(report.epsilon, delta, Unit.CLIENT, report.label, mechanism, notes, relation=Relation.ADD_REMOVE,
+                            adversary=Observer.RELEASED, adversaries=adversaries)
 
     def noisy_histograms(self, clean: torch.Tensor, agents: int, seed: int) -> torch.Tensor:
         """What secure aggregation reveals: Σ_i (votes_i + N(0, σ_v²/N·I)) = the clean histograms [K, C]
@@ -233,6 +235,6 @@ class VotingAuditHooks(AuditHooks):
             voting = contributions.abs().sum(1) > 0
             votes[voting, contributions[voting].abs().argmax(1)] = 1.0
             noisy = defense.noisy_histograms(votes.sum(0, keepdim=True), agents, seed)[0]
-            return {"released": noisy, "server": noisy}
+            return {Observer.RELEASED: noisy, Observer.SERVER: noisy}
 
         return ReleaseProbe(classes, agents, 1.0, views, "an agent's one-hot vote on one query", defense)

@@ -57,6 +57,7 @@ import numpy as np
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import numpy_rng
+from audit.core.vocabulary import Observer, Relation, Unit
 from defenses.base import DEFENSES, AccountingSettings, AuditHooks, Defense, PrivacyClaim
 from defenses.blocks.clipping import clip_rows
 from defenses.blocks.noise import discrete_gaussian
@@ -190,8 +191,9 @@ class DDGauss(Defense):
         setting = self.setting(training, num_clients, noise_multiplier)
         rate = training.sampling_rate(num_clients)
         if rate >= 1.0:
-            return setting.rdp(INTEGER_ORDERS), "zero-out"
-        return without_replacement_subsampled_rdp(lambda a: setting.rdp(a, change=2.0), rate, INTEGER_ORDERS), "replace-one"
+            return setting.rdp(INTEGER_ORDERS), Relation.ZERO_OUT
+        rdp = without_replacement_subsampled_rdp(lambda a: setting.rdp(a, change=2.0), rate, INTEGER_ORDERS)
+        return rdp, Relation.REPLACE_ONE
 
     def _epsilon(self, training: TrainingConfig, num_clients: int, rounds: int, delta: float, conversion: str,
                  noise_multiplier: float | None = None) -> float:
@@ -244,21 +246,22 @@ class DDGauss(Defense):
         server, counted = self.server_epsilon(training, num_clients, rounds, delta, conversion)
         finite = setting.local_std > 0
         adversaries = (
-            AdversaryClaim("released", epsilon if finite else None, delta, relation, "the global model after every round",
+            AdversaryClaim(Observer.RELEASED, epsilon if finite else None, delta, relation, "the global model after every round",
                            label, amplification=sampled, rounds=rounds,
                            noise_multiplier=(sigma / 2 if sampled else sigma) if finite else None,
                            round_epsilon=(replace_epsilon if sampled else round_epsilon) if finite else None, notes=mechanism),
-            AdversaryClaim("server", server if finite else None, delta, "zero-out", "the modular sum of every round it runs",
+            AdversaryClaim(Observer.SERVER, server if finite else None, delta, Relation.ZERO_OUT,
+                           "the modular sum of every round it runs",
                            label, amplification=False, rounds=counted, noise_multiplier=sigma if finite else None,
                            round_epsilon=round_epsilon if finite else None,
                            notes=server_notes(f"participation known, {counted} of {rounds} rounds accounted")),
-            AdversaryClaim.not_covered("local", "one upload carries only its own share σ_loc of the noise; secure "
+            AdversaryClaim.not_covered(Observer.LOCAL, "one upload carries only its own share σ_loc of the noise; secure "
                                                 "aggregation is what hides it", "one client's upload"),
         )
         notes = ["client-level; the server sees only the modular sum (simulated secure aggregation)",
                  f"the server, which knows who took part, gets ε = {server:.4g}" if finite else "no noise: no claim"]
-        return PrivacyClaim(epsilon if finite else math.inf, delta, "client", label, mechanism, "; ".join(notes),
-                            relation=relation, adversary="released", adversaries=adversaries)
+        return PrivacyClaim(epsilon if finite else math.inf, delta, Unit.CLIENT, label, mechanism, "; ".join(notes),
+                            relation=relation, adversary=Observer.RELEASED, adversaries=adversaries)
 
     def epsilon_trajectory(self, training, num_clients, delta, accounting) -> list[float]:
         conversion = self._conversion(accounting)

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Literal
 
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
+from audit.core.vocabulary import Observer, Unit
 from defenses.audit_hooks import AuditHooks
 from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
 from defenses.blocks.clipping import clip_rows, clip_rows_per_tensor
@@ -212,9 +213,9 @@ class DPFedAvg(Defense):
                          f"its share σ/√m, so the claim is accounted with σ/√m_max = {reach.aggregate:.4g} instead of σ")
         notes.extend(self.claim_notes())
         mechanism = released.notes if released.covered else "no finite bound"
-        return PrivacyClaim(released.epsilon if released.covered else math.inf, delta, "client",
+        return PrivacyClaim(released.epsilon if released.covered else math.inf, delta, Unit.CLIENT,
                             released.accountant or accountant_label(accounting.accountant, accounting.conversion),
-                            mechanism, "; ".join(notes), relation=released.relation, adversary="released",
+                            mechanism, "; ".join(notes), relation=released.relation, adversary=Observer.RELEASED,
                             adversaries=adversaries)
 
     def claim_notes(self) -> list[str]:

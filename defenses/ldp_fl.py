@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Literal
 
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
+from audit.core.vocabulary import Observer, Relation, Unit
 from defenses.base import DEFENSES, AuditHooks, Defense, PrivacyClaim
 from defenses.blocks.ldp import perturb, shuffle_amplification
 from defenses.federated.release_probe import ReleaseProbe, engine_probe
@@ -140,22 +141,22 @@ class LDPFL(Defense):
         mechanism = (f"{self.params.mechanism} on every scalar of the clipped local model, "
                      + (f"fixed range c = {self.params.center:g}, r = {self.params.radius:g}" if self.params.range_mode == "fixed"
                         else f"adaptive per-tensor range ({self.params.adaptive_center}, {self.params.range_source})"))
-        observers = (("released", "the global model after every round"),
-                     ("server", "per-id multisets of reports" if self.params.server_view == "unlinked"
+        observers = ((Observer.RELEASED, "the global model after every round"),
+                     (Observer.SERVER, "per-id multisets of reports" if self.params.server_view == "unlinked"
                       else "every client's reports, linked"),
-                     ("local", "one client's report of one weight"))
+                     (Observer.LOCAL, "one client's report of one weight"))
         if leak:
             adversaries = tuple(AdversaryClaim.not_covered(adversary, leak, observes) for adversary, observes in observers)
-            return PrivacyClaim(math.inf, 0.0, "weight", "per-weight ε-LDP (LDP-FL Thm 1)", mechanism, "; ".join(notes),
-                                alternatives, relation="none", adversary="local", adversaries=adversaries)
+            return PrivacyClaim(math.inf, 0.0, Unit.WEIGHT, "per-weight ε-LDP (LDP-FL Thm 1)", mechanism, "; ".join(notes),
+                                alternatives, relation=Relation.NONE, adversary=Observer.LOCAL, adversaries=adversaries)
         # pure ε-LDP per report: post-processing keeps it for every observer of the reports
         per_report = "ε per weight per report (any two values of one weight)"
         adversaries = tuple(
-            AdversaryClaim(adversary, eps, 0.0, "replace-one", observes, "per-weight ε-LDP (LDP-FL Thm 1)", rounds=1,
-                           round_epsilon=eps, notes=server_notes(per_report) if adversary == "server" else per_report)
+            AdversaryClaim(adversary, eps, 0.0, Relation.REPLACE_ONE, observes, "per-weight ε-LDP (LDP-FL Thm 1)", rounds=1,
+                           round_epsilon=eps, notes=server_notes(per_report) if adversary == Observer.SERVER else per_report)
             for adversary, observes in observers)
-        return PrivacyClaim(eps, 0.0, "weight", "per-weight ε-LDP (LDP-FL Thm 1)", mechanism, "; ".join(notes), alternatives,
-                            relation="replace-one", adversary="local", adversaries=adversaries)
+        return PrivacyClaim(eps, 0.0, Unit.WEIGHT, "per-weight ε-LDP (LDP-FL Thm 1)", mechanism, "; ".join(notes), alternatives,
+                            relation=Relation.REPLACE_ONE, adversary=Observer.LOCAL, adversaries=adversaries)
 
     # ---------------------------------------------------------------- the mechanism
 

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
+from audit.core.vocabulary import Observer, Relation, Unit
 from defenses.base import DEFENSES, Defense, PrivacyClaim
 from defenses.blocks.clipping import clip_rows
 from defenses.blocks.noise import gaussian_rows
@@ -134,7 +135,8 @@ class NbAFL(Defense):
         released_epsilon = compute_epsilon(GaussianSchedule(released_multiplier, 1.0, rounds), delta, accounting.accountant,
                                            accounting.conversion).epsilon
         released = AdversaryClaim(
-            "released", min(released_epsilon, epsilon), delta, "replace-one", "the global model after every round", label,
+            Observer.RELEASED, min(released_epsilon, epsilon), delta, Relation.REPLACE_ONE, "the global model after every round",
+            label,
             amplification=False, rounds=rounds if released_epsilon <= epsilon else counted,
             noise_multiplier=released_multiplier if released_epsilon <= epsilon else multiplier,
             round_epsilon=gaussian_round_epsilon(released_multiplier, delta, accounting.accountant, accounting.conversion)
@@ -143,19 +145,19 @@ class NbAFL(Defense):
                    f"over all {rounds} rounds (no amplification credited), or the server's figure if smaller "
                    "(post-processing of the uploads)"))
         adversaries = (released,) + tuple(
-            AdversaryClaim(adversary, epsilon, delta, "replace-one", observes, label, amplification=False, rounds=counted,
+            AdversaryClaim(adversary, epsilon, delta, Relation.REPLACE_ONE, observes, label, amplification=False, rounds=counted,
                            noise_multiplier=multiplier, round_epsilon=round_epsilon,
-                           notes=server_notes(per_upload) if adversary == "server" else per_upload)
-            for adversary, observes in (("server", "every client's upload"), ("local", "one client's upload")))
+                           notes=server_notes(per_upload) if adversary == Observer.SERVER else per_upload)
+            for adversary, observes in ((Observer.SERVER, "every client's upload"), (Observer.LOCAL, "one client's upload")))
         notes = ("sound headline: client-level, replace-one, from the enforced model clip ‖w‖ ≤ C (uploads differ by ≤ 2C); "
                  f"the paper's record-level ε = {self.params.epsilon:g} (its Theorem, as recalled — the sensitivity 2C/m it "
                  "assumes does not hold for local SGD, and basic composition leaves the total δ at up to "
                  f"L·δ = {exposures * delta:.3g}) and the RDP figure given that sensitivity are alternatives, neither proven")
         mechanism = (f"uplink N(0, σ_U²), σ_U = {sigma_u:.4g} on clipped models (C = {self.params.clip:g}, m "
                      f"= {self._smallest}), L = {exposures:g} exposures")
-        return PrivacyClaim(released.epsilon, delta, "client", label, mechanism, notes,
+        return PrivacyClaim(released.epsilon, delta, Unit.CLIENT, label, mechanism, notes,
                             alternatives={"paper_record_level": self.params.epsilon, "rdp_given_sensitivity": given.epsilon},
-                            relation="replace-one", adversary="released", adversaries=adversaries)
+                            relation=Relation.REPLACE_ONE, adversary=Observer.RELEASED, adversaries=adversaries)
 
     def privatize(self, updates: torch.Tensor, ctx: RoundContext) -> tuple[torch.Tensor, dict]:
         training = ctx.training

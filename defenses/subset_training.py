@@ -32,6 +32,7 @@ import numpy as np
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import numpy_rng
+from audit.core.vocabulary import Observer, Unit
 from defenses.base import AccountingSettings, AuditHooks, Defense, PrivacyClaim
 from defenses.blocks.clipping import clip_rows
 from defenses.blocks.local_training import (
@@ -253,8 +254,8 @@ class SubsetFL(Defense):
                  f"{kilobytes['table_kb_down']:.2f} KB down"]
         if self.extra_rounds:
             notes.append("private Top-K selection costs one extra noisy round, accounted")
-        return PrivacyClaim(released.epsilon, delta, "client", released.accountant, schedule.describe(), "; ".join(notes),
-                            kilobytes, relation=released.relation, adversary="released", adversaries=adversaries)
+        return PrivacyClaim(released.epsilon, delta, Unit.CLIENT, released.accountant, schedule.describe(), "; ".join(notes),
+                            kilobytes, relation=released.relation, adversary=Observer.RELEASED, adversaries=adversaries)
 
     def epsilon_trajectory(self, training, num_clients, delta, accounting) -> list[float] | None:
         if not self.private:

@@ -36,6 +36,7 @@ import numpy as np
 
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
+from audit.core.vocabulary import Observer, Relation, Unit
 from defenses.base import DEFENSES, AccountingSettings, AuditHooks, Defense, PrivacyClaim
 from defenses.blocks.dp_sgd import DPSGDObjective, clip_and_sum
 from defenses.blocks.harmonizer import epsilon as accounted_epsilon
@@ -162,18 +163,20 @@ class UDPFL(Defense):
         every = ("the client adds the noise to every local step, so every observer of its uploads gets the same "
                  "record-level guarantee")
         adversaries = tuple(
-            AdversaryClaim(adversary, headline if finite else None, delta, "add-remove" if finite else "none", observes,
+            AdversaryClaim(adversary, headline if finite else None, delta, Relation.ADD_REMOVE if finite else Relation.NONE,
+                           observes,
                            label, amplification=True, rounds=rounds,
                            noise_multiplier=mechanism.parameter if gaussian else None,
                            round_epsilon=one_step if math.isfinite(one_step) else None,
-                           notes=((server_notes(every) if adversary == "server" else every) if finite else
+                           notes=((server_notes(every) if adversary == Observer.SERVER else every) if finite else
                                   f"not covered: {verdict}"))
-            for adversary, observes in (("released", "the global model after every round"),
-                                        ("server", "every client's upload" if not self.params.shuffle else
+            for adversary, observes in ((Observer.RELEASED, "the global model after every round"),
+                                        (Observer.SERVER, "every client's upload" if not self.params.shuffle else
                                          "every upload, shuffled"),
-                                        ("local", "one client's upload")))
-        return PrivacyClaim(headline, delta, "record", label, mechanism_text, "; ".join(notes), alternatives=both,
-                            relation="add-remove" if finite else "none", adversary="released", adversaries=adversaries)
+                                        (Observer.LOCAL, "one client's upload")))
+        return PrivacyClaim(headline, delta, Unit.RECORD, label, mechanism_text, "; ".join(notes), alternatives=both,
+                            relation=Relation.ADD_REMOVE if finite else Relation.NONE, adversary=Observer.RELEASED,
+                            adversaries=adversaries)
 
     def epsilon_trajectory(self, training, num_clients, delta, accounting) -> list[float]:
         mechanism = self.group_mechanism(max(self.params.client_epsilons),
@@ -274,7 +277,7 @@ class DPSGDAuditHooks(AuditHooks):
             mask = torch.ones(1, contributions.shape[0], dtype=state.global_vector.dtype)
             summed = clip_and_sum(gradients, mask, defense.params.clip, defense.params.clip_norm)
             step = layout.flatten_stacked(objective.noisy_gradient(summed, params))[0].detach().double()
-            return {"released": step, "server": step, "local": step}
+            return {Observer.RELEASED: step, Observer.SERVER: step, Observer.LOCAL: step}
 
         return ReleaseProbe(layout.dim, examples, defense.params.clip, views,
                             "one client's per-example gradients in one DP-SGD step", engine.defense)

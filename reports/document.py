@@ -19,18 +19,13 @@ from typing import Any, ClassVar, Literal
 
 from audit.core.atomic import dumps, write_text
 from audit.core.typed_json import json_schema
+from audit.core.vocabulary import MEMBERSHIP_UNITS, EpsilonKind, Observation, Observer, Unit, VerdictKind, VerdictStatus
 from defenses.privacy.claims import PrivacyClaim
 
 SCHEMA_VERSION = "2.3"
 #: the published JSON Schema of results.json (:func:`results_schema`; ``python -m reports.document`` rewrites it)
 SCHEMA_FILE = Path(__file__).with_name("schema") / "results.schema.json"
 
-#: a verdict's status, most serious first (the order in which an experiment's status is chosen)
-Status = Literal["violation", "estimate above claim", "consistent", "inconclusive", "not covered", "vacuous", "no claim",
-                 "no measurement"]
-EpsilonKind = Literal["lower_bound", "estimate"]
-#: what a verdict judges: an ε figure (a bound or an estimate), or the uploads' conformance with the claimed mechanism
-VerdictKind = Literal["lower_bound", "estimate", "conformance"]
 #: the ε figures an attack may carry, and what each is
 EPSILON_METRICS = ("epsilon_one_run", "epsilon_one_run_fdp", "epsilon_gaussian_fit")
 _OPTIONAL = {"omit_if_none": True}
@@ -141,7 +136,7 @@ class Verdict:
     claimed: float | None = field(metadata={"help": "the claim's headline ε (null: no finite claim)"})
     bound: float | None = field(metadata={"help": "the ε the claim implies for this unit (null: not covered)"})
     bound_delta: float | None
-    status: Status
+    status: VerdictStatus
     text: str
     claim_relation: str | None = field(default=None, metadata={
         **_OPTIONAL, "help": "neighbouring relation of the claim (add-remove, replace-one, zero-out)"})
@@ -174,11 +169,11 @@ class AttackRecord:
     kind: Literal["membership", "canary", "run"]
     figures: list[Figure]
     verdicts: list[Verdict]
-    observation: Literal["final model", "all iterates", "each upload", "aggregate, participation known"] | None = field(
+    observation: Observation | None = field(
         default=None, metadata={**_OPTIONAL, "help": "what the audit's statistic reads: the final model, every round's "
                                                       "global model, each canary's own upload, or the aggregate of "
                                                       "the rounds it joined"})
-    adversary: Literal["released", "server", "local"] | None = field(default=None, metadata={
+    adversary: Observer | None = field(default=None, metadata={
         **_OPTIONAL, "help": "the observer whose claim the verdicts compare with (null: the headline claim)"})
     statistic: str | None = field(default=None, metadata={**_OPTIONAL, "help": "the test statistic each canary is scored by"})
 
@@ -226,7 +221,7 @@ class Experiment:
                                   "additionalProperties": {"type": ["number", "null"]}}}})
     diagnostics: Diagnostics
     attacks: list[AttackRecord]
-    soundness: Status
+    soundness: VerdictStatus
     soundness_text: str
     skipped_attacks: list[Skipped]
     runs: list[str]
@@ -260,7 +255,7 @@ class AuditInfo:
     model: str
     model_parameters: int = field(metadata={"min": 0})
     membership_runs: int = field(metadata={"min": 1})
-    membership_unit: Literal["record", "client"]
+    membership_unit: Unit = field(metadata={"choices": MEMBERSHIP_UNITS})
     accounting: dict[str, Any]
     metric_definitions: dict[str, str]
     system: str | None = field(default=None, metadata={

@@ -24,6 +24,7 @@ import yaml
 from audit.core.atomic import write_text
 from audit.core.audit_power import POWER_TARGET
 from audit.core.lazy_modules import lazy_module
+from audit.core.vocabulary import EpsilonKind, Observer, Unit, VerdictKind, VerdictStatus
 from defenses.privacy.claims import PrivacyClaim
 from reports.document import Experiment, Power, Results, Verdict
 
@@ -38,7 +39,7 @@ MAIN_ATTACK_ORDER = ("lira-online", "lira-offline")
 EPSILON_NAMES = {"epsilon_one_run": "one-run", "epsilon_one_run_fdp": "one-run f-DP", "epsilon_gaussian_fit": "Gaussian fit",
                  "upload_conformance": "uploads' mechanism"}
 #: the observers a claim speaks of, in words
-OBSERVER_NAMES = {"released": "released models", "server": "the server", "local": "one upload alone"}
+OBSERVER_NAMES = {Observer.RELEASED: "released models", Observer.SERVER: "the server", Observer.LOCAL: "one upload alone"}
 
 
 def _percent(value: Any) -> str:
@@ -80,7 +81,7 @@ def _best_trade_off(experiments: list[Experiment]) -> str | None:
     """The private configuration with the best accuracy among those whose claim no measurement
     contradicts, and the smallest claimed ε that reaches within 1 point of it."""
     private = [e for e in experiments if e.claim.is_private and e.utility.test_accuracy.value is not None
-               and e.soundness != "violation"]
+               and e.soundness != VerdictStatus.VIOLATION]
     if not private:
         return None
     # compared as floats: an integer accuracy from a hand-edited results.json (2⁶⁴ − 1) rounds up
@@ -99,8 +100,8 @@ def finding_lines(results: Results) -> list[str]:
     how many configurations are consistent or inconclusive, the most leaky one, the best trade-off."""
     lines = []
     experiments = results.experiments
-    violated = [e for e in experiments if e.soundness == "violation"]
-    warned = [e for e in experiments if e.soundness == "estimate above claim"]
+    violated = [e for e in experiments if e.soundness == VerdictStatus.VIOLATION]
+    warned = [e for e in experiments if e.soundness == VerdictStatus.ESTIMATE_ABOVE]
     for experiment in violated:
         lines.append(f"Soundness VIOLATION — {experiment.label}: {experiment.soundness_text}.")
     for experiment in warned:
@@ -110,12 +111,12 @@ def finding_lines(results: Results) -> list[str]:
             where = experiment.diverged
             lines.append(f"Training diverged — {experiment.label}: membership run {where.run} stopped at round "
                          f"{where.round} ({where.what}); its attacks were skipped.")
-    checked = [e for e in experiments if e.soundness == "consistent"]
+    checked = [e for e in experiments if e.soundness == VerdictStatus.CONSISTENT]
     if not violated and checked:
         lines.append(f"No measured ε lower bound contradicts a claim: {len(checked)} of {len(experiments)} "
                      "configurations checked and consistent, by audits with at least 80 % power to detect twice the "
                      "claimed ε.")
-    unpowered = [e for e in experiments if e.soundness == "inconclusive"]
+    unpowered = [e for e in experiments if e.soundness == VerdictStatus.INCONCLUSIVE]
     if unpowered:
         lines.append(f"Inconclusive — {', '.join(e.label for e in unpowered)}: no violation found, but the audit could "
                      "not have detected a mechanism twice as leaky as claimed with 80 % probability (see each verdict's "
@@ -145,7 +146,7 @@ def configuration_lines(results: Results) -> list[str]:
         leak = _leak_metric(experiment)
         leak_text = "" if leak is None else f"; {leak[0]} AUC {leak[1]:.3f}"
         lines.append(f"{experiment.label}: {acc_text}, {claim_text}{leak_text}; soundness: {experiment.soundness}.")
-        if claim.is_private and claim.unit == "client":
+        if claim.is_private and claim.unit == Unit.CLIENT:
             lines.append(f"{experiment.label}: the claim protects whole clients; a single record is covered through "
                          f"group privacy (one record changes one client's data: at most 2ε = {2 * claim.epsilon:.3g}).")
     return lines
@@ -159,7 +160,7 @@ def summary_lines(results: Results) -> list[str]:
 
 def _observers_text(claim: PrivacyClaim) -> str:
     """' against the released models; against the server ε = 9.1, one upload alone ε = 60' (headline first)."""
-    names = {"released": "the released models", "server": "the server", "local": "one upload alone"}
+    names = {Observer.RELEASED: "the released models", Observer.SERVER: "the server", Observer.LOCAL: "one upload alone"}
     others = []
     for entry in claim.adversaries:
         if entry.adversary == claim.adversary:
@@ -179,24 +180,24 @@ def short_verdict(verdict: Verdict) -> str:
     """One ε figure's verdict in a few words, e.g. ``VIOLATION (p = 0.0004 < 0.013)`` or
     ``inconclusive (below claim, power 12 %)``; the full sentence is ``verdict.text``."""
     status = verdict.status
-    if status == "violation":
+    if status == VerdictStatus.VIOLATION:
         if verdict.p_value is not None and verdict.level is not None:
             return f"VIOLATION (p = {verdict.p_value:.2g} < {verdict.level:.2g})"
         return f"VIOLATION (ε_LB = {plots.format_number(verdict.measured, 2)} > {plots.format_number(verdict.bound, 2)})"
-    if status in ("consistent", "inconclusive"):
-        if verdict.kind == "conformance":
-            return "consistent (clip and noise as claimed)" if status == "consistent" else \
+    if status in (VerdictStatus.CONSISTENT, VerdictStatus.INCONCLUSIVE):
+        if verdict.kind == VerdictKind.CONFORMANCE:
+            return "consistent (clip and noise as claimed)" if status == VerdictStatus.CONSISTENT else \
                 "inconclusive (no departure found, power < 80 %)"
-        if verdict.kind == "estimate":
+        if verdict.kind == VerdictKind.ESTIMATE:
             return f"{status} (estimate within claim, not a test)"
         below = ("below claim" if verdict.measured is None or verdict.bound is None or verdict.measured <= verdict.bound
                  else "above claim, not significant after Holm")
         if verdict.power is None:
             return f"{status} ({below}, no counts: power unknown)"
         return f"{status} ({below}, power {power_percent(verdict.power.detection)})"
-    if status == "estimate above claim":
+    if status == VerdictStatus.ESTIMATE_ABOVE:
         return "estimate above claim (a warning, not a proof)"
-    if status == "vacuous":
+    if status == VerdictStatus.VACUOUS:
         return "vacuous (δ′ ≥ 1 rules out nothing)"
     return status  # not covered, no claim, no measurement: the status says it all
 
@@ -223,7 +224,7 @@ def _headline_power(named: list[tuple[str, Verdict]]) -> dict[str, Any] | None:
 
 
 def _headline_violation(named: list[tuple[str, Verdict]]) -> dict[str, Any] | None:
-    found = [(attack, v) for attack, v in named if v.status == "violation"]
+    found = [(attack, v) for attack, v in named if v.status == VerdictStatus.VIOLATION]
     if not found:
         return None
     # the most significant one: smallest p-value, then the largest excess over the bound
@@ -236,7 +237,7 @@ def _headline_violation(named: list[tuple[str, Verdict]]) -> dict[str, Any] | No
 def _headline_leakage(experiment: Experiment) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     bounds = [(attack, metric, attack.metrics[metric].value) for attack in experiment.attacks
               for metric, kind in attack.epsilon_kind.items()
-              if kind == "lower_bound" and metric in attack.metrics and attack.metrics[metric].value is not None]
+              if kind == EpsilonKind.LOWER_BOUND and metric in attack.metrics and attack.metrics[metric].value is not None]
     leakage = None
     if bounds:
         attack, metric, value = max(bounds, key=lambda item: typing.cast(float, item[2]))

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+#: an outcome's verdict: the rule holds, fails, or could not be checked (missing data, no baseline)
+PASS, FAIL, SKIP = "pass", "fail", "skip"
+
 
 @dataclass(frozen=True)
 class Outcome:

@@ -26,6 +26,7 @@ import matplotlib.colors  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
+from audit.core.vocabulary import VerdictKind, VerdictStatus  # noqa: E402
 from reports.document import Estimate, Experiment  # noqa: E402
 
 COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -277,7 +278,7 @@ def empirical_vs_claimed(experiments: list[Experiment]) -> Any:
     its unit, with the diagonal: a point above the diagonal is a violation (or, for an estimate,
     a warning)."""
     figure, axis = plt.subplots(figsize=(5.2, 4.4))
-    markers = {"lower_bound": "o", "estimate": "s"}
+    markers = {VerdictKind.LOWER_BOUND: "o", VerdictKind.ESTIMATE: "s"}
     labelled: set[int] = set()  # one legend entry per experiment
     largest = 0.0
     for i, experiment in enumerate(experiments):
@@ -287,7 +288,7 @@ def empirical_vs_claimed(experiments: list[Experiment]) -> Any:
                 # beyond 1e300 the axis's tick arithmetic overflows (only a hand-edited file holds such ε)
                 if bound is None or measured is None or not (abs(bound) <= 1e300 and abs(measured) <= 1e300):
                     continue
-                color = VIOLATION_COLOR if verdict.status == "violation" else NOT_RED[i % len(NOT_RED)]
+                color = VIOLATION_COLOR if verdict.status == VerdictStatus.VIOLATION else NOT_RED[i % len(NOT_RED)]
                 axis.scatter([bound], [measured], marker=markers.get(verdict.kind, "D"), color=color, s=22,
                              label=None if i in labelled else plain(experiment.label))
                 labelled.add(i)

@@ -59,17 +59,9 @@ from audit.core.audit_power import POWER_TARGET, one_run_power
 from audit.core.empirical_epsilon import OneRunAudit
 from audit.core.multiplicity import weighted_holm
 from audit.core.upload_conformance import UploadConformance
+from audit.core.vocabulary import EpsilonKind, Relation, Unit, VerdictKind, VerdictStatus
 from defenses.privacy.claims import PrivacyClaim
-from reports.document import EpsilonKind, Estimate, Power, Status, Verdict
-
-CONSISTENT: Status = "consistent"
-INCONCLUSIVE: Status = "inconclusive"
-VIOLATION: Status = "violation"
-ESTIMATE_ABOVE: Status = "estimate above claim"
-NOT_COVERED: Status = "not covered"
-NO_CLAIM: Status = "no claim"
-NO_MEASUREMENT: Status = "no measurement"
-VACUOUS: Status = "vacuous"
+from reports.document import Estimate, Power, Verdict
 
 #: the family-wise error rate of an experiment's violation verdicts
 FAMILY_ALPHA = 0.05
@@ -77,8 +69,7 @@ FAMILY_ALPHA = 0.05
 WEIGHT_FLOOR = 0.05
 
 #: precedence when one experiment collects many verdicts (the first present wins)
-PRECEDENCE: tuple[Status, ...] = (VIOLATION, ESTIMATE_ABOVE, CONSISTENT, INCONCLUSIVE, NOT_COVERED, VACUOUS, NO_CLAIM,
-                                  NO_MEASUREMENT)
+PRECEDENCE: tuple[VerdictStatus, ...] = tuple(VerdictStatus)
 
 
 def _claimed_epsilon(claim: PrivacyClaim) -> float | None:
@@ -95,25 +86,25 @@ def _steps(claim: PrivacyClaim, unit: str, design: str) -> tuple[int, str] | Non
     """How many of the claim's neighbouring steps one coin of the design is, and why; None when
     the claim does not speak of the design's neighbours."""
     relation = claim.relation
-    if unit == claim.unit and unit in ("client", "record"):
+    if unit == claim.unit and unit in (Unit.CLIENT, Unit.RECORD):
         if relation == design:
             return 1, "the claim"
-        if design == "replace-one" and relation in ("add-remove", "zero-out"):
+        if design == Relation.REPLACE_ONE and relation in (Relation.ADD_REMOVE, Relation.ZERO_OUT):
             return 2, f"group privacy: replacing one {unit} is two {relation} steps"
-        if design == "zero-out" and relation == "add-remove":
+        if design == Relation.ZERO_OUT and relation == Relation.ADD_REMOVE:
             return 2, f"group privacy: zeroing one {unit}'s data is a removal and an addition"
-        if design == "zero-out" and relation == "replace-one":
+        if design == Relation.ZERO_OUT and relation == Relation.REPLACE_ONE:
             return 1, f"zeroing one {unit}'s data is one replacement"
         return None
-    if claim.unit == "client" and unit == "record" and design == "add-remove":
-        if relation == "replace-one":
+    if claim.unit == Unit.CLIENT and unit == Unit.RECORD and design == Relation.ADD_REMOVE:
+        if relation == Relation.REPLACE_ONE:
             return 1, "a record changes one client's data: one client replaced"
-        if relation in ("add-remove", "zero-out"):
+        if relation in (Relation.ADD_REMOVE, Relation.ZERO_OUT):
             return 2, f"group privacy: a record changes one client's data, two {relation} steps"
     return None
 
 
-def claim_bound(claim: PrivacyClaim, unit: str, design: str = "add-remove") -> tuple[float, float, str] | None:
+def claim_bound(claim: PrivacyClaim, unit: str, design: str = Relation.ADD_REMOVE) -> tuple[float, float, str] | None:
     """(ε, δ, basis) that ``claim`` implies for a measurement per ``unit`` whose design has
     neighbouring relation ``design``; None when it implies nothing (see :func:`vacuous_delta` for
     a bound that rules out nothing)."""
@@ -128,7 +119,7 @@ def claim_bound(claim: PrivacyClaim, unit: str, design: str = "add-remove") -> t
     return (2.0 * epsilon, delta_prime, steps[1]) if delta_prime < 1.0 else None
 
 
-def vacuous_delta(claim: PrivacyClaim, unit: str, design: str = "add-remove") -> float | None:
+def vacuous_delta(claim: PrivacyClaim, unit: str, design: str = Relation.ADD_REMOVE) -> float | None:
     """δ′ ≥ 1 when what ``claim`` implies is (2ε, δ′) with δ′ ≥ 1 — a bound that every test
     satisfies (TPR ≤ 1 ≤ e^{2ε}·FPR + δ′) — else None."""
     steps = _steps(claim, unit, design)
@@ -138,57 +129,57 @@ def vacuous_delta(claim: PrivacyClaim, unit: str, design: str = "add-remove") ->
     return delta if delta >= 1.0 else None
 
 
-def measurement_delta(claim: PrivacyClaim, unit: str, default: float, design: str = "add-remove") -> float:
+def measurement_delta(claim: PrivacyClaim, unit: str, default: float, design: str = Relation.ADD_REMOVE) -> float:
     """The δ at which a measurement per ``unit`` computes its ε figures."""
     bound = claim_bound(claim, unit, design)
     return bound[1] if bound is not None else float(claim.delta or default)
 
 
 def verdict(claim: PrivacyClaim, unit: str, metric: str, estimate: Estimate, kind: EpsilonKind,
-            design: str = "add-remove", evidence: OneRunAudit | None = None, decide: bool = True) -> Verdict:
+            design: str = Relation.ADD_REMOVE, evidence: OneRunAudit | None = None, decide: bool = True) -> Verdict:
     """A verdict on one ε figure on its own: ``status`` plus a sentence with the numbers.
 
     A lower bound with ``evidence`` gets its p-value at the implied (ε, δ); its final status
     (violation, consistent or inconclusive) is set by :func:`family_verdicts` with the rest of
     the experiment's family; with ``decide`` (a family of one) it is decided here the same way.
     """
-    measured = estimate.ci_low if kind == "estimate" else estimate.value
+    measured = estimate.ci_low if kind == EpsilonKind.ESTIMATE else estimate.value
     value = estimate.value
-    out = Verdict(metric=metric, unit=unit, kind=kind, measured=measured, claimed=_claimed_epsilon(claim),
-                  bound=None, bound_delta=None, status=NO_MEASUREMENT, text="",
+    out = Verdict(metric=metric, unit=unit, kind=VerdictKind(kind), measured=measured, claimed=_claimed_epsilon(claim),
+                  bound=None, bound_delta=None, status=VerdictStatus.NO_MEASUREMENT, text="",
                   claim_relation=claim.relation, design_relation=design)
     if measured is None or not math.isfinite(measured):
         return replace(out, text="no measurement (too few canaries or units)")
-    figure = (f"ε estimate {value:.3g} (95 % interval from {measured:.3g})" if kind == "estimate" and value is not None
+    figure = (f"ε estimate {value:.3g} (95 % interval from {measured:.3g})" if kind == EpsilonKind.ESTIMATE and value is not None
               else f"ε_LB = {measured:.3g}")
     if out.claimed is None:
-        return replace(out, status=NO_CLAIM, text=f"{figure} (no privacy claim)")
+        return replace(out, status=VerdictStatus.NO_CLAIM, text=f"{figure} (no privacy claim)")
     vacuous = vacuous_delta(claim, unit, design)
     if vacuous is not None:
-        return replace(out, status=VACUOUS,
+        return replace(out, status=VerdictStatus.VACUOUS,
                        text=f"vacuous: per {unit}, the {claim.unit}-level claim ε = {out.claimed:.3g} implies "
                             f"(2ε = {2 * out.claimed:.3g}, δ′ = (1 + e^ε)·δ = {vacuous:.3g}) by group privacy, and "
                             f"δ′ ≥ 1 rules out no attack ({figure})")
     bound = claim_bound(claim, unit, design)
     if bound is None:
-        return replace(out, status=NOT_COVERED,
+        return replace(out, status=VerdictStatus.NOT_COVERED,
                        text=f"not covered: the claim is per {claim.unit} under {claim.relation} neighbours, the "
                             f"measurement per {unit} with a {design} design ({figure})")
     limit, limit_delta, _ = bound
     out = replace(out, bound=limit, bound_delta=limit_delta)
-    if kind == "estimate":
+    if kind == EpsilonKind.ESTIMATE:
         if measured <= limit * (1 + 1e-9):
-            return replace(out, status=INCONCLUSIVE, text=f"inconclusive: {figure}; its lower end does not exceed "
+            return replace(out, status=VerdictStatus.INCONCLUSIVE, text=f"inconclusive: {figure}; its lower end does not exceed "
                                                           f"{_against(out, bound)} (an estimate is not a test)")
-        return replace(out, status=ESTIMATE_ABOVE,
+        return replace(out, status=VerdictStatus.ESTIMATE_ABOVE,
                        text=f"estimate above claim: the lower end of the {figure} exceeds {_against(out, bound)}; "
                             "a Gaussian-fit estimate is not a bound, so this is a warning, not a proof")
     if evidence is None:  # a bound without its counts: compared as it is, at its own 95 %
         above = measured > limit * (1 + 1e-9)
-        return replace(out, status=VIOLATION if above else INCONCLUSIVE,
+        return replace(out, status=VerdictStatus.VIOLATION if above else VerdictStatus.INCONCLUSIVE,
                        text=(f"VIOLATION: measured {figure} exceeds {_against(out, bound)} beyond its confidence interval"
                              if above else f"inconclusive: {figure} ≤ {_against(out, bound)} (no counts, so no power)"))
-    out = replace(out, status=INCONCLUSIVE, p_value=evidence.p_value(limit, limit_delta))
+    out = replace(out, status=VerdictStatus.INCONCLUSIVE, p_value=evidence.p_value(limit, limit_delta))
     return family_verdicts([(out, evidence)])[0] if decide else out
 
 
@@ -204,9 +195,9 @@ def conformance_verdict(claim: PrivacyClaim | None, test: UploadConformance) -> 
     """The uploads' conformance with the claimed clip and noise, undecided: its p-value joins the
     experiment's family (:func:`family_verdicts`). ``claim`` is the server's figure."""
     claimed = _claimed_epsilon(claim) if claim is not None else None
-    return Verdict(metric=CONFORMANCE_METRIC, unit="client", kind="conformance", measured=None, claimed=claimed,
-                   bound=None, bound_delta=None, status=INCONCLUSIVE, text=test.describe(),
-                   claim_relation=claim.relation if claim is not None else None, design_relation="zero-out",
+    return Verdict(metric=CONFORMANCE_METRIC, unit=Unit.CLIENT, kind=VerdictKind.CONFORMANCE, measured=None, claimed=claimed,
+                   bound=None, bound_delta=None, status=VerdictStatus.INCONCLUSIVE, text=test.describe(),
+                   claim_relation=claim.relation if claim is not None else None, design_relation=Relation.ZERO_OUT,
                    p_value=test.p_value)
 
 
@@ -217,12 +208,12 @@ def _decide_conformance(v: Verdict, test: UploadConformance, rejected: bool, lev
     holm = f"p = {test.p_value:.2g} against Holm level {level:.2g} (family of {family} distinct tests, weight {share:.0%})"
     reach = f"power {power:.0%} to detect half the claimed noise std with {test.held_out} held-out uploads"
     if rejected:
-        status, text = VIOLATION, f"VIOLATION of the claimed mechanism: {test.failure()}; {holm}"
+        status, text = VerdictStatus.VIOLATION, f"VIOLATION of the claimed mechanism: {test.failure()}; {holm}"
     elif power >= POWER_TARGET:
-        status, text = CONSISTENT, (f"consistent: the uploads carry the claimed clip and noise — {test.describe()}; "
-                                    f"{holm}; {reach}")
+        status, text = VerdictStatus.CONSISTENT, (
+            f"consistent: the uploads carry the claimed clip and noise — {test.describe()}; {holm}; {reach}")
     else:
-        status, text = INCONCLUSIVE, f"inconclusive: {test.describe()}; {holm}; {reach}"
+        status, text = VerdictStatus.INCONCLUSIVE, f"inconclusive: {test.describe()}; {holm}; {reach}"
     return replace(v, status=status, text=text, family=family, level=level)
 
 
@@ -310,19 +301,19 @@ def family_verdicts(family: list[tuple[Verdict, OneRunAudit | UploadConformance 
                  f"detect 2ε = {2 * limit:.3g} with {power.canaries} coins; "
                  f"at most ε_LB ≈ {power.tight_bound:.3g} is certifiable against a tight mechanism")
         if rejected:
-            status, text = VIOLATION, f"VIOLATION: {figure} exceeds {_against(v, bound)}; {test}"
+            status, text = VerdictStatus.VIOLATION, f"VIOLATION: {figure} exceeds {_against(v, bound)}; {test}"
         elif power.detection >= POWER_TARGET:
-            status, text = CONSISTENT, f"consistent: {figure}, {test}; {reach}"
+            status, text = VerdictStatus.CONSISTENT, f"consistent: {figure}, {test}; {reach}"
         else:
             more = (f"about {power.needed} coins would reach 80 %" if power.needed is not None
                     else "no number of coins up to 10⁵ reaches 80 % with the one-run count at this δ")
-            status, text = INCONCLUSIVE, f"inconclusive: {figure}, {test}; {reach} ({more})"
+            status, text = VerdictStatus.INCONCLUSIVE, f"inconclusive: {figure}, {test}; {reach} ({more})"
         decided[i] = replace(v, status=status, text=text, family=k, level=level, power=power)
     return decided
 
 
 def attack_verdicts(claim: PrivacyClaim, unit: str, metrics: dict[str, Estimate], epsilon_kind: dict[str, EpsilonKind],
-                    design: str = "add-remove", evidence: dict[str, OneRunAudit] | None = None
+                    design: str = Relation.ADD_REMOVE, evidence: dict[str, OneRunAudit] | None = None
                     ) -> list[tuple[Verdict, OneRunAudit | None]]:
     """Verdicts for every ε figure an attack carries (``epsilon_kind``: figure → what it is), with
     the counts of each, undecided: an experiment's family is decided together by
@@ -332,13 +323,13 @@ def attack_verdicts(claim: PrivacyClaim, unit: str, metrics: dict[str, Estimate]
              evidence.get(metric)) for metric, kind in epsilon_kind.items() if metric in metrics]
 
 
-def experiment_verdict(verdicts: list[Verdict]) -> Status:
+def experiment_verdict(verdicts: list[Verdict]) -> VerdictStatus:
     """The experiment's overall status: the first of :data:`PRECEDENCE` among its verdicts. The
     uploads' conformance test counts when it finds a VIOLATION; when it does not, it cannot make
     the claim *consistent* — its power is against a noise short of the claim in the uploads, and a
     bug elsewhere (after the uploads, in the accounting) is what the ε figures are for."""
-    statuses = {v.status for v in verdicts if v.kind != "conformance" or v.status == VIOLATION}
-    return next((status for status in PRECEDENCE if status in statuses), NO_MEASUREMENT)
+    statuses = {v.status for v in verdicts if v.kind != VerdictKind.CONFORMANCE or v.status == VerdictStatus.VIOLATION}
+    return next((status for status in PRECEDENCE if status in statuses), VerdictStatus.NO_MEASUREMENT)
 
 
 def experiment_sentence(verdicts: list[Verdict], attacks: list[str]) -> str:
@@ -346,15 +337,15 @@ def experiment_sentence(verdicts: list[Verdict], attacks: list[str]) -> str:
 
     ``attacks`` names the attack of each verdict (same order)."""
     named = list(zip(attacks, verdicts))
-    for status in (VIOLATION, ESTIMATE_ABOVE):
+    for status in (VerdictStatus.VIOLATION, VerdictStatus.ESTIMATE_ABOVE):
         hits = [f"{attack}: {v.text}" for attack, v in named if v.status == status]
         if hits:
             return "; ".join(hits)
-    compared = [(attack, v) for attack, v in named if v.status in (CONSISTENT, INCONCLUSIVE) and v.kind == "lower_bound"
-                and v.bound]
+    compared = [(attack, v) for attack, v in named if v.status in (VerdictStatus.CONSISTENT, VerdictStatus.INCONCLUSIVE)
+                and v.kind == VerdictKind.LOWER_BOUND and v.bound]
     if compared:
         attack, strongest = max(compared, key=lambda item: (item[1].measured or 0.0) / (item[1].bound or 1.0))
-        powered = [v for _, v in compared if v.status == CONSISTENT]
+        powered = [v for _, v in compared if v.status == VerdictStatus.CONSISTENT]
         best = max((v.power.detection for _, v in compared if v.power is not None), default=None)
         power = ("" if best is None else
                  f"; {len(powered)} of {len(compared)} figures had ≥ 80 % power to detect 2ε (best {best:.0%})")

@@ -31,10 +31,11 @@ from typing import TYPE_CHECKING, Any
 from audit.core.lazy_modules import lazy_module
 from audit.core.multiplicity import holm
 from audit.core.typed_json import to_json
+from audit.core.vocabulary import VerdictKind, VerdictStatus
 from reports.document import Experiment, Results, Row
 from reports.figures import save_figure
 from reports.html import headline_rows
-from reports.soundness import FAMILY_ALPHA, VIOLATION
+from reports.soundness import FAMILY_ALPHA
 
 if TYPE_CHECKING:
     from reports import plots
@@ -93,7 +94,7 @@ def _lower_bounds(experiment: Experiment):
     the uploads' conformance with the claimed mechanism."""
     for attack in experiment.attacks:
         for verdict in attack.verdicts:
-            if verdict.kind in ("lower_bound", "conformance") and verdict.p_value is not None:
+            if verdict.kind in (VerdictKind.LOWER_BOUND, VerdictKind.CONFORMANCE) and verdict.p_value is not None:
                 yield attack.attack, verdict
 
 
@@ -132,7 +133,8 @@ def summary_row(point: SweepPoint, experiment: Experiment, headline: dict[str, A
         "epsilon_lb": None if leakage is None else leakage["epsilon"],
         "epsilon_lb_attack": None if leakage is None else leakage["attack"],
         "verdict": verdict, "power": None if power is None else power["detection"],
-        "sweep_verdict": ("violation" if standing else "not sweep-wide") if verdict == VIOLATION else verdict,
+        "sweep_verdict": ((VerdictStatus.VIOLATION if standing else "not sweep-wide")
+                          if verdict == VerdictStatus.VIOLATION else verdict),
         "report": f"{point.folder}/report.html",
     }
 
@@ -182,7 +184,7 @@ def sweep_document(points: list[SweepPoint], axes: list[str], rows: list[dict[st
                     "trained_runs": p.trained_runs} for p in points],
         "runs": {"stored": stored, "trained": trained},
         "family": {"figures": family["figures"], "alpha": family["alpha"],
-                   "violations_standing": sum(1 for r in rows if r["sweep_verdict"] == "violation")},
+                   "violations_standing": sum(1 for r in rows if r["sweep_verdict"] == VerdictStatus.VIOLATION)},
         "rows": rows,
     }
 

@@ -9,13 +9,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+from audit.core.vocabulary import VerdictStatus
 from reports.html import template_environment
 from reports.sweep import SweepPoint
 
 
 def family_sentence(family: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     """What the sweep-wide correction decided, in words."""
-    standing = sorted({r["configuration"] for r in rows if r["sweep_verdict"] == "violation"})
+    standing = sorted({r["configuration"] for r in rows if r["sweep_verdict"] == VerdictStatus.VIOLATION})
     point_only = sorted({r["configuration"] for r in rows if r["sweep_verdict"] == "not sweep-wide"})
     text = (f"Each point's verdicts are corrected within the point (Holm over its ε figures). Read together, the sweep "
             f"holds {family['figures']} distinct tested ε lower bound(s); Holm's procedure over all of them at "

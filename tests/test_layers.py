@@ -121,3 +121,23 @@ def test_the_protocol_check_can_fail():
     from defenses.federated.round_defense import RoundDefense
 
     assert not isinstance(_NotADefense(), RoundDefense)
+
+
+def _top_level_classes() -> dict[str, list[str]]:
+    """Every top-level class name of the product's packages, with the files that define it."""
+    import ast
+
+    found: dict[str, list[str]] = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.parse(path.read_text(encoding="utf-8")).body:
+                if isinstance(node, ast.ClassDef):
+                    found.setdefault(node.name, []).append(str(path.relative_to(ROOT)))
+    return found
+
+
+def test_one_class_per_name():
+    # a newcomer who reads `Plan` or `Relation` must find one class, not two meanings
+    found = _top_level_classes()
+    assert len(found) > 100  # the scan sees the product
+    assert {name: files for name, files in found.items() if len(files) > 1} == {}

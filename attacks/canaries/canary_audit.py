@@ -34,6 +34,7 @@ from audit.core.empirical_epsilon import gaussian_fit_epsilon, rescaled
 from audit.core.lazy_modules import lazy_module
 from audit.core.metrics import IntervalEstimate
 from audit.core.seeding import numpy_rng
+from audit.core.vocabulary import EpsilonKind, Unit
 
 if TYPE_CHECKING:
     import torch
@@ -93,7 +94,7 @@ class CanaryRun:
 
 class CanaryAudit(Attack):
     kind = "canary"
-    unit: ClassVar[str] = "record"  # what one canary stands for
+    unit: ClassVar[str] = Unit.RECORD  # what one canary stands for
 
     def not_applicable(self, defense: Defense) -> str | None:
         """Why this audit cannot run on ``defense`` (None when it can)."""
@@ -194,6 +195,6 @@ def canary_result(attack: str, unit: str, statistics: np.ndarray, inserted: np.n
         # ROC figures are still reported, as unknown, like every canary audit's
         metrics = {name: IntervalEstimate(math.nan) for name in ("auc", "tpr_at_fpr_0.1%", "tpr_at_fpr_1%")}
         notes += "; every canary was inserted, or none was: no ROC and no ε figure"
-    kinds = {**dict.fromkeys(ONE_RUN_FIGURES, "lower_bound"), "epsilon_gaussian_fit": "estimate"}
+    kinds = {**dict.fromkeys(ONE_RUN_FIGURES, EpsilonKind.LOWER_BOUND), "epsilon_gaussian_fit": EpsilonKind.ESTIMATE}
     return AttackResult(attack, "", unit, statistics, truth, metrics, roc, notes,
                         {k: v for k, v in kinds.items() if k in metrics}, kind="canary", evidence=evidence)

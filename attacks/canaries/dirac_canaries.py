@@ -65,6 +65,7 @@ from audit.core.gaussian_canary_statistics import mixture_log_likelihood_ratio, 
 from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import numpy_rng
 from audit.core.upload_conformance import upload_conformance
+from audit.core.vocabulary import Observation, Observer, Unit
 from defenses.privacy.claims import PrivacyClaim
 
 if TYPE_CHECKING:
@@ -72,13 +73,14 @@ if TYPE_CHECKING:
 else:  # imported when first used (audit.core.lazy_modules)
     torch = lazy_module("torch")
 
-OBSERVERS = ("final model", "all iterates", "server")
+#: whose view the audit reads: the released final model, every released iterate, or the server
+OBSERVERS = (Observation.FINAL_MODEL.value, Observation.ALL_ITERATES.value, Observer.SERVER.value)
 
 STATISTICS = {
-    "final model": "signed final change s·(w_T − w_0)_j",
-    "all iterates": "mixture log-likelihood ratio of the standardised per-round readings (subsampled Gaussian)",
-    "each upload": "standardised sum of the canary's own uploads over the rounds it joined",
-    "aggregate, participation known": "standardised sum of the per-round readings over the rounds the canary joined",
+    Observation.FINAL_MODEL: "signed final change s·(w_T − w_0)_j",
+    Observation.ALL_ITERATES: "mixture log-likelihood ratio of the standardised per-round readings (subsampled Gaussian)",
+    Observation.EACH_UPLOAD: "standardised sum of the canary's own uploads over the rounds it joined",
+    Observation.AGGREGATE: "standardised sum of the per-round readings over the rounds the canary joined",
 }
 
 
@@ -116,7 +118,7 @@ class DiracCanaries(CanaryAudit):
     reference = ("Nasr et al. 2023 (Dirac canaries, every iterate); Andrew et al. 2024 (canary clients); "
                  "Steinke, Nasr, Jagielski 2023 and Mahloujifar, Melis, Chaudhuri 2024 (one-run bounds)")
     Params = DiracCanaryParams
-    unit = "client"
+    unit = Unit.CLIENT
 
     def not_applicable(self, defense) -> str | None:
         if not defense.audit_hooks().update_canaries:
@@ -136,7 +138,7 @@ class DiracCanaries(CanaryAudit):
                                  f"allowed: a subset of {list(OBSERVERS)}")
 
     def needs_iterates(self) -> bool:
-        return "all iterates" in self.params.observers or "server" in self.params.observers
+        return Observation.ALL_ITERATES in self.params.observers or Observer.SERVER in self.params.observers
 
     def needs_records(self) -> bool:
         return True
@@ -164,24 +166,25 @@ class DiracCanaries(CanaryAudit):
         claim = runs[0].claim
         if claim is None:
             raise ValueError("the Dirac canary audit needs each run's own claim")
-        released = claim.against("released")
+        released = claim.against(Observer.RELEASED)
         sigma = released.noise_multiplier if released is not None else None
         results = []
         for observer in self.params.observers:
-            if observer == "server":
+            if observer == Observer.SERVER:
                 result = self._server_result(context, runs, inserted, claim, sigma)
             else:
                 scores = np.stack([self._released_scores(context, run, observer, sigma) for run in runs]) \
-                    if observer == "final model" or sigma else None
-                result = self._result(context, runs, inserted, scores, observer, claim.for_observer("released"),
-                                      "" if sigma or observer == "final model" else
+                    if observer == Observation.FINAL_MODEL or sigma else None
+                result = self._result(context, runs, inserted, scores, Observation(observer),
+                                      claim.for_observer(Observer.RELEASED),
+                                      "" if sigma or observer == Observation.FINAL_MODEL else
                                       "the claim accounts no Gaussian noise multiplier to standardise with")
             results.append(result)
         return results
 
     def _result(self, context: CanaryContext, runs: list[CanaryRun], inserted: np.ndarray, scores: np.ndarray | None,
-                observation: str, claim: PrivacyClaim | None, missing: str) -> AttackResult:
-        adversary = "server" if observation in ("each upload", "aggregate, participation known") else "released"
+                observation: Observation, claim: PrivacyClaim | None, missing: str) -> AttackResult:
+        adversary = Observer.SERVER if observation in (Observation.EACH_UPLOAD, Observation.AGGREGATE) else Observer.RELEASED
         delta = claim.delta if claim is not None and claim.is_private and claim.delta > 0 else context.delta
         coins = inserted.size
         notes = (f"{coins} Dirac canary clients over {len(runs)} run(s), {int(inserted.sum())} inserted; "
@@ -195,7 +198,7 @@ class DiracCanaries(CanaryAudit):
             notes += ("; abstention levels fixed in advance by the design's power against the claim (each tested at the "
                       "full α): " + ", ".join(f"{name} {fractions[0]:.1%} of the coins" for name, fractions in levels.items()))
         result = canary_result(self.label, self.unit, scores, inserted, delta, context.seed, notes, levels=levels)
-        result.variant = "" if observation == "final model" else observation.split(",")[0].replace(" ", "-")
+        result.variant = "" if observation == Observation.FINAL_MODEL else observation.split(",")[0].replace(" ", "-")
         result.observation, result.adversary, result.claim = observation, adversary, claim
         result.statistic = STATISTICS[observation]
         if missing:
@@ -205,7 +208,7 @@ class DiracCanaries(CanaryAudit):
 
     def _released_scores(self, context: CanaryContext, run: CanaryRun, observer: str, sigma: float | None) -> np.ndarray:
         coords, signs = self._coords_signs(run)
-        if observer == "final model":
+        if observer == Observation.FINAL_MODEL:
             return signs * (run.final - run.initial).to(torch.float64).numpy()[coords]
         assert sigma is not None
         readings = self._iterate_readings(context, run, coords, signs, sigma)
@@ -214,8 +217,8 @@ class DiracCanaries(CanaryAudit):
 
     def _server_result(self, context: CanaryContext, runs: list[CanaryRun], inserted: np.ndarray, claim: PrivacyClaim,
                        sigma: float | None) -> AttackResult:
-        observation = "each upload" if context.defense.observes == "uploads" else "aggregate, participation known"
-        server_claim = claim.for_observer("server")
+        observation = Observation.EACH_UPLOAD if context.defense.observes == "uploads" else Observation.AGGREGATE
+        server_claim = claim.for_observer(Observer.SERVER)
         if not sigma:
             return self._result(context, runs, inserted, None, observation, server_claim,
                                 "the claim accounts no Gaussian noise multiplier to standardise with")
@@ -229,7 +232,7 @@ class DiracCanaries(CanaryAudit):
                                     "held-out canaries are absent (an add/remove design), and the server, which sees who "
                                     "takes part, would read participation itself")
             taken = ~np.isnan(uploads)
-            if observation == "each upload":
+            if observation == Observation.EACH_UPLOAD:
                 counts = np.array([float(r.get("participants", 0)) + float(r.get("canary_participants", 0))
                                    for r in run.metrics])
                 # one upload's noise is S·σ/√|P_t|: reading z = s·u·√|P_t|/(σS), shift μ_t = √|P_t|/σ
@@ -241,7 +244,7 @@ class DiracCanaries(CanaryAudit):
                 readings = self._iterate_readings(context, run, coords, signs, sigma)
                 scores.append(standardised_sum(readings, taken.T))
         result = self._result(context, runs, inserted, np.stack(scores), observation, server_claim, "")
-        accounted = claim.against("server")
+        accounted = claim.against(Observer.SERVER)
         if blocks and accounted is not None and accounted.covered and accounted.noise_multiplier:
             # the least per-upload noise std the server's figure accounts: its multiplier per change
             # one client can make (the clip S, zero-out neighbours) times S

@@ -27,6 +27,7 @@ from attacks.canaries.canary_audit import CanaryAudit, CanaryContext, CanaryInje
 from attacks.signals import logit_scaled_confidence
 from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import numpy_rng, torch_generator
+from audit.core.vocabulary import Unit
 from defenses.federated.evaluation import logits_of
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ class RecordCanaries(CanaryAudit):
     summary = "mislabelled or out-of-distribution canary records in one run; Steinke et al.'s one-run audit"
     reference = "Steinke, Nasr, Jagielski 2023, Privacy Auditing with One (1) Training Run"
     Params = RecordCanaryParams
-    unit = "record"
+    unit = Unit.RECORD
 
     def injection(self, context: CanaryContext, run: int) -> CanaryInjection:
         m = self.params.canaries

@@ -47,6 +47,7 @@ from attacks.canaries.canary_audit import (
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import numpy_rng, torch_generator
+from audit.core.vocabulary import Observation, Unit
 
 if TYPE_CHECKING:
     import torch
@@ -54,7 +55,7 @@ else:  # imported when first used (audit.core.lazy_modules)
     torch = lazy_module("torch")
 
 #: ``params.observation`` → the observation set named in the results
-OBSERVATIONS = {"final-model": "final model", "all-iterates": "all iterates"}
+OBSERVATIONS = {"final-model": Observation.FINAL_MODEL, "all-iterates": Observation.ALL_ITERATES}
 
 
 #: most canary clients per run (Andrew et al. 2024 use about a thousand): each holds a direction of
@@ -81,7 +82,7 @@ def _directions_per_tensor(context: CanaryContext) -> list[slice] | None:
 
 class UpdateCanaryAudit(CanaryAudit):
     Params = UpdateCanaryParams
-    unit = "client"
+    unit = Unit.CLIENT
 
     def not_applicable(self, defense) -> str | None:
         if not defense.audit_hooks().update_canaries:

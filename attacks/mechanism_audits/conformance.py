@@ -150,7 +150,7 @@ class DefenseConformance:
 
 
 @dataclass
-class Plan:
+class DefensePlan:
     """One defense before its trials: the result so far, its probe, the observers to check, its survey."""
 
     result: DefenseConformance
@@ -172,15 +172,15 @@ class Plan:
 
 
 def plan_defense(defense: Defense, setup: Setup, trials: int, seed: int,
-                 params: dict[str, Any] | None = None) -> Plan:
+                 params: dict[str, Any] | None = None) -> DefensePlan:
     """Build the defense's probe on ``setup``'s task, read its claim and survey where the noise is least."""
     name = defense.name or type(defense).__name__
     shown = params if params is not None else to_mapping(asdict(defense.params))
     if not defense.private:
-        return Plan(DefenseConformance(name, False, NOT_APPLICABLE, shown, note="non-private: no claim to check"))
+        return DefensePlan(DefenseConformance(name, False, NOT_APPLICABLE, shown, note="non-private: no claim to check"))
     probe = defense.audit_hooks().release_probe(setup.job)
     if probe is None:
-        return Plan(DefenseConformance(name, True, NO_PROBE, shown,
+        return DefensePlan(DefenseConformance(name, True, NO_PROBE, shown,
                                        note="a private defense without a release probe cannot be audited "
                                             "(AuditHooks.release_probe)"))
     training = probe.training or setup.training
@@ -193,12 +193,12 @@ def plan_defense(defense: Defense, setup: Setup, trials: int, seed: int,
     if not covered:
         result.status = NOT_APPLICABLE
         result.note += "; the claim covers no observer (no finite guarantee): nothing to check"
-        return Plan(result)
+        return DefensePlan(result)
     found = survey(probe, [c.adversary for c in covered], derive_seed(seed, "conformance", name), trials)
-    return Plan(result, probe, covered, found)
+    return DefensePlan(result, probe, covered, found)
 
 
-def run_plan(plan: Plan, trials: int, seed: int, level: float, delta: float, epsilon_cutoff: float | None,
+def run_plan(plan: DefensePlan, trials: int, seed: int, level: float, delta: float, epsilon_cutoff: float | None,
              progress: Callable[[int, int], None] | None = None) -> DefenseConformance:
     result = plan.result
     if plan.probe is None:
@@ -234,7 +234,7 @@ class Family:
         return max(1, self.sigma_tests + self.epsilon_tests)
 
 
-def family(plans: list[Plan], trials: int, alpha: float, delta: float) -> Family:
+def family(plans: list[DefensePlan], trials: int, alpha: float, delta: float) -> Family:
     """The tests one run actually runs, and their level.
 
     σ tests: per covered Gaussian observer, candidate and scope, the χ² interval and the KS test.

@@ -22,6 +22,7 @@ from attacks.mechanism_audits.conformance_statistics import (
 )
 from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import derive_seed
+from audit.core.vocabulary import ConformanceStatus, Relation
 from defenses.federated.release_probe import ReleaseProbe, Trial
 from defenses.privacy.claims import AdversaryClaim
 
@@ -30,10 +31,10 @@ if TYPE_CHECKING:
 else:  # imported when first used (audit.core.lazy_modules)
     torch = lazy_module("torch")
 
-CONFORMS, VIOLATES, NOT_APPLICABLE = "conforms", "violates", "not applicable"
+CONFORMS, VIOLATES, NOT_APPLICABLE = ConformanceStatus.CONFORMS, ConformanceStatus.VIOLATES, ConformanceStatus.NOT_APPLICABLE
 #: a private defense the audit cannot check: no release probe, or a covered observer whose claim
 #: states neither a per-round noise multiplier nor a one-round ε
-NO_PROBE, UNCHECKED = "no probe", "unchecked"
+NO_PROBE, UNCHECKED = ConformanceStatus.NO_PROBE, ConformanceStatus.UNCHECKED
 #: how far beyond the clip the audit's inputs lie (every clip must act)
 INPUT_SCALE = 1000.0
 #: candidate inputs per observer at most
@@ -199,7 +200,7 @@ def audit_probe(probe: ReleaseProbe, claims: list[AdversaryClaim], trials: int, 
         check.epsilon_test = epsilon is not None and (ceiling > epsilon if epsilon_cutoff is None else epsilon <= epsilon_cutoff)
         gaussian = check.claim.noise_multiplier is not None
         check.sigma_tests = len(candidates) * SIGMA_TESTS * scope_count(probe) if gaussian else 0
-    replace_views = [v for v in views if checks[v].claim.relation == "replace-one"]
+    replace_views = [v for v in views if checks[v].claim.relation == Relation.REPLACE_ONE]
     rounds = np.array([t % probe.rounds for t in range(trials)])
     # per candidate and view: ⟨n_t, s_t⟩ and ‖s_t‖ of each trial (the σ tests), and the views themselves
     # only where the ε test needs them

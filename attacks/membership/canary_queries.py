@@ -34,6 +34,7 @@ from attacks.signals import logit_scaled_confidence
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import numpy_rng, torch_generator
+from audit.core.vocabulary import Unit
 from defenses.federated.evaluation import logits_of
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ class CanaryQueryParams:
 def attacked_records(experiment: MembershipExperiment, unit: str, limit: int) -> np.ndarray:
     """A random subset of records; for the client unit, all records of randomly chosen clients."""
     rng = numpy_rng(experiment.seed, "canary-queries", "records")
-    if unit == "record":
+    if unit == Unit.RECORD:
         count = min(limit, experiment.keep.shape[1])
         return np.sort(rng.choice(experiment.keep.shape[1], count, replace=False))
     chosen, total = [], 0

@@ -73,6 +73,7 @@ from attacks.base import (
     rounds_note,
 )
 from audit.core.seeding import numpy_rng
+from audit.core.vocabulary import Unit
 
 VARIANTS = ("online", "offline")
 
@@ -191,7 +192,7 @@ class RMIA(MembershipAttack):
         log_p = self.signals(experiment, progress)
         keep = experiment.keep.astype(bool)
         runs, records = keep.shape
-        groups = experiment.owners if unit == "client" else None
+        groups = experiment.owners if unit == Unit.CLIENT else None
         # leave-one-out: each target against all other runs, Z = a sample of the target's non-members
         populations = {t: self.population(experiment.seed, t, np.flatnonzero(~keep[t]), "non-members") for t in range(runs)}
         loo = self.scores(log_p, keep, populations, groups)

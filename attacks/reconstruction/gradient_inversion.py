@@ -36,6 +36,7 @@ from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
 from audit.core.metrics import mean_estimate
 from audit.core.seeding import derive_seed, numpy_rng
+from audit.core.vocabulary import Unit
 
 if TYPE_CHECKING:
     import torch
@@ -96,13 +97,13 @@ class GradientInversion(RunAttack):
         if threat.examples > self.params.max_images:
             notes = (f"not attempted: the server sees a secure sum of {threat.clients} uploads "
                      f"({threat.examples} records > max_images {self.params.max_images})")
-            return [AttackResult(self.label, "", "client", np.zeros((0, 0)), np.zeros((0, 0), dtype=bool), {}, ((), ()),
+            return [AttackResult(self.label, "", Unit.CLIENT, np.zeros((0, 0)), np.zeros((0, 0), dtype=bool), {}, ((), ()),
                                  notes, kind="run")]
         eligible = [c for c in range(len(run.clients)) if len(run.clients[c]) >= self.params.batch_size]
         if len(eligible) < threat.clients:  # e.g. a zero-out membership run whose coins emptied the clients
             notes = (f"not attempted: {len(eligible)} of the target run's {len(run.clients)} clients hold "
                      f"{self.params.batch_size} records, and an upload of this threat model needs {threat.clients}")
-            return [AttackResult(self.label, "", "client", np.zeros((0, 0)), np.zeros((0, 0), dtype=bool), {}, ((), ()),
+            return [AttackResult(self.label, "", Unit.CLIENT, np.zeros((0, 0)), np.zeros((0, 0), dtype=bool), {}, ((), ()),
                                  notes, kind="run")]
         params = run.global_before(self.params.round)
         if params is None:
@@ -137,5 +138,5 @@ class GradientInversion(RunAttack):
         figure = {"title": f"{self.label}: {run.key}",
                   "png": png_base64(grid),
                   "caption": f"Private records (top) and their reconstructions (bottom); {threat.describe()}."}
-        return [AttackResult(self.label, "", "record", np.zeros((0, 0)), np.zeros((0, 0), dtype=bool), metrics, ((), ()),
+        return [AttackResult(self.label, "", Unit.RECORD, np.zeros((0, 0)), np.zeros((0, 0), dtype=bool), metrics, ((), ()),
                              notes, figures=[figure], kind="run")]

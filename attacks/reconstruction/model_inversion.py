@@ -54,6 +54,7 @@ from attacks.reconstruction.image_quality import image_grid_png, png_base64
 from audit.core.lazy_modules import lazy_module
 from audit.core.metrics import IntervalEstimate
 from audit.core.seeding import derive_seed, numpy_rng, seed_torch, torch_generator
+from audit.core.vocabulary import Unit
 from defenses.federated.evaluation import logits_of
 
 if TYPE_CHECKING:
@@ -296,4 +297,4 @@ class ModelInversion(RunAttack):
         notes = (f"{len(targets)} training records of run 0, inversion network trained on {len(auxiliary)} records the run "
                  "did not train on; baseline = their mean input of the target's class; gain = baseline error − attack error "
                  "(paired bootstrap 95 %). " + outcome.notes)
-        return [run_result(self.label, "", "record", outcome.metrics(), notes, figures)]
+        return [run_result(self.label, "", Unit.RECORD, outcome.metrics(), notes, figures)]

@@ -17,6 +17,7 @@ def command_audit_training(args: argparse.Namespace) -> int:
     from audit.core.devices import check_device
     from audit.core.errors import UserInputError
     from audit.core.extensions import is_reference, resolve
+    from audit.core.vocabulary import Observer, Relation, Unit
     from audit.external import stated_claim
     from audit.own_training import audit_training, dataset_pool
 
@@ -24,7 +25,7 @@ def command_audit_training(args: argparse.Namespace) -> int:
         raise UserInputError(f"train: '{args.train}' is not of the form 'SCRIPT.py:FUNCTION' or 'module:function'")
     # every argument checked before the user's code is loaded and anything is trained or written
     check_device(args.device, "--device")
-    claim = stated_claim(args.claim_epsilon, args.delta, "record", "add-remove", "released",
+    claim = stated_claim(args.claim_epsilon, args.delta, Unit.RECORD, Relation.ADD_REMOVE, Observer.RELEASED,
                          accountant=args.accountant or "stated by the system's owner")
     _, pool, test = dataset_pool(args.dataset, args.pool, args.seed, args.data_root)
     train = resolve(args.train, "train")

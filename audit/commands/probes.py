@@ -135,7 +135,7 @@ def command_conformance(args: argparse.Namespace) -> int:
                 print(f"    {check['adversary']:<9} {check['status']:<9} {check['detail']}")
             for adversary, why in entry["not_covered"].items():
                 print(f"    {adversary:<9} {'—':<9} {why}")
-            if entry["status"] != "conforms" or not entry["adversaries"]:
+            if entry["status"] != CONFORMS or not entry["adversaries"]:
                 print(f"    {entry['note']}")
         print(f"overall: {result['status']}")
     return EXIT_OK if result["status"] == CONFORMS else EXIT_FAILURE

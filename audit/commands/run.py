@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from audit.commands import EXIT_FAILURE, EXIT_OK
 from audit.core.errors import UserInputError
+from audit.core.vocabulary import Observer
 
 if TYPE_CHECKING:  # types only: this module loads no torch (see audit.commands)
     from defenses.privacy.claims import PrivacyClaim
@@ -37,7 +38,7 @@ def load_run_config(args: argparse.Namespace):
 
 def _server_epsilon(claim: PrivacyClaim) -> str:
     """The claim against the server, for the summary table ('–' when not covered or no claim)."""
-    server = claim.against("server")
+    server = claim.against(Observer.SERVER)
     return f"{server.epsilon:.3g}" if server is not None and server.covered else "–"
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from audit.commands import EXIT_OK
 from audit.core.errors import UserInputError
+from audit.core.vocabulary import VerdictStatus
 
 #: ``--delta`` when none is given: the δ of the claim, and of the ε figures without one
 DEFAULT_DELTA = 1e-5
@@ -85,8 +86,8 @@ def _summary(data: Any, results: Any, paths: dict[str, str]) -> str:
         # power matters where no violation was found: could the audit have found one?
         figures = "; ".join(f"{FIGURE_NAMES.get(v.metric, v.metric)}: {v.status}"
                             + (f", power {v.power.detection:.0%} to detect 2ε" if v.power is not None
-                               and v.status != "violation" else "") for v in attack.verdicts)
-        status = experiment.soundness.upper() if experiment.soundness == "violation" else experiment.soundness
+                               and v.status != VerdictStatus.VIOLATION else "") for v in attack.verdicts)
+        status = experiment.soundness.upper() if experiment.soundness == VerdictStatus.VIOLATION else experiment.soundness
         lines.append(f"  claim {stated}: {status}" + (f" ({figures})" if figures else ""))
     else:
         lines.append("  verdict: no claim (give --claim-epsilon to compare the bounds with a claim)")

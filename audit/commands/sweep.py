@@ -12,6 +12,7 @@ from typing import Any
 from audit.commands import EXIT_OK
 from audit.commands.run import load_run_config, track
 from audit.core.errors import UserInputError
+from audit.core.vocabulary import VerdictStatus
 
 
 def _cell(value: Any, percent: bool = False) -> str:
@@ -53,7 +54,8 @@ def command_sweep(args: argparse.Namespace) -> int:
         print(f"{row['point']:<6} {row['configuration'][:28]:<28} {_cell(row['test_accuracy'], True):>9} {epsilon:>10} "
               f"{_cell(row['auc']):>6} {_cell(row['epsilon_lb']):>6}  {row['verdict']}"
               + (f" (power {_cell(row['power'], True)})" if row["power"] is not None else "")
-              + ("" if row["sweep_verdict"] in (row["verdict"], "violation") else f"; sweep-wide: {row['sweep_verdict']}"))
+              + ("" if row["sweep_verdict"] in (row["verdict"], VerdictStatus.VIOLATION)
+                 else f"; sweep-wide: {row['sweep_verdict']}"))
     reused = sum(p.reused for p in result["points"])
     print(f"runs: {result['trained']} trained, {result['stored']} in the shared store"
           + (f"; {reused} point(s) read back" if reused else ""))

@@ -1,16 +1,17 @@
 """Frozen dataclasses as JSON documents: one type gives the JSON value and the JSON Schema.
 
 A document type is a tree of dataclasses whose annotations say what JSON holds: ``bool``,
-``int``, ``float``, ``str``, ``Literal[...]``, ``X | None``, ``list[X]``, ``tuple[X, ...]`` (a
-JSON list), ``dict[str, X]``, ``dict`` / ``dict[str, Any]`` (any object) and nested dataclasses
-(``$defs`` named after the class). :func:`to_json` writes an instance as plain JSON values in
+``int``, ``float``, ``str``, ``Literal[...]``, a string enum (:mod:`audit.core.vocabulary`,
+written as its values), ``X | None``, ``list[X]``, ``tuple[X, ...]`` (a JSON list),
+``dict[str, X]``, ``dict`` / ``dict[str, Any]`` (any object) and nested dataclasses (``$defs``
+named after the class). :func:`to_json` writes an instance as plain JSON values in
 field order, :func:`from_json` reads a value that :func:`json_schema`'s schema accepted back into
 the types, so the writer, the reader and the published schema cannot drift apart.
 
 Field metadata (the keys the config schema uses, :mod:`audit.core.schema`, plus three):
 
 * ``help`` — the field's ``description``; ``min`` / ``max`` — ``minimum`` / ``maximum``;
-  ``choices`` — an ``enum`` for a string field;
+  ``choices`` — an ``enum`` for a string field (or the members an enum field allows);
 * ``omit_if_none`` — the key is left out of the JSON while the value is ``None`` (an optional key);
 * ``null_means`` — JSON ``null`` stands for this value of a non-optional field (JSON has no
   infinity: a claim's ε of ``math.inf`` is written ``null``);
@@ -24,6 +25,7 @@ between fields. Non-finite floats are written ``null``, as :func:`audit.core.ato
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import types
 import typing
@@ -53,6 +55,8 @@ def to_json(value: Any) -> Any:
         return [to_json(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
         return None
+    if isinstance(value, enum.Enum):
+        return value.value
     return value
 
 
@@ -78,9 +82,15 @@ def from_json(tp: Any, value: Any, metadata: typing.Mapping[str, Any] | None = N
     if origin is list:
         return [from_json(get_args(tp)[0], v) for v in value]
     if origin is dict:
-        item = get_args(tp)[1]
-        return {k: from_json(item, v) for k, v in value.items()}
+        key, item = get_args(tp)
+        return {from_json(key, k): from_json(item, v) for k, v in value.items()}
+    if _is_enum(tp):
+        return tp(value)
     return value  # a number stays as JSON gave it (an int where one was written), so it writes back the same
+
+
+def _is_enum(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, enum.Enum)
 
 
 def _merge(schema: dict[str, Any], extra: typing.Mapping[str, Any] | None) -> dict[str, Any]:
@@ -110,6 +120,8 @@ class _Builder:
             return {"anyOf": [self.of(a, metadata) for a in options] + ([_NULL] if nullable else [])}
         if origin is Literal:
             return {"enum": list(get_args(tp))}
+        if _is_enum(tp):  # ``choices``: the members a field allows, in the order its schema lists them
+            return {"enum": [member.value for member in metadata.get("choices", tp)]}
         if tp is bool:
             return {"type": "boolean"}
         if tp in (int, float):

@@ -19,7 +19,7 @@ import math
 
 from audit import study as checks
 from audit.reproductions.proxy import proxy_dataset
-from audit.study import Arm, ClaimCheck, Relation, Study, StudyResults, compare, smaller
+from audit.study import Arm, ClaimCheck, Comparison, Study, StudyResults, compare, smaller
 
 PAPER = ("Cheng, Wang, Zhang, Cheng, Differentially Private Federated Learning with Local Regularization and "
          "Sparsification (CVPR 2022)")
@@ -129,7 +129,7 @@ def _close(results: StudyResults, first: str, second: str, epsilons: list, toler
     average): |mean paired difference| ≤ tolerance at each ε."""
     steps = [checks.paired_step(checks.where_epsilon(e), results.by_seed(first, e), results.by_seed(second, e))
              for e in epsilons]
-    return checks.judge(claim, steps, Relation("±", tolerance))
+    return checks.judge(claim, steps, Comparison("±", tolerance))
 
 
 def _gain_shrinks(results: StudyResults, ours: str, baseline: str, epsilons: list) -> ClaimCheck:
@@ -144,7 +144,7 @@ def _gain_shrinks(results: StudyResults, ours: str, baseline: str, epsilons: lis
     low = levels[0]
     steps = [checks.level_step(f"gain at ε={low:g}", gains[low])]
     steps += [checks.paired_step(f"gain at ε={low:g} − gain at ε={e:g}", gains[low], gains[e]) for e in levels[1:]]
-    return checks.judge(claim, steps, Relation(">"), sides_unit=" pt")
+    return checks.judge(claim, steps, Comparison(">"), sides_unit=" pt")
 
 
 def _gain(ours: dict[int, float], baseline: dict[int, float]) -> dict[int, float]:

@@ -22,7 +22,7 @@ from dataclasses import replace
 
 from audit import study as checks
 from audit.reproductions.proxy import proxy_dataset
-from audit.study import Arm, ClaimCheck, Relation, Study, StudyResults, compare, smaller
+from audit.study import Arm, ClaimCheck, Comparison, Study, StudyResults, compare, smaller
 from defenses.privacy.accounting import GaussianSchedule, epsilon_trajectory
 
 PAPER = ("Shi, Wei, Shen, Liu, Wang, Yuan, Tao, Towards the Flatter Landscape and Better Generalization in "
@@ -162,6 +162,6 @@ def _gap(results: StudyResults, first: str, second: str) -> ClaimCheck:
         return {s: train[s] - test.get(s, math.nan) for s in train}
 
     check = checks.judge("DP-FedSAM has a smaller train−test gap than DP-FedAvg (Table IV)",
-                         [checks.paired_step("", gaps(first), gaps(second))], Relation("<"), sides_unit=" pt")
+                         [checks.paired_step("", gaps(first), gaps(second))], Comparison("<"), sides_unit=" pt")
     # the paper's 'train' is local SAM-time accuracy; ours is the global model's on the clients' data
     return replace(check, detail=check.detail + "; train accuracy of the global model on the clients' data")

@@ -15,7 +15,7 @@ from audit.reproductions.proxy import proxy_dataset
 from audit.study import (
     Arm,
     ClaimCheck,
-    Relation,
+    Comparison,
     Study,
     StudyResults,
     judge,
@@ -61,13 +61,13 @@ def study(quick: bool, dataset: str, data_root: str | None) -> Study:
         # every ε ≥ 0.5 at most 2 pt below noise-free (the paper's MNIST row: 0.87 to 1.90 pt below);
         # the noise-free runs (one per seed) stand beside every ε
         checks = [judge("accuracy at most 2 points below noise-free at every ε ≥ 0.5 (MNIST: 95.36–96.39 vs 97.26)",
-                        [paired_step(f"ε={e:g}", results.by_seed("ldp-fl", e), clean) for e in close], Relation("≥", -0.02))]
+                        [paired_step(f"ε={e:g}", results.by_seed("ldp-fl", e), clean) for e in close], Comparison("≥", -0.02))]
         checks.append(judge("ε = 0.1 collapses to near chance, below 30 % (MNIST: 13.84 %)",
-                            [level_step("ε=0.1", results.by_seed("ldp-fl", 0.1))], Relation("<", 0.30), level=True))
+                            [level_step("ε=0.1", results.by_seed("ldp-fl", 0.1))], Comparison("<", 0.30), level=True))
         # "does not decrease": every step of ε, a tie allowed, no tolerance (a decrease on average is a decrease)
         checks.append(judge("accuracy does not decrease with ε, at any step (Table 1)",
                             [paired_step(f"ε={b:g} vs ε={a:g}", results.by_seed("ldp-fl", b), results.by_seed("ldp-fl", a))
-                             for a, b in zip(EPSILONS, EPSILONS[1:])], Relation("≥")))
+                             for a, b in zip(EPSILONS, EPSILONS[1:])], Comparison("≥")))
         dim = result.proxy["dim"]  # filled in by reproduce() before the claims are checked
         linked = dim * 1.0
         checks.append(ClaimCheck("the per-weight ε protects a client's model (the paper's reading of ε = 1)", False,

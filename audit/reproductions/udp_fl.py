@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 from audit.reproductions.proxy import proxy_dataset
-from audit.study import Arm, ClaimCheck, Relation, Study, StudyResults, compare, judge, paired_step
+from audit.study import Arm, ClaimCheck, Comparison, Study, StudyResults, compare, judge, paired_step
 
 PAPER = ("Feng, Mohammady, Hong, Yan, Kundu, Wang, Hong, Universally Harmonizing Differential Privacy Mechanisms "
          "for Federated Learning (arXiv 2407.14710)")
@@ -72,7 +72,7 @@ def study(quick: bool, dataset: str, data_root: str | None) -> Study:
             out.append(judge(f"{kind}: accuracy grows {scope} (Table 4: {column})",
                              [paired_step(f"ε={b:g} vs ε={a:g}", results.by_seed(kind, b), results.by_seed(kind, a))
                               for a, b in steps],
-                             Relation(">")))
+                             Comparison(">")))
         for kind in ("gaussian", "laplace", "staircase"):
             out.append(compare(results, "fedavg", kind, dp, strict=True,
                                claim=f"{kind} stays below non-private FedAvg at every ε (Table 4's ∞ column)"))

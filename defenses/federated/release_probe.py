@@ -38,6 +38,7 @@ import numpy as np
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import numpy_rng
+from audit.core.vocabulary import Observer
 from defenses.federated.engine import FederatedEngine, sample_participants
 from defenses.federated.round_defense import RoundDefense
 from defenses.federated.training_job import RoundContext, RunState, TrainingConfig, TrainingJob
@@ -198,8 +199,8 @@ def engine_probe(defense: RoundDefense, job: TrainingJob) -> ReleaseProbe:
         uploads, _ = defense.privatize(contributions.to(base.global_vector).clone(), ctx)
         released = _flat(defense.audit_hooks().release_statistic(uploads, ctx))
         upload = _flat(uploads[trial.target])
-        return {"released": released, "server": released if defense.observes == "aggregate" else upload,
-                "local": upload}
+        return {Observer.RELEASED: released, Observer.SERVER: released if defense.observes == "aggregate" else upload,
+                Observer.LOCAL: upload}
 
     def views(contributions: torch.Tensor, seed: int) -> Views:
         return trial_views(contributions, Trial(seed, 0, 0, np.arange(len(contributions))))

@@ -55,6 +55,7 @@ from dp_accounting.pld import privacy_loss_distribution
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from audit.core.errors import UserInputError
+from audit.core.vocabulary import Relation
 from defenses.privacy.calibration import smallest_noise
 
 ACCOUNTANTS = ("rdp", "pld")
@@ -65,6 +66,8 @@ SAMPLINGS = ("poisson", "fixed")
 DEFAULT_ORDERS: tuple[float, ...] = tuple(float(a) for a in rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
 
 NeighborRel = dp_accounting.NeighboringRelation
+#: our neighbouring relations as dp-accounting names them (the two it analyses): the one place they meet
+NEIGHBORING_RELATIONS = {Relation.ADD_REMOVE: NeighborRel.ADD_OR_REMOVE_ONE, Relation.REPLACE_ONE: NeighborRel.REPLACE_ONE}
 
 
 @contextlib.contextmanager
@@ -130,10 +133,13 @@ class GaussianSchedule:
         return GaussianSchedule(self.noise_multiplier, self.sampling_rate, steps, self.sampling, self.population)
 
     @property
+    def relation(self) -> Relation:
+        """The relation the schedule is analysed under: replace-one for fixed-size sampling, else add/remove."""
+        return Relation.REPLACE_ONE if self.sampling == "fixed" and self.sampling_rate < 1 else Relation.ADD_REMOVE
+
+    @property
     def neighboring_relation(self) -> NeighborRel:
-        if self.sampling == "fixed" and self.sampling_rate < 1:
-            return NeighborRel.REPLACE_ONE
-        return NeighborRel.ADD_OR_REMOVE_ONE
+        return NEIGHBORING_RELATIONS[self.relation]
 
     def round_event(self) -> dp_event.DpEvent:
         """The DpEvent of one round."""
@@ -238,7 +244,7 @@ def compute_epsilon(
     if accountant == "rdp":
         eps, order = rdp_to_epsilon(orders, schedule.steps * rdp_per_round(schedule, orders), delta, conversion)
         return EpsilonReport(eps, delta, "rdp", conversion, order, accountant_label("rdp", conversion))
-    if schedule.neighboring_relation is not NeighborRel.ADD_OR_REMOVE_ONE:
+    if schedule.relation != Relation.ADD_REMOVE:
         raise UserInputError("accountant: 'pld' supports Poisson sampling only; use accountant 'rdp' for fixed-size sampling")
     with quiet_absl():
         composed = _pld_of(schedule)
@@ -286,10 +292,10 @@ def _pld_of(schedule: GaussianSchedule) -> privacy_loss_distribution.PrivacyLoss
     if rate >= 1:
         return identity.compose(privacy_loss_distribution.from_gaussian_mechanism(
             standard_deviation=round_sigma, value_discretization_interval=PLD_DISCRETIZATION,
-            neighboring_relation=NeighborRel.ADD_OR_REMOVE_ONE))
+            neighboring_relation=NEIGHBORING_RELATIONS[Relation.ADD_REMOVE]))
     one_round = privacy_loss_distribution.from_gaussian_mechanism(
         standard_deviation=sigma, value_discretization_interval=PLD_DISCRETIZATION, sampling_prob=rate,
-        neighboring_relation=NeighborRel.ADD_OR_REMOVE_ONE)
+        neighboring_relation=NEIGHBORING_RELATIONS[Relation.ADD_REMOVE])
     # the composed grid, as dp-accounting truncates it (a Chernoff bound on the tails it drops)
     points = max(_composed_points(pmf, steps) for pmf in _pmfs(one_round))
     if points > PLD_MAX_COMPOSED_POINTS:

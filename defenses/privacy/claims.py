@@ -12,7 +12,7 @@ per observer the defense's noise is meant to protect against:
   under secure aggregation, each upload without it.
 * ``local`` — one upload on its own (the server without secure aggregation, an eavesdropper).
 
-Neighbouring relations (:data:`RELATIONS`): ``add-remove`` (one unit added or removed),
+Neighbouring relations (:class:`audit.core.vocabulary.Relation`): ``add-remove`` (one unit added or removed),
 ``replace-one`` (one unit's data replaced: twice the sensitivity of add/remove for a clipped sum)
 and ``zero-out`` (the unit stays, its data is replaced by data that contributes nothing — the
 relation an observer who knows the participants can be held to; Kairouz et al. 2021, "Practical
@@ -46,11 +46,12 @@ from typing import Any
 import numpy as np
 
 from audit.core.typed_json import from_json, to_json
+from audit.core.vocabulary import Observer, Relation, Unit
 from defenses.privacy.accounting import GaussianSchedule, accountant_label, compute_epsilon
 
-UNITS = ("client", "record", "weight", "none")
-ADVERSARIES = ("released", "server", "local")
-RELATIONS = ("add-remove", "replace-one", "zero-out", "none")
+UNITS: tuple[Unit, ...] = tuple(Unit)
+ADVERSARIES: tuple[Observer, ...] = tuple(Observer)
+RELATIONS: tuple[Relation, ...] = tuple(Relation)
 
 RELATION_HELP = ("neighbouring relation: one unit added or removed, one unit's data replaced, or one unit's data "
                  "replaced by data that contributes nothing (its participation known)")
@@ -67,10 +68,16 @@ REALISED_COUNT_NOTE = ("the mean divides by the realized number of participants,
                        "zero-out neighbours (a client's contribution zeroed, its participation known)")
 
 ADVERSARY_TEXT = {
-    "released": "a third party that sees the released global models",
-    "server": "the server, which picks the participants (no amplification by sampling)",
-    "local": "anyone who sees one upload on its own",
+    Observer.RELEASED: "a third party that sees the released global models",
+    Observer.SERVER: "the server, which picks the participants (no amplification by sampling)",
+    Observer.LOCAL: "anyone who sees one upload on its own",
 }
+
+
+def _word(kind: type[Unit] | type[Relation] | type[Observer], field_name: str, value: str) -> None:
+    """Raise ValueError unless ``value`` is one of ``kind``'s words."""
+    if value not in tuple(kind):
+        raise ValueError(f"{field_name} must be one of {', '.join(kind)}, got {value}")
 
 
 @dataclass(frozen=True)
@@ -84,10 +91,10 @@ class AdversaryClaim:
     audit measures against.
     """
 
-    adversary: str = field(metadata={"choices": ADVERSARIES, "help": ADVERSARY_HELP})
+    adversary: Observer = field(metadata={"help": ADVERSARY_HELP})
     epsilon: float | None = field(metadata={"min": 0, "help": "null: not covered (see notes)"})
     delta: float = field(metadata={"min": 0, "max": 1})
-    relation: str = field(metadata={"choices": RELATIONS, "help": RELATION_HELP})
+    relation: Relation = field(metadata={"help": RELATION_HELP})
     observes: str
     accountant: str = ""
     amplification: bool = field(default=False, metadata={"help": "whether amplification by sampling is credited"})
@@ -100,10 +107,10 @@ class AdversaryClaim:
     notes: str = ""
 
     def __post_init__(self) -> None:
-        if self.adversary not in ADVERSARIES:
-            raise ValueError(f"adversary must be one of {ADVERSARIES}, got {self.adversary}")
-        if self.relation not in RELATIONS:
-            raise ValueError(f"relation must be one of {RELATIONS}, got {self.relation}")
+        _word(Observer, "adversary", self.adversary)
+        _word(Relation, "relation", self.relation)
+        object.__setattr__(self, "adversary", Observer(self.adversary))
+        object.__setattr__(self, "relation", Relation(self.relation))
 
     @property
     def covered(self) -> bool:
@@ -118,7 +125,8 @@ class AdversaryClaim:
         return from_json(cls, data)
 
     @classmethod
-    def not_covered(cls, adversary: str, why: str, observes: str = "", relation: str = "none") -> AdversaryClaim:
+    def not_covered(cls, adversary: Observer, why: str, observes: str = "", relation: Relation = Relation.NONE
+                    ) -> AdversaryClaim:
         return cls(adversary, None, 0.0, relation, observes, notes=f"not covered: {why}")
 
 
@@ -137,27 +145,29 @@ class PrivacyClaim:
     epsilon: float = field(metadata={"min": 0, "null_means": math.inf, "help":
                                      "the headline figure (against `adversary`); null: no DP claim (or no finite bound)"})
     delta: float = field(metadata={"min": 0, "max": 1})
-    unit: str = field(metadata={"choices": UNITS})
+    unit: Unit
     accountant: str = field(metadata={"help": "accountant and RDP→(ε,δ) conversion, e.g. rdp-improved"})
     mechanism: str = ""
     notes: str = ""
     alternatives: dict[str, float] = field(default_factory=dict)
-    relation: str = field(default="none", metadata={"choices": RELATIONS, "help": RELATION_HELP})
-    adversary: str = field(default="released", metadata={"choices": ADVERSARIES, "help": ADVERSARY_HELP})
+    relation: Relation = field(default=Relation.NONE, metadata={"help": RELATION_HELP})
+    adversary: Observer = field(default=Observer.RELEASED, metadata={"help": ADVERSARY_HELP})
     adversaries: tuple[AdversaryClaim, ...] = field(default=(), metadata={
         "help": "one figure per observer: released models, the server, one upload alone"})
 
     def __post_init__(self) -> None:
-        if self.unit not in UNITS:
-            raise ValueError(f"unit must be one of {UNITS}, got {self.unit}")
-        if self.relation not in RELATIONS:
-            raise ValueError(f"relation must be one of {RELATIONS}, got {self.relation}")
+        _word(Unit, "unit", self.unit)
+        _word(Relation, "relation", self.relation)
+        _word(Observer, "adversary", self.adversary)
+        object.__setattr__(self, "unit", Unit(self.unit))
+        object.__setattr__(self, "relation", Relation(self.relation))
+        object.__setattr__(self, "adversary", Observer(self.adversary))
 
     @property
     def is_private(self) -> bool:
         return math.isfinite(self.epsilon)
 
-    def against(self, adversary: str) -> AdversaryClaim | None:
+    def against(self, adversary: Observer) -> AdversaryClaim | None:
         """The figure for ``adversary`` (None when the claim does not name it)."""
         return next((a for a in self.adversaries if a.adversary == adversary), None)
 
@@ -170,7 +180,7 @@ class PrivacyClaim:
         """The inverse of :meth:`as_dict` (ε null → ∞, by the field's ``null_means``)."""
         return from_json(cls, data)
 
-    def for_observer(self, adversary: str) -> PrivacyClaim | None:
+    def for_observer(self, adversary: Observer) -> PrivacyClaim | None:
         """The claim as ``adversary`` is promised it: that observer's figure as the headline (None
         when the claim does not name the observer)."""
         figure = self.against(adversary)
@@ -178,12 +188,12 @@ class PrivacyClaim:
             return None
         epsilon = float(figure.epsilon) if figure.covered and figure.epsilon is not None else math.inf
         return PrivacyClaim(epsilon, figure.delta, self.unit, figure.accountant or self.accountant, self.mechanism,
-                            figure.notes, relation=figure.relation if figure.covered else "none",
+                            figure.notes, relation=figure.relation if figure.covered else Relation.NONE,
                             adversary=adversary, adversaries=(figure,))
 
     @classmethod
     def non_private(cls, notes: str = "") -> PrivacyClaim:
-        return cls(math.inf, 0.0, "none", "none", "no noise", notes,
+        return cls(math.inf, 0.0, Unit.NONE, "none", "no noise", notes,
                    adversaries=tuple(AdversaryClaim.not_covered(a, "no differential privacy") for a in ADVERSARIES))
 
 
@@ -202,9 +212,10 @@ def divided_by_realised_count(adversaries: tuple[AdversaryClaim, ...]) -> tuple[
     added or removed one does, and the divisor is then the same on both sides; Kairouz et al. 2021,
     §2). Returns the figures and :data:`REALISED_COUNT_NOTE`, or None when no figure was add-remove
     (replace-one under fixed-size sampling keeps |P_t| = m, and zero-out stays as it is)."""
-    if not any(a.relation == "add-remove" for a in adversaries):
+    if not any(a.relation == Relation.ADD_REMOVE for a in adversaries):
         return adversaries, None
-    relabelled = tuple(replace(a, relation="zero-out") if a.relation == "add-remove" else a for a in adversaries)
+    relabelled = tuple(replace(a, relation=Relation.ZERO_OUT) if a.relation == Relation.ADD_REMOVE else a
+                       for a in adversaries)
     return relabelled, REALISED_COUNT_NOTE
 
 
@@ -276,22 +287,22 @@ def gaussian_adversaries(noise: GaussianRounds, delta: float, accountant: str, c
     out: list[AdversaryClaim] = []
     fixed = noise.sampling == "fixed" and noise.rate < 1
     if noise.aggregate is None:
-        out.append(AdversaryClaim.not_covered("released", noise.why_not, "the global model after every round"))
+        out.append(AdversaryClaim.not_covered(Observer.RELEASED, noise.why_not, "the global model after every round"))
     else:
         schedule = GaussianSchedule(noise.aggregate, noise.rate, noise.rounds, noise.sampling, noise.population)
         report = compute_epsilon(schedule, delta, accountant, conversion)
         per_change = noise.aggregate / 2 if fixed else noise.aggregate
         out.append(AdversaryClaim(
-            "released", report.epsilon, delta, "replace-one" if fixed else "add-remove",
+            Observer.RELEASED, report.epsilon, delta, Relation.REPLACE_ONE if fixed else Relation.ADD_REMOVE,
             "the global model after every round", report.label, amplification=noise.rate < 1, rounds=noise.rounds,
             noise_multiplier=per_change, round_epsilon=gaussian_round_epsilon(per_change, delta, accountant, conversion),
             notes=schedule.describe()))
     views = {"aggregate": (noise.aggregate, "the aggregate of every round it runs"),
              "uploads": (noise.upload, "every client's upload")}
-    for adversary in ("server", "local"):
-        if adversary == "server":
+    for adversary in (Observer.SERVER, Observer.LOCAL):
+        if adversary == Observer.SERVER:
             if noise.server_sees is None:
-                out.append(AdversaryClaim.not_covered("server", noise.server_note))
+                out.append(AdversaryClaim.not_covered(Observer.SERVER, noise.server_note))
                 continue
             multiplier, observes = views[noise.server_sees]
         else:
@@ -305,9 +316,9 @@ def gaussian_adversaries(noise: GaussianRounds, delta: float, accountant: str, c
                          f"at most {counted} of the {noise.rounds} rounds (more with probability ≤ δ/2, paid from δ)")
         notes = f"Gaussian rounds with noise multiplier {multiplier:.4g}, participation known, {participation}"
         out.append(AdversaryClaim(
-            adversary, epsilon, delta, "zero-out", observes, label, amplification=False, rounds=counted,
+            adversary, epsilon, delta, Relation.ZERO_OUT, observes, label, amplification=False, rounds=counted,
             noise_multiplier=multiplier, round_epsilon=gaussian_round_epsilon(multiplier, delta, accountant, conversion),
-            notes=server_notes(notes, noise.server_note) if adversary == "server" else notes))
+            notes=server_notes(notes, noise.server_note) if adversary == Observer.SERVER else notes))
     return tuple(out)
 
 

@@ -14,27 +14,18 @@ import torch
 from torch import nn
 
 from attacks.base import TargetRun
-from attacks.inference.attribute_inference import (
-    GUESSES,
-    attribute_inference,
-    attribute_inference_on_dataset,
-    baseline_inputs,
-    baseline_posterior,
-    best_baseline,
-    decide,
-)
+from attacks.inference.attribute_guesses import baseline_inputs, baseline_posterior, best_baseline, decide
+from attacks.inference.attribute_inference import GUESSES, attribute_inference, attribute_inference_on_dataset
 from attacks.inference.attribute_queries import attribute_encodings, penultimate_embeddings
 from attacks.inference.attribute_scores import score_guesses
 from attacks.inference.property_inference import (
     PropertyInference,
     PropertyParams,
     client_has_property,
-    flat_gradient,
-    local_sgd_delta,
     other_batches,
-    privatised_upload,
     property_inference,
 )
+from attacks.inference.property_updates import flat_gradient, local_sgd_delta, privatised_upload
 from attacks.reconstruction.model_inversion import model_inversion
 from attacks.server_view import UploadView, upload_view
 from audit.core.datasets import load_dataset
