@@ -113,7 +113,7 @@ from audit.core.seeding import derive_seed, numpy_rng, sklearn_random_state
 # only numpy, Flower and the seeded streams at load time, and the accountant, attacks and
 # reports (scipy, scikit-learn, matplotlib: seconds per process) where the audit needs them.
 if TYPE_CHECKING:
-    from attacks.base import AttackResult
+    from attacks.attack_result import AttackResult
     from defenses.privacy.claims import PrivacyClaim
     from reports.document import Results
 

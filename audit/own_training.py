@@ -43,10 +43,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from attacks.base import AttackResult, one_run_bounds
+from attacks.attack_result import AttackResult
 from attacks.canaries.canary_audit import canary_result
 from attacks.canaries.dp_sgd_canaries import AMPLITUDE, STATISTIC, GradientCanaryHook
 from attacks.canaries.record_canaries import mislabelled_records
+from attacks.membership_metrics import one_run_bounds
 from attacks.signals import logit_scaled_confidence
 from audit.checkpoints import membership_attacks, score_models
 from audit.config import DatasetConfig

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from attacks.base import AttackResult
+from attacks.attack_result import AttackResult
 from audit import __version__, provenance
 from audit.attacking import attack_runs
 from audit.config import AuditConfig, config_to_yaml
