@@ -274,7 +274,7 @@ def test_engine_probe_draws_as_the_sampler():
 def test_a_defense_short_of_its_claim_is_rejected(broken, capsys):
     """Through the command (a defense given as module:callable goes through the same code): exit 1, the
     released aggregate violates, and what was measured is what the mechanism gives."""
-    reference = f"tests.attacks.test_conformance:{broken.__name__}"
+    reference = f"tests.attacks.mechanism_audits.test_conformance:{broken.__name__}"
     params = ["--param", "noise_support=kept", "--param", "keep_fraction=0.25"] if broken is MaskedNoiseClaimingSigma else []
     assert main(["conformance", reference, *params, "--trials", str(BROKEN_TRIALS), "--quiet", "--json"]) == 1
     document = json.loads(capsys.readouterr().out)
@@ -423,8 +423,8 @@ def test_cli_json_and_exit_codes(capsys):
     assert main(["conformance", "dp-fedavg", "--trials", "150", "--quiet", "--json"]) == 0
     assert capsys.readouterr().out == first  # same seed, same document
     # a violation exits 1 and says so
-    assert main(["conformance", "tests.attacks.test_conformance:MaskedNoiseClaimingSigma", "--param", "noise_support=kept",
-                 "--param", "keep_fraction=0.25", "--trials", "150", "--quiet"]) == 1
+    assert main(["conformance", "tests.attacks.mechanism_audits.test_conformance:MaskedNoiseClaimingSigma",
+                 "--param", "noise_support=kept", "--param", "keep_fraction=0.25", "--trials", "150", "--quiet"]) == 1
     out = capsys.readouterr().out
     assert "VIOLATES" in out and "ε tests" in out
 
