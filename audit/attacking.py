@@ -16,12 +16,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tqdm import tqdm
 
-from attacks.base import (
-    AttackResult,
-    RunAttack,
-    TargetRun,
-)
+from attacks.attack_result import AttackResult
+from attacks.base import RunAttack
 from attacks.canaries.canary_audit import CanaryAudit, CanaryRun
+from attacks.target_run import TargetRun
 from audit.core.lazy_modules import lazy_module
 from audit.core.safe_names import inside, slug
 from audit.core.seeding import derive_seed

@@ -29,7 +29,9 @@ import numpy as np
 from safetensors import SafetensorError
 
 import attacks.catalog  # noqa: F401  (registers the attacks)
-from attacks.base import ATTACKS, AttackResult, MembershipAttack, MembershipExperiment
+from attacks.attack_result import AttackResult
+from attacks.base import ATTACKS, MembershipAttack
+from attacks.membership_experiment import MembershipExperiment
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
 from audit.core.schema import from_mapping

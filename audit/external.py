@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attacks.base import MEMBERSHIP_METRICS, AttackResult
+from attacks.attack_result import AttackResult
+from attacks.membership_metrics import MEMBERSHIP_METRICS
 from audit import __version__, provenance
 from audit.core.atomic import write_json
 from audit.core.errors import UserInputError, check_choice

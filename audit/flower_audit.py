@@ -86,7 +86,7 @@ from audit.flower_view import FlowerRecorder, FlowerView
 # The accountant, attacks and reports (scipy, scikit-learn, matplotlib: seconds per process) are
 # imported where the audit needs them: client processes import the canary Mod through this module.
 if TYPE_CHECKING:
-    from attacks.base import AttackResult
+    from attacks.attack_result import AttackResult
     from defenses.privacy.claims import PrivacyClaim
     from reports.document import Results
 

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from attacks.base import one_run_bounds
 from attacks.canaries.canary_audit import canary_result
 from attacks.canaries.dp_sgd_canaries import AMPLITUDE, STATISTIC, GradientCanaryHook
+from attacks.membership_metrics import one_run_bounds
 from audit.core.audit_power import AuditPower, gdp_mu, one_run_power
 from audit.core.empirical_epsilon import OneRunAudit
 from audit.core.errors import UserInputError

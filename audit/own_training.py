@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from attacks.base import AttackResult
+from attacks.attack_result import AttackResult
 from attacks.canaries.canary_audit import canary_result
 from attacks.canaries.record_canaries import mislabelled_records
 from attacks.signals import logit_scaled_confidence

@@ -16,11 +16,7 @@ import numpy as np
 
 import attacks.catalog  # noqa: F401  (registers the attacks)
 import defenses.catalog  # noqa: F401  (registers the defenses)
-from attacks.base import (
-    ATTACKS,
-    Attack,
-    Setting,
-)
+from attacks.base import ATTACKS, Attack, Setting
 from attacks.canaries.canary_audit import CanaryAudit, CanaryContext
 from audit.config import AuditConfig, merge
 from audit.core.devices import check_device

@@ -14,7 +14,7 @@ told apart by its columns (``reports/schema/scores.schema.json``, ``docs/score-f
   its run by a fair coin; with ``run``, the canaries of several runs are pooled (each run must
   list the same canary ids, one grid as for membership scores).
 
-Statistics are the ones the pipeline computes (:func:`attacks.base.membership_metrics`,
+Statistics are the ones the pipeline computes (:func:`attacks.membership_metrics.membership_metrics`,
 :func:`attacks.canaries.canary_audit.canary_result`): AUC and TPR at low FPR with two-way bootstrap
 intervals over runs and units, and one-run ε lower bounds (Steinke et al. 2023; the f-DP
 analysis of Mahloujifar, Melis, Chaudhuri 2024) over coins that are independent *and fair*.
@@ -50,8 +50,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from attacks.base import ONE_RUN_FIGURES, AttackResult, gdp_note, membership_metrics
+from attacks.attack_result import AttackResult
 from attacks.canaries.canary_audit import canary_result
+from attacks.membership_metrics import ONE_RUN_FIGURES, gdp_note, membership_metrics
 from audit.core.errors import UserInputError
 from audit.external import System, external_results, stated_claim, write_external
 from audit.score_tables import FORMATS, Table, read_table

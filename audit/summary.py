@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from attacks.base import MEMBERSHIP_METRICS, AttackResult
+from attacks.attack_result import AttackResult
+from attacks.membership_metrics import MEMBERSHIP_METRICS
 from audit import __version__, provenance
 from audit.attacking import AttackResults
 from audit.core.metrics import mean_estimate

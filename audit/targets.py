@@ -8,11 +8,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from attacks.base import (
-    MembershipExperiment,
-    SideRun,
-    TargetRun,
-)
+from attacks.membership_experiment import MembershipExperiment
+from attacks.target_run import SideRun, TargetRun
 from audit.config import DatasetConfig, ModelConfig
 from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import derive_seed

@@ -11,7 +11,7 @@ size and ``tests/attacks/test_coverage.py`` small):
     whose clients overfit): coverage of the design's expected AUC and TPRs, estimated by the
     mean over the replicates; and :func:`known_effect` — membership scores of a crossed runs ×
     units design with a run effect, a unit effect and a Gaussian shift μ for members, through
-    the same metric code as the attacks (:func:`attacks.base.membership_metrics`), where the
+    the same metric code as the attacks (:func:`attacks.membership_metrics.membership_metrics`), where the
     truth is known exactly: with total score variance s² = σ²_run + σ²_unit + σ²_cell the pooled
     AUC is Φ(μ/(s√2)) and TPR at FPR x is 1 − Φ(Φ⁻¹(1 − x) − μ/s).
 (c) :func:`tight_claim` — canary coins scored by the optimal attack on a mechanism exactly as
@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import norm
 
-from attacks.base import OPERATING_POINTS, membership_metrics, one_run_bounds
+from attacks.membership_metrics import OPERATING_POINTS, membership_metrics, one_run_bounds
 from audit.attacking import attack_runs
 from audit.config import load_config
 from audit.core.audit_power import tight_scores

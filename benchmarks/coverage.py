@@ -15,7 +15,7 @@ Three designs, each replicated many times with fresh seeds:
     table also gives the seed-to-seed SD beside the SE the intervals imply; (b2) membership
     scores of a crossed runs × units design with a run effect, a unit effect and a Gaussian shift
     μ for members, through the same metric code as the attacks
-    (:func:`attacks.base.membership_metrics`), where the truth is exact: with total score variance
+    (:func:`attacks.membership_metrics.membership_metrics`), where the truth is exact: with total score variance
     s² = σ²_run + σ²_unit + σ²_cell the AUC is Φ(μ/(s√2)) and TPR at FPR x is
     1 − Φ(Φ⁻¹(1 − x) − μ/s).
 (c) **tight claim** — canary coins scored by the optimal attack on a mechanism exactly as

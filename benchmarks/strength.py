@@ -143,7 +143,7 @@ def _estimate(estimate: Any) -> dict[str, float | None]:
     def number(x: Any) -> float | None:
         return None if x is None or not math.isfinite(float(x)) else float(x)
 
-    # reports.document.Estimate names its bounds ci_low/ci_high, attacks.base.Estimate low/high
+    # reports.document.Estimate names its bounds ci_low/ci_high, audit.core.metrics.IntervalEstimate low/high
     low = estimate.ci_low if hasattr(estimate, "ci_low") else estimate.low
     high = estimate.ci_high if hasattr(estimate, "ci_high") else estimate.high
     return {"value": number(estimate.value), "low": number(low), "high": number(high)}
@@ -183,7 +183,7 @@ def phi_baseline(config: Any, folder: Path) -> dict[str, Any]:
     by the target's logit-scaled confidence φ (:func:`attacks.signals.logit_scaled_confidence`),
     through the same metric code and two-way intervals as the registered attacks."""
     from attacks import signals
-    from attacks.base import membership_metrics
+    from attacks.membership_metrics import membership_metrics
     from audit.targets import membership_experiment
 
     plan = audit.plan(config)

@@ -43,19 +43,19 @@ def tiny_config(**sections: Any) -> str:
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def readme_commands(program: str) -> list[list[str]]:
-    """The arguments of every command line in the README's bash blocks that starts with
-    ``program`` (e.g. ``.venv/bin/python examples/opacus_audit.py``), split as a shell would: the
-    tests run the README's examples as printed."""
+def readme_commands(program: str, document: Path = README) -> list[list[str]]:
+    """The arguments of every command line in the README's (or ``document``'s) bash blocks that
+    starts with ``program`` (e.g. ``.venv/bin/python examples/opacus_audit.py``), split as a shell
+    would: the tests run the README's examples as printed."""
     import shlex
 
-    text = README.read_text(encoding="utf-8")
+    text = document.read_text(encoding="utf-8")
     blocks = [block.split("```", 1)[0] for block in text.split("```bash\n")[1:]]
     prefix = shlex.split(program)
     commands = [shlex.split(line, comments=True) for block in blocks for line in block.splitlines()]
     found = [words[len(prefix):] for words in commands if words[:len(prefix)] == prefix]
     if not found:
-        raise AssertionError(f"the README shows no command starting with {program!r}")
+        raise AssertionError(f"{document.name} shows no command starting with {program!r}")
     return found
 
 

@@ -29,7 +29,9 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 from scipy import stats
 
-from attacks.base import ONE_RUN_FIGURES, Attack, AttackResult, gdp_note, membership_metrics
+from attacks.attack_result import AttackResult
+from attacks.base import Attack
+from attacks.membership_metrics import ONE_RUN_FIGURES, gdp_note, membership_metrics
 from audit.core.empirical_epsilon import gaussian_fit_epsilon, rescaled
 from audit.core.lazy_modules import lazy_module
 from audit.core.metrics import IntervalEstimate
@@ -170,7 +172,7 @@ def gaussian_shape_note(held_out: np.ndarray) -> str:
 def canary_result(attack: str, unit: str, statistics: np.ndarray, inserted: np.ndarray, delta: float, seed: int,
                   notes: str, confidence: float = 0.95, levels: dict[str, tuple[float, ...]] | None = None) -> AttackResult:
     """Metrics and the ε figures of a canary audit; statistics/inserted are [runs, canaries];
-    ``levels``: abstention levels fixed in advance per ε figure (:func:`attacks.base.one_run_bounds`)."""
+    ``levels``: abstention levels fixed in advance per ε figure (:func:`attacks.membership_metrics.one_run_bounds`)."""
     statistics = np.asarray(statistics, dtype=np.float64)
     if not np.isfinite(statistics).all():
         statistics = np.nan_to_num(statistics, nan=0.0, posinf=1e300, neginf=-1e300)

@@ -51,7 +51,8 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from attacks.base import ATTACKS, AttackResult, Setting
+from attacks.attack_result import AttackResult
+from attacks.base import ATTACKS, Setting
 from attacks.canaries.canary_audit import (
     CanaryAudit,
     CanaryContext,

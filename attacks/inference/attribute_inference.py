@@ -72,15 +72,8 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from attacks.base import (
-    ATTACKS,
-    AttackResult,
-    RunAttack,
-    Setting,
-    TargetRun,
-    auxiliary_records,
-    run_result,
-)
+from attacks.attack_result import AttackResult, run_result
+from attacks.base import ATTACKS, RunAttack, Setting
 from attacks.inference.attribute_guesses import (
     baseline_posterior,
     bayes_guesses,
@@ -96,6 +89,7 @@ from attacks.inference.attribute_queries import (
     with_attribute_columns,
 )
 from attacks.inference.attribute_scores import AttributeAttackScores, score_guesses
+from attacks.target_run import TargetRun, auxiliary_records
 from audit.core.dataset_types import Dataset
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module

@@ -54,15 +54,8 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from attacks.base import (
-    ATTACKS,
-    AttackResult,
-    RunAttack,
-    Setting,
-    TargetRun,
-    auxiliary_records,
-    run_result,
-)
+from attacks.attack_result import AttackResult, run_result
+from attacks.base import ATTACKS, RunAttack, Setting
 from attacks.inference.property_updates import (
     CountSketch,
     UpdateFunction,
@@ -70,6 +63,7 @@ from attacks.inference.property_updates import (
     privatised_upload,
 )
 from attacks.server_view import not_replayed_reason, upload_view
+from attacks.target_run import TargetRun, auxiliary_records
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
 from audit.core.metrics import IntervalEstimate, auc, clopper_pearson

@@ -28,8 +28,10 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from attacks.base import ATTACKS, AttackResult, MembershipAttack, MembershipExperiment, Setting
+from attacks.attack_result import AttackResult
+from attacks.base import ATTACKS, MembershipAttack, Setting
 from attacks.membership.lira import VARIANTS, LiRA, LiRAParams
+from attacks.membership_experiment import MembershipExperiment
 from attacks.signals import logit_scaled_confidence
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module

@@ -27,14 +27,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import stats
 
-from attacks.base import (
-    ATTACKS,
-    AttackResult,
-    MembershipAttack,
-    MembershipExperiment,
-    TargetParams,
-    rounds_note,
-)
+from attacks.attack_result import AttackResult
+from attacks.base import ATTACKS, MembershipAttack
+from attacks.membership_experiment import MembershipExperiment, TargetParams, rounds_note
 from attacks.signals import AUGMENTATIONS, augmentation_views, logit_scaled_confidence
 
 VARIANTS = ("online", "offline")

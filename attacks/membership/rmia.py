@@ -53,7 +53,7 @@ membership through the choice of Z), so they feed the AUC and TPR metrics but no
 For the ε bound the second half of the runs is scored against the first half as references and
 with a population drawn without looking at the target's membership (a sample of all candidate
 records, the unit itself left out): those scores read no coin of the counted runs, which
-Steinke et al.'s count requires (``attacks.base.membership_metrics``).
+Steinke et al.'s count requires (``attacks.membership_metrics.membership_metrics``).
 """
 
 from __future__ import annotations
@@ -64,14 +64,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from attacks import signals
-from attacks.base import (
-    ATTACKS,
-    AttackResult,
-    MembershipAttack,
-    MembershipExperiment,
-    TargetParams,
-    rounds_note,
-)
+from attacks.attack_result import AttackResult
+from attacks.base import ATTACKS, MembershipAttack
+from attacks.membership_experiment import MembershipExperiment, TargetParams, rounds_note
 from audit.core.seeding import numpy_rng
 from audit.core.vocabulary import Unit
 

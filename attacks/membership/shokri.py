@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from attacks.base import ATTACKS, AttackResult, MembershipAttack, MembershipExperiment, Setting
+from attacks.attack_result import AttackResult
+from attacks.base import ATTACKS, MembershipAttack, Setting
+from attacks.membership_experiment import MembershipExperiment
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import derive_seed, numpy_rng, sklearn_random_state

@@ -22,14 +22,9 @@ from typing import ClassVar
 import numpy as np
 
 from attacks import signals
-from attacks.base import (
-    ATTACKS,
-    AttackResult,
-    MembershipAttack,
-    MembershipExperiment,
-    TargetParams,
-    rounds_note,
-)
+from attacks.attack_result import AttackResult
+from attacks.base import ATTACKS, MembershipAttack
+from attacks.membership_experiment import MembershipExperiment, TargetParams, rounds_note
 
 
 @dataclass(frozen=True)

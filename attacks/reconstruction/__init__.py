@@ -5,7 +5,7 @@ Gradients (Geiping et al. 2020) — against what the server saw, and model inver
 inverse network (Fredrikson et al. 2015).
 
 Extension interface: subclass :class:`attacks.base.RunAttack`, implement ``evaluate(run)`` on a
-:class:`~attacks.base.TargetRun` (its uploads and global models), and report image quality with
+:class:`~attacks.target_run.TargetRun` (its uploads and global models), and report image quality with
 :mod:`~attacks.reconstruction.image_quality`; a new matching loss plugs into
 :mod:`~attacks.reconstruction.gradient_matching`.
 """

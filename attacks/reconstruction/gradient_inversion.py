@@ -27,10 +27,12 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from attacks.base import ATTACKS, AttackResult, RunAttack, Setting, TargetRun
+from attacks.attack_result import AttackResult
+from attacks.base import ATTACKS, RunAttack, Setting
 from attacks.reconstruction.image_quality import image_grid_png, png_base64
 from attacks.reconstruction.inversion import REFERENCES, attack_batch, data_range_of
 from attacks.server_view import not_replayed_reason, upload_view
+from attacks.target_run import TargetRun
 from attacks.threat_models import ThreatModel
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module

@@ -49,8 +49,10 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from attacks.base import ATTACKS, AttackResult, RunAttack, TargetRun, auxiliary_records, run_result
+from attacks.attack_result import AttackResult, run_result
+from attacks.base import ATTACKS, RunAttack
 from attacks.reconstruction.image_quality import image_grid_png, png_base64
+from attacks.target_run import TargetRun, auxiliary_records
 from audit.core.lazy_modules import lazy_module
 from audit.core.metrics import IntervalEstimate
 from audit.core.seeding import derive_seed, numpy_rng, seed_torch, torch_generator

@@ -13,7 +13,8 @@ it — is accounted here, on top of Google's ``dp-accounting``:
   - ``improved``: ε = min_α [T·RDP(α) + log(1 − 1/α) − log(δ·α)/(α−1)] (Balle et al. 2020,
     Prop. 12; dp-accounting's ``compute_epsilon`` and opacus's default).
 
-* ``pld``: the privacy-loss distribution accountant of dp-accounting (Poisson sampling only).
+* ``pld``: the privacy-loss distribution accountant of dp-accounting (Poisson sampling only;
+  its grids are sized first, :mod:`defenses.privacy.pld_grid`).
 
 The inverse, :func:`calibrate_noise`, finds the least σ whose ε meets a target (the search
 itself is :mod:`defenses.privacy.calibration`). Mechanisms dp-accounting lacks are amplified by the
@@ -50,13 +51,12 @@ from importlib import metadata
 import dp_accounting
 import numpy as np
 from dp_accounting import dp_event
-from dp_accounting.pld import common as pld_common
-from dp_accounting.pld import privacy_loss_distribution
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from audit.core.errors import UserInputError
 from audit.core.vocabulary import Relation
 from defenses.privacy.calibration import smallest_noise
+from defenses.privacy.pld_grid import pld_of
 
 ACCOUNTANTS = ("rdp", "pld")
 CONVERSIONS = ("improved", "classic")
@@ -247,75 +247,9 @@ def compute_epsilon(
     if schedule.relation != Relation.ADD_REMOVE:
         raise UserInputError("accountant: 'pld' supports Poisson sampling only; use accountant 'rdp' for fixed-size sampling")
     with quiet_absl():
-        composed = _pld_of(schedule)
+        composed = pld_of(schedule.noise_multiplier, schedule.sampling_rate, schedule.steps)
         eps = float(composed.get_epsilon_for_delta(delta))
     return EpsilonReport(eps, delta, "pld", None, None, accountant_label("pld", conversion))
-
-
-#: dp-accounting's PLD grid step (its PLDAccountant's default): ε is exact to about this much
-PLD_DISCRETIZATION = 1e-4
-#: the largest privacy-loss grids the PLD accountant is given, one round's and the composed one's:
-#: building a round's grid costs about 4 µs a point, and composing T rounds is an FFT over the
-#: composed grid (16 bytes a point, a few arrays of it): 4e6 and 2^25 points are about 15 s and 1.5 GB
-PLD_MAX_ROUND_POINTS = 4_000_000
-PLD_MAX_COMPOSED_POINTS = 1 << 25
-
-
-def pld_round_points(noise_multiplier: float) -> float:
-    """An upper estimate of the grid of one round's privacy loss in dp-accounting's PLD.
-
-    The Gaussian mechanism's privacy loss at output x is (1 − 2x)/(2σ²) (sensitivity 1); the
-    grid spans x over the mean ± z·σ, z ≈ 9.75 (dp-accounting keeps all but e^−50 of the mass),
-    so (2z/σ + 1/σ²)/Δ points. Sampling only compresses the loss (log(1 − q + q·e^L) lies between
-    log(1 − q) and L), so this bounds the sampled mechanism's grid too (measured: σ = 0.1, 0.5 give
-    2.95e6 and 4.3e5 points, this 2.95e6 and 4.3e5)."""
-    return (2 * 9.75 / noise_multiplier + 1 / noise_multiplier**2) / PLD_DISCRETIZATION
-
-
-def _pld_of(schedule: GaussianSchedule) -> privacy_loss_distribution.PrivacyLossDistribution:
-    """The PLD of ``schedule``'s T rounds, built exactly as dp-accounting's PLDAccountant builds
-    it (so ε is its ε to the last bit), but refused in one line before a grid too large for this
-    machine is allocated: a small σ widens a round's grid like 1/σ², and T rounds widen the
-    composed one (T = 10⁹ asked for 154 GiB)."""
-    sigma, steps, rate = schedule.noise_multiplier, schedule.steps, schedule.sampling_rate
-    # every round samples everyone: T Gaussian rounds are one Gaussian of σ/√T (the accountant's shortcut)
-    round_sigma = sigma / math.sqrt(steps) if rate >= 1 else sigma
-    round_points = pld_round_points(round_sigma)
-    if round_points > PLD_MAX_ROUND_POINTS:
-        smallest = next(s for s in np.geomspace(1e-3, 1e3, 601) if pld_round_points(s) <= PLD_MAX_ROUND_POINTS)
-        what = f"σ = {sigma:g}" + (f" over {steps} rounds (σ/√T = {round_sigma:.3g})" if round_sigma != sigma else "")
-        raise UserInputError(f"noise: {what} needs a privacy-loss grid of about {round_points:.3g} points in the PLD "
-                             f"accountant (at most {PLD_MAX_ROUND_POINTS:.0e}: minutes and gigabytes); allowed: "
-                             f"{'σ/√T' if round_sigma != sigma else 'σ'} ≥ {smallest:.3g} with accountant 'pld', "
-                             "any σ with accountant 'rdp'")
-    identity = privacy_loss_distribution.identity(value_discretization_interval=PLD_DISCRETIZATION)
-    if rate >= 1:
-        return identity.compose(privacy_loss_distribution.from_gaussian_mechanism(
-            standard_deviation=round_sigma, value_discretization_interval=PLD_DISCRETIZATION,
-            neighboring_relation=NEIGHBORING_RELATIONS[Relation.ADD_REMOVE]))
-    one_round = privacy_loss_distribution.from_gaussian_mechanism(
-        standard_deviation=sigma, value_discretization_interval=PLD_DISCRETIZATION, sampling_prob=rate,
-        neighboring_relation=NEIGHBORING_RELATIONS[Relation.ADD_REMOVE])
-    # the composed grid, as dp-accounting truncates it (a Chernoff bound on the tails it drops)
-    points = max(_composed_points(pmf, steps) for pmf in _pmfs(one_round))
-    if points > PLD_MAX_COMPOSED_POINTS:
-        raise UserInputError(f"steps: {steps} rounds at σ = {sigma:g}, q = {rate:g} compose to a privacy-loss grid of "
-                             f"{points:.3g} points in the PLD accountant (at most {PLD_MAX_COMPOSED_POINTS:.3g}: "
-                             "gigabytes of memory); allowed: fewer rounds or more noise with accountant 'pld', or "
-                             "accountant 'rdp'")
-    return identity.compose(one_round.self_compose(steps))
-
-
-def _pmfs(pld: privacy_loss_distribution.PrivacyLossDistribution) -> list:
-    # dp-accounting keeps the two directions' PMFs as attributes without a public accessor
-    return [pld._pmf_remove] if pld._symmetric else [pld._pmf_remove, pld._pmf_add]
-
-
-def _composed_points(pmf, steps: int) -> int:
-    """Length of dp-accounting's grid for ``pmf`` composed ``steps`` times (its own truncation)."""
-    probs = pmf.to_dense_pmf()._probs
-    lower, upper = pld_common.compute_self_convolve_bounds(probs, steps, 1e-15)
-    return max(upper - lower + 1, len(probs))
 
 
 def epsilon_trajectory(

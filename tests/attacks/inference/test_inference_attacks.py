@@ -13,7 +13,6 @@ import pytest
 import torch
 from torch import nn
 
-from attacks.base import TargetRun
 from attacks.inference.attribute_guesses import baseline_inputs, baseline_posterior, best_baseline, decide
 from attacks.inference.attribute_inference import GUESSES, attribute_inference, attribute_inference_on_dataset
 from attacks.inference.attribute_queries import attribute_encodings, penultimate_embeddings
@@ -28,6 +27,7 @@ from attacks.inference.property_inference import (
 from attacks.inference.property_updates import flat_gradient, local_sgd_delta, privatised_upload
 from attacks.reconstruction.model_inversion import model_inversion
 from attacks.server_view import UploadView, upload_view
+from attacks.target_run import TargetRun
 from audit.core.datasets import load_dataset
 from audit.core.metrics import IntervalEstimate
 from audit.core.models import build_model

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from attacks.base import membership_metrics
 from attacks.membership.lira import LiRA, LiRAParams
+from attacks.membership_metrics import membership_metrics
 from audit.core.metrics import auc
 
 

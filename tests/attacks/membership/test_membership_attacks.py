@@ -18,11 +18,12 @@ from sklearn.datasets import load_digits
 from torch import nn
 
 import attacks.catalog  # noqa: F401  (registers every attack)
-from attacks.base import ATTACKS, MembershipExperiment
+from attacks.base import ATTACKS
 from attacks.membership.canary_queries import CanaryQueryParams
 from attacks.membership.lira import LiRAParams
 from attacks.membership.shokri import ShokriParams
 from attacks.membership.threshold import EntropyParams, ThresholdParams
+from attacks.membership_experiment import MembershipExperiment
 
 POOL = 400
 RUNS = 16

@@ -17,8 +17,9 @@ import torch
 from torch import nn
 
 import attacks.catalog  # noqa: F401  (registers every attack)
-from attacks.base import ATTACKS, MembershipExperiment
+from attacks.base import ATTACKS
 from attacks.membership.rmia import RMIA, RMIAParams
+from attacks.membership_experiment import MembershipExperiment
 from audit.core.errors import UserInputError
 from audit.core.schema import from_mapping
 

@@ -20,10 +20,10 @@ from defenses.privacy.accounting import (
     calibrate_noise,
     compute_epsilon,
     epsilon_trajectory,
-    pld_round_points,
     rdp_per_round,
     rdp_to_epsilon,
 )
+from defenses.privacy.pld_grid import pld_round_points
 
 
 def eps(sigma, q, steps, delta, **kw):
