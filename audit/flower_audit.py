@@ -80,6 +80,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from audit.core.errors import UserInputError, check_choice
+from audit.core.vocabulary import EpsilonKind, Observer, Relation, Unit
 from audit.flower_canaries import CanaryClients
 from audit.flower_view import FlowerRecorder, FlowerView
 
@@ -93,7 +94,7 @@ if TYPE_CHECKING:
 #: the attack's name in the results (its two observations: attacks.canaries.update_canaries.OBSERVATIONS)
 ATTACK = "flower-client-canaries"
 #: the neighbouring relation of the canary design: a held-out canary takes part with another (tiny) update
-DESIGN_RELATION = "replace-one"
+DESIGN_RELATION = Relation.REPLACE_ONE
 
 
 # --------------------------------------------------------------------------- the claim
@@ -142,10 +143,10 @@ def flower_claim(noise_multiplier: float, sample_size: int, population: int, rou
     mechanism = (f"Flower central DP (fixed clipping): clipped average + N(0, (σ·S/m)²), σ = {noise_multiplier:.6g}, "
                  f"m = {sample_size} of N = {population} clients per round, T = {rounds}; {schedule.describe()}")
     return PrivacyClaim(
-        float(released.epsilon), float(delta), "client", released.accountant, mechanism,
+        float(released.epsilon), float(delta), Unit.CLIENT, released.accountant, mechanism,
         notes or "claim computed by dpfl-audit's accountant from Flower's noise multiplier and sampling "
                  "(Flower states σ and S, no ε)",
-        relation=released.relation, adversary="released", adversaries=adversaries)
+        relation=released.relation, adversary=Observer.RELEASED, adversaries=adversaries)
 
 
 def claim_of_view(view: FlowerView, delta: float, noise_multiplier: float | None = None,
@@ -197,14 +198,14 @@ def canary_results(view: FlowerView, canaries: CanaryClients, claim: PrivacyClai
     from attacks.canaries.update_canaries import OBSERVATIONS
     from reports.soundness import measurement_delta
 
-    at = measurement_delta(claim, "client", delta, DESIGN_RELATION)
+    at = measurement_delta(claim, Unit.CLIENT, delta, DESIGN_RELATION)
     inserted = canaries.inserted
     described = (f"{canaries.count} canary clients (Flower Mod), {int(inserted.sum())} inserted, each uploading "
                  f"{canaries.scale:g}·S·u_i (clipped to S·u_i); held out: "
                  f"{canaries.held_out_norm:g}·S·v_i, v_i independent of u_i (replace-one design)")
     out = []
     for key, statistics in canary_statistics(view, canaries).items():
-        result = canary_result(ATTACK, "client", statistics[None, :], inserted[None, :], at, canaries.seed,
+        result = canary_result(ATTACK, Unit.CLIENT, statistics[None, :], inserted[None, :], at, canaries.seed,
                                f"{described}; observed: {OBSERVATIONS[key]}")
         result.variant = "" if key == "final-model" else key
         result.observation = OBSERVATIONS[key]
@@ -254,7 +255,7 @@ def summary(results: Results) -> dict[str, Any]:
     bounds = {}
     for record in experiment.attacks:
         for metric, estimate in record.metrics.items():
-            if record.epsilon_kind.get(metric) == "lower_bound":
+            if record.epsilon_kind.get(metric) == EpsilonKind.LOWER_BOUND:
                 bounds[f"{record.observation}: {metric}"] = estimate.value
     return {"claimed_epsilon": experiment.claim.epsilon if experiment.claim.is_private else None,
             "delta": experiment.claim.delta, "relation": experiment.claim.relation,

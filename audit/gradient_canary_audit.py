@@ -175,7 +175,7 @@ def gradient_canary_audit(train: Callable[..., nn.Module], features: torch.Tenso
                              "attach(optimizer) on its Opacus DPOptimizer")
     if not isinstance(claim, PrivacyClaim):
         raise UserInputError(f"claim: must be a PrivacyClaim (audit.external.stated_claim), got {type(claim).__name__}")
-    if claim.is_private and claim.unit != "record":
+    if claim.is_private and claim.unit != Unit.RECORD:
         raise UserInputError(f"claim unit: '{claim.unit}' is not allowed; allowed: record (a canary is one per-example gradient)")
     if isinstance(noise_multiplier, bool) or not isinstance(noise_multiplier, (int, float)) or not (
             math.isfinite(noise_multiplier) and noise_multiplier > 0):
@@ -190,7 +190,7 @@ def gradient_canary_audit(train: Callable[..., nn.Module], features: torch.Tenso
             raise UserInputError("test: must be a pair (features, labels) of held-out records")
         test = checked_records(test[0], test[1], "test")
     name = name or function_name(train)
-    delta = measurement_delta(claim, "record", float(claim.delta or 0.0))
+    delta = measurement_delta(claim, Unit.RECORD, float(claim.delta or 0.0))
 
     hooks: list[GradientCanaryHook] = []
     accuracy: list[float] = []
@@ -247,7 +247,7 @@ def gradient_canary_audit(train: Callable[..., nn.Module], features: torch.Tenso
     notes = (f"{scores.size} Dirac gradient canaries (U = {amplitude:g}·C) over {runs} run(s), {per_run} per run on distinct "
              f"coordinates of {hooks[0].parameters}, {int(inserted.sum())} inserted; read in all {steps} steps' noisy "
              f"averaged gradients (white box), standardised by the claim's σ = {noise_multiplier:g}")
-    result = replace(canary_result("dp-sgd-gradient-canaries", "record", scores, inserted, delta, seed, notes),
+    result = replace(canary_result("dp-sgd-gradient-canaries", Unit.RECORD, scores, inserted, delta, seed, notes),
                      statistic=STATISTIC, observation="every step's noisy averaged gradient (white box)")
     params: dict[str, Any] = {"gradient_canaries": int(scores.size), "runs": runs, "amplitude": amplitude,
                               "sample_rate": float(sample_rate), "noise_multiplier": float(noise_multiplier), "steps": steps}

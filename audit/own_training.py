@@ -46,6 +46,7 @@ from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
 from audit.core.schema import from_mapping
 from audit.core.seeding import derive_seed, numpy_rng
+from audit.core.vocabulary import Unit
 from audit.external import System, audit_external
 from audit.logs import progress_bar
 from audit.tasks import split_dataset
@@ -186,7 +187,7 @@ def canary_audit(train: TrainFunction, features: torch.Tensor, labels: torch.Ten
     statistics = logit_scaled_confidence(logits, canary_y.numpy())
     origin = "held-out records" if source is not None else "pool records (no test split given)"
     notes = f"{canaries} mislabelled copies of {origin} in one run, {int(inserted.sum())} inserted"
-    result = canary_result("record-canaries", "record", statistics[None], inserted[None], delta, seed, notes)
+    result = canary_result("record-canaries", Unit.RECORD, statistics[None], inserted[None], delta, seed, notes)
     return result, state
 
 
@@ -210,7 +211,7 @@ def audit_training(train: TrainFunction, features: torch.Tensor, labels: torch.T
                              f"{type(train).__name__}")
     if not isinstance(claim, PrivacyClaim):
         raise UserInputError(f"claim: must be a PrivacyClaim (audit.external.stated_claim), got {type(claim).__name__}")
-    if claim.is_private and claim.unit != "record":
+    if claim.is_private and claim.unit != Unit.RECORD:
         raise UserInputError(f"claim unit: '{claim.unit}' is not allowed; allowed: record (the runs include records at random)")
     features, labels = checked_records(features, labels, "features")
     models = checked_count(models, "models", 2, MAX_MODELS)
@@ -225,7 +226,7 @@ def audit_training(train: TrainFunction, features: torch.Tensor, labels: torch.T
     attacks = list(attacks)
     membership_attacks(attacks, models)  # a bad attack entry fails before any training
     name = name or function_name(train)
-    delta = measurement_delta(claim, "record", float(claim.delta or 0.0))
+    delta = measurement_delta(claim, Unit.RECORD, float(claim.delta or 0.0))
 
     keep = numpy_rng(seed, "own-training", "keep").random((models, len(labels))) < 0.5  # keep[r, i]: a fair coin each
     bar = progress_bar(models + (1 if canaries else 0), f"audit-training {name}", not progress)
@@ -260,7 +261,7 @@ def audit_training(train: TrainFunction, features: torch.Tensor, labels: torch.T
     finally:
         bar.close()
     results = score_models(template, states, keep, features, labels, attacks, seed, device,
-                           deltas={"record": delta}, key=name) + results
+                           deltas={Unit.RECORD: delta}, key=name) + results
 
     params: dict[str, Any] = {"membership_models": models, "canaries": canaries}
     if canary_accuracy is not None:

@@ -10,7 +10,7 @@ output directory. The plan is a value: the stages that follow (:mod:`audit.train
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -23,12 +23,14 @@ from audit.core.devices import check_device
 from audit.core.errors import UserInputError
 from audit.core.safe_names import slug
 from audit.core.schema import from_mapping, to_mapping
+from audit.core.vocabulary import Relation, Unit
 from audit.tasks import Membership, Task, build_task, client_membership, record_membership
 from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
 from defenses.blocks.flat import ParamLayout
 from defenses.federated.training_job import RecordSpec, TrainingConfig
 
-Relation = Literal["add-remove", "replace-one", "zero-out"]
+#: the relations a membership design can follow (the config's ``membership.relation`` once resolved)
+DesignRelation = Literal["add-remove", "replace-one", "zero-out"]
 
 
 @dataclass(frozen=True)
@@ -182,33 +184,35 @@ def plan_audit(config: AuditConfig) -> Plan:
                 label = f"{label} (ε={_format_epsilon(target)})"
             claim = defense.privacy_claim(training, num_clients, training.rounds, entry.delta, accounting)
             experiments.append(PlannedExperiment(key, label, defense, training, entry.delta, target, claim))
-    unit = config.membership.unit
+    unit: str = config.membership.unit
     if unit == "auto":  # audit whole clients when a defense protects whole clients
-        unit = "client" if any(e.claim.unit == "client" for e in experiments) else "record"
+        unit = Unit.CLIENT if any(e.claim.unit == Unit.CLIENT for e in experiments) else Unit.RECORD
     _check_attack_targets(attack_list, unit, experiments, config, task)
-    build = client_membership if unit == "client" else record_membership
+    build = client_membership if unit == Unit.CLIENT else record_membership
     design = replace(config.membership, relation=design_relation(config.membership.relation, unit, experiments))
     membership = build(task.pool.labels.numpy(), design, config.partition, config.seed)
     return Plan(config, task, experiments, attack_list, membership, accounting, _record_spec(config, attack_list),
                 target_record=_record_spec(config, attack_list, target=True))
 
 
-def design_relation(relation: str, unit: str, experiments: list[PlannedExperiment]) -> Relation:
+def design_relation(relation: str, unit: str, experiments: list[PlannedExperiment]) -> DesignRelation:
     """``membership.relation`` resolved: "auto" takes the neighbouring relation of the client-level
-    claims when they all agree (so the design measures what they promise), else add/remove."""
-    designs: dict[str, Relation] = {"add-remove": "add-remove", "replace-one": "replace-one", "zero-out": "zero-out"}
+    claims when they all agree (so the design measures what they promise), else add/remove. The
+    config keeps plain strings (it is written back as YAML), so the value is returned."""
+    designs = (Relation.ADD_REMOVE, Relation.REPLACE_ONE, Relation.ZERO_OUT)
     if relation != "auto":
-        return designs[relation]
-    claimed = {designs[e.claim.relation] for e in experiments
-               if e.claim.is_private and e.claim.unit == "client" and e.claim.relation in designs}
-    return claimed.pop() if unit == "client" and len(claimed) == 1 else "add-remove"
+        return cast(DesignRelation, Relation(relation).value)
+    claimed = {Relation(e.claim.relation) for e in experiments
+               if e.claim.is_private and e.claim.unit == Unit.CLIENT and e.claim.relation in designs}
+    return cast(DesignRelation, claimed.pop().value if unit == Unit.CLIENT and len(claimed) == 1 else Relation.ADD_REMOVE.value)
 
 
 def canary_relation(experiment: PlannedExperiment, audit: CanaryAudit) -> str:
     """The neighbouring relation of a canary audit's design. Canary clients follow a zero-out claim
     (every canary takes part, a held-out one uploads nothing); otherwise a canary is added or
     not (a canary record changes its client's data: add/remove per record)."""
-    return "zero-out" if audit.unit == "client" and experiment.claim.relation == "zero-out" else "add-remove"
+    zero_out = audit.unit == Unit.CLIENT and experiment.claim.relation == Relation.ZERO_OUT
+    return Relation.ZERO_OUT if zero_out else Relation.ADD_REMOVE
 
 
 def _check_attack_targets(attacks: list[Attack], unit: str, experiments: list[PlannedExperiment], config: AuditConfig,
@@ -216,7 +220,7 @@ def _check_attack_targets(attacks: list[Attack], unit: str, experiments: list[Pl
     """Each attack's parameters against every experiment it will run on (rounds, clients, runs, the
     dataset's classes and attributes), so that none is found unfit only after training."""
     for i, attack in enumerate(attacks):
-        if getattr(attack.params, "unit", None) == "client" and unit != "client":
+        if getattr(attack.params, "unit", None) == Unit.CLIENT and unit != Unit.CLIENT:
             raise UserInputError(f"attacks[{i}].params.unit: 'client' needs runs that include whole clients; "
                                  "set membership.unit: client")
         for experiment in experiments:
