@@ -175,7 +175,7 @@ def test_nbafl_noise_formulas_and_privatisation(digits_job):
     claim = defense.privacy_claim(job.training, 8, 1, job.delta, AccountingSettings())
     # the sound headline: two clipped models differ by ≤ 2C, each upload carries σ_U, one round — the exact
     # Gaussian ε of μ = 2C/σ_U at δ (Balle & Wang 2018) is below it (RDP is an upper bound) and close to it
-    from tests.defenses.test_claims import exact_gaussian_epsilon
+    from tests.defenses.privacy.test_claims import exact_gaussian_epsilon
 
     server = claim.against("server")
     exact = exact_gaussian_epsilon(2 * 1.0 / std, job.delta)
