@@ -66,7 +66,7 @@ CANARY_COLUMNS = ("canary", "score", "inserted")
 #: optional columns: the unit kind of either file, the run of a canary file
 OPTIONAL_COLUMNS = {"membership": ("unit_kind",), "canary": ("run", "unit_kind")}
 #: what ``unit_kind`` (and ``--unit``) may say
-UNIT_KINDS = tuple(MEMBERSHIP_UNITS)
+UNIT_KINDS = tuple(unit.value for unit in MEMBERSHIP_UNITS)
 #: a 0/1 cell written as text: 0, 1 (also 0.0, 1.00), true, false in any case (the schema's pattern)
 TRUTH_TEXT = re.compile(r"\s*(?:(?P<number>[01])(?:\.0*)?|(?P<word>true|false))\s*", re.IGNORECASE)
 #: a score written as text: a decimal number in ASCII digits (the schema's pattern; no "1_000", no
@@ -300,7 +300,7 @@ def resolve_unit(data: ScoreFile, unit: str | None) -> str:
     if unit is not None and data.unit_kind is not None and unit != data.unit_kind:
         raise UserInputError(f"{data.path}: column 'unit_kind': the file scores {data.unit_kind} units, but --unit is "
                              f"{unit}; pass --unit {data.unit_kind} (or leave --unit out)")
-    return unit or data.unit_kind or Unit.RECORD
+    return unit or data.unit_kind or Unit.RECORD.value
 
 
 # --------------------------------------------------------------------------- scores → AttackResult
@@ -364,7 +364,7 @@ def _canary_result(data: ScoreFile, unit: str, delta: float, seed: int, source: 
 
 
 def score_file_results(path: str | os.PathLike, claim_epsilon: float | None = None, delta: float = 1e-5,
-                       unit: str | None = None, relation: str = Relation.ADD_REMOVE, seed: int = 0,
+                       unit: str | None = None, relation: str = Relation.ADD_REMOVE.value, seed: int = 0,
                        name: str | None = None) -> tuple[Results, ScoreFile]:
     """The results document of a score file judged against the claim (ε, δ) per ``unit`` under
     ``relation`` (no claim when ``claim_epsilon`` is None), and the file as read. Nothing is written."""
@@ -388,7 +388,7 @@ def score_file_results(path: str | os.PathLike, claim_epsilon: float | None = No
 
 
 def audit_scores(path: str | os.PathLike, claim_epsilon: float | None = None, delta: float = 1e-5,
-                 unit: str | None = None, relation: str = Relation.ADD_REMOVE, out: str | os.PathLike | None = None,
+                 unit: str | None = None, relation: str = Relation.ADD_REMOVE.value, out: str | os.PathLike | None = None,
                  seed: int = 0, name: str | None = None) -> Results:
     """What ``dpfl-audit scores`` does (public API): the file's metrics, ε lower bounds and
     verdicts against the stated claim, written under ``out`` when given (after every check)."""
