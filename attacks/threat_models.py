@@ -24,6 +24,7 @@ from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import torch_generator
 from defenses.blocks.clipping import clip_rows, clip_rows_per_tensor, tensor_slices
+from defenses.blocks.local_training import Params
 from defenses.blocks.noise import gaussian_rows
 
 if TYPE_CHECKING:
@@ -35,7 +36,6 @@ else:  # imported when first used (audit.core.lazy_modules)
     F = lazy_module("torch.nn.functional")
     nn = lazy_module("torch.nn")
 
-Params = dict[str, "torch.Tensor"]
 
 UPLOADS = ("gradient", "update")
 CLIP_MODES = ("flat", "per_tensor")

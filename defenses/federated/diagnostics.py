@@ -21,6 +21,7 @@ import numpy as np
 
 from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import torch_generator
+from defenses.blocks.local_training import Params
 from defenses.federated.evaluation import evaluate
 
 if TYPE_CHECKING:
@@ -30,7 +31,6 @@ else:  # imported when first used (audit.core.lazy_modules)
     torch = lazy_module("torch")
     nn = lazy_module("torch.nn")
 
-Params = dict[str, "torch.Tensor"]
 
 
 def filter_normalized_direction(params: Params, generator: torch.Generator) -> Params:
