@@ -80,8 +80,8 @@ def default_canary_jobs(per_round: int = PER_ROUND, device: str = "cpu", dense: 
                      context.layout.dim)
     jobs: dict[str, TrainingJob] = {"plain": plain, "dirac": replace(plain, dirac_canaries=rows)}
     if dense:
-        dense_audit = next((a for a in plan.canary_audits if a.name == "client-canaries"), ClientCanaries())
-        directions = type(dense_audit)(replace(dense_audit.params, canaries=count), dense_audit.label).directions(context, 0)
+        dense_audit = next((a for a in plan.canary_audits if isinstance(a, ClientCanaries)), ClientCanaries())
+        directions = ClientCanaries(replace(dense_audit.params, canaries=count), dense_audit.label).directions(context, 0)
         jobs["dense"] = replace(plain, update_canaries=directions.to(device))
     return {"defense": experiment.defense, "jobs": jobs, "experiment": experiment.label, "clients": len(clients),
             "rate": rate, "canaries": count, "dim": context.layout.dim, "rounds": experiment.training.rounds}
