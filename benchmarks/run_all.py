@@ -1,6 +1,6 @@
 """Every benchmark of issues 9 and 20 in one run, side by side.
 
-    python benchmarks/run_all.py [--json] [--skip-flower] [--skip-memory] [--skip-sequential]
+    python benchmarks/run_all.py [--json] [--skip-flower] [--skip-memory] [--skip-sequential] [--skip-canaries]
                                  [--workloads mlp cnn] [--device cpu|cuda] [--quick]
 
 For each workload (benchmarks/workloads.py; DP-FedAvg, 100 clients, 1 local epoch, clip 1,
@@ -19,7 +19,8 @@ batch 5) and 2 = ``cnn`` (MNIST's test split, 80 records per client, the sigmoid
 and once:
 
 4. σ calibration for a target ε at 10⁴ rounds, beside opacus's ``get_noise_multiplier``;
-5. the peak resident memory of the default ``dpfl-audit run``.
+5. the peak resident memory and wall time of the default ``dpfl-audit run``;
+6. the default DP-FedAvg run with 10⁴ canary clients a round vs without (``canary_scale.py``).
 
 Flower needs the benchmark extra: ``pip install -e '.[bench]'``. The machine should be idle
 (another busy process makes torch's threads collapse): the CPU load is sampled before and after
@@ -39,8 +40,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # sibling modules (opacus ships a `benchmarks` package)
 
 import torch  # noqa: E402
+from canary_scale import describe as canary_lines  # noqa: E402
+from canary_scale import measure_canary_scale  # noqa: E402
 from engine_throughput import measure_engine  # noqa: E402
-from measures import calibration_time, matmul_peak, peak_memory_default_run  # noqa: E402
+from measures import MEMORY_TARGET_MIB, WALL_TARGET_SECONDS, calibration_time, matmul_peak, peak_memory_default_run  # noqa: E402
 from membership_batching import measure_membership_batching  # noqa: E402
 from roofline import memory_bandwidth, workload_roofline  # noqa: E402
 from workloads import WORKLOADS, load_workload  # noqa: E402
@@ -94,7 +97,8 @@ def _met(value: float | None, target: float, at_most: bool = False) -> str:
 
 
 def run_all(skip_flower: bool = False, skip_memory: bool = False, workloads: tuple[str, ...] = WORKLOADS,
-            device: str = "cpu", quick: bool = False, skip_sequential: bool = False, progress=print) -> dict:
+            device: str = "cpu", quick: bool = False, skip_sequential: bool = False, progress=print,
+            skip_canaries: bool = False) -> dict:
     started = time.perf_counter()
     result: dict = {"machine": machine(), "device": device, "quick": quick, "idle_before": idle_check(),
                     "targets": TARGETS, "workloads": {}}
@@ -142,6 +146,15 @@ def run_all(skip_flower: bool = False, skip_memory: bool = False, workloads: tup
         result["calibration"] = calibration_time(repeats=2 if quick else 5)
     except ImportError as error:  # opacus or dp-accounting missing (a bare GPU machine)
         result["calibration"] = {"error": f"skipped ({error})"}
+    if skip_canaries:
+        result["canaries"] = {"error": "skipped (--skip-canaries)"}
+    else:
+        progress("canary clients at scale: the default DP-FedAvg run with 10^4 canary clients a round vs without")
+        try:
+            result["canaries"] = measure_canary_scale(repeats=1 if quick else 3, dense_rounds=2 if quick else 5,
+                                                      device=device, progress=progress)
+        except ImportError as error:  # the default audit's planning needs dp-accounting (a bare GPU machine)
+            result["canaries"] = {"error": f"skipped ({error})"}
     if skip_memory:
         result["memory"] = {"error": "skipped (--skip-memory)"}
     else:
@@ -213,9 +226,13 @@ def _table(result: dict) -> str:
                      f"(sigma {c['opacus_sigma']:.5f}, tolerance 0.01 absolute)")
     else:
         lines.append(f"calibration: {c.get('error')}")
+    lines.extend(canary_lines(result["canaries"]) if "error" not in result["canaries"]
+                 else [f"canary clients at scale: {result['canaries']['error']}"])
     mem = result["memory"]
     if "peak_mib" in mem:
-        lines.append(f"default dpfl-audit run: peak {mem['peak_mib']:.0f} MiB (target <= 2048 MiB), {mem['wall_seconds']:.0f} s")
+        lines.append(f"default dpfl-audit run: peak {mem['peak_mib']:.0f} MiB (target <= {MEMORY_TARGET_MIB} MiB: "
+                     f"{_met(mem['peak_mib'], MEMORY_TARGET_MIB, at_most=True)}), {mem['wall_seconds']:.0f} s (target <= "
+                     f"{WALL_TARGET_SECONDS:g} s: {_met(mem['wall_seconds'], WALL_TARGET_SECONDS, at_most=True)})")
     else:
         lines.append(f"memory: {mem.get('error')}")
     lines.append(f"total {result['total_seconds']:.0f} s")
@@ -227,6 +244,8 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document (progress goes to stderr)")
     parser.add_argument("--skip-flower", action="store_true", help="leave out Flower's simulation (about 3 min)")
     parser.add_argument("--skip-memory", action="store_true", help="leave out the default run's peak memory (about 1 min)")
+    parser.add_argument("--skip-canaries", action="store_true",
+                        help="leave out the canary clients at scale (about 1.5 min)")
     parser.add_argument("--skip-sequential", action="store_true",
                         help="leave out the 64 runs one after another (about 1.5 min)")
     parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
@@ -236,7 +255,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="also write the JSON document here")
     args = parser.parse_args()
     result = run_all(args.skip_flower, args.skip_memory, tuple(args.workloads), args.device, args.quick,
-                     args.skip_sequential, progress=lambda text: print(text, file=sys.stderr, flush=True))
+                     args.skip_sequential, progress=lambda text: print(text, file=sys.stderr, flush=True),
+                     skip_canaries=args.skip_canaries)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2))
