@@ -32,7 +32,23 @@ def logits_of(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor
 
 def evaluate(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
     """(mean cross-entropy, accuracy) of the model on (x, y); NaN loss if the model diverged."""
-    logits = logits_of(model, params, x)
-    loss = float(F.cross_entropy(logits, y).item()) if len(y) else float("nan")
-    accuracy = float((logits.argmax(1) == y).double().mean().item()) if len(y) else float("nan")
-    return loss, accuracy
+    return evaluate_many([(model, params, x, y)])[0]
+
+
+def evaluate_many(items: list[tuple[nn.Module, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]]
+                  ) -> list[tuple[float, float]]:
+    """:func:`evaluate` of several (model, params, x, y), with one host synchronisation for all.
+
+    Each item's loss and accuracy are computed by the same calls as for an item alone (its own
+    logits, cross-entropy and argmax on its own set: a batched product over several models would
+    round differently); only their transfer to the host is shared. An empty set gives NaN for both.
+    """
+    figures = []
+    for model, params, x, y in items:
+        if not len(y):
+            continue
+        logits = logits_of(model, params, x)
+        # the float32 loss widens to float64 exactly, so the host reads the same number as .item()
+        figures += [F.cross_entropy(logits, y).double(), (logits.argmax(1) == y).double().mean()]
+    values = iter(torch.stack(figures).tolist() if figures else [])
+    return [(next(values), next(values)) if len(y) else (float("nan"), float("nan")) for _, _, _, y in items]
