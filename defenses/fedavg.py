@@ -276,7 +276,7 @@ class DPFedAvg(Defense):
     def _privatize_rows(self, runs: list[tuple[Any, torch.Tensor, RoundContext]]) -> list[tuple[torch.Tensor, dict]]:
         sparse = [defense.pre_clip(updates, ctx) for defense, updates, ctx in runs]
         sizes = [len(rows) for rows, _ in sparse]
-        if self.params.clip_mode == "flat":  # a row's norm and scale do not depend on the other rows
+        if self.params.clip_mode == "flat" and type(self).clip is DPFedAvg.clip:  # a row's norm and scale ignore other rows
             clipped, norms, was_clipped = clip_rows(joined_rows([rows for rows, _ in sparse]), self.params.clip)
             parts = list(zip(clipped.split(sizes), norms.split(sizes), was_clipped.split(sizes)))
         else:
