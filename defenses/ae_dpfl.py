@@ -36,9 +36,10 @@ from defenses.blocks.local_training import (
     stacked_forward,
 )
 from defenses.blocks.noise import gaussian_rows
-from defenses.federated.engine import chunk_size, divergence, optimizer_settings
+from defenses.federated.engine import chunk_size, optimizer_settings
 from defenses.federated.evaluation import evaluate
 from defenses.federated.release_probe import ReleaseProbe
+from defenses.federated.round_metrics import divergence
 from defenses.federated.training_job import TrainingConfig, TrainingDiverged, TrainingJob, TrainingOutcome
 from defenses.privacy.accounting import GaussianSchedule, calibrate_noise, compute_epsilon
 from defenses.privacy.claims import AdversaryClaim, gaussian_round_epsilon, server_notes

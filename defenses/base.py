@@ -114,6 +114,14 @@ class Defense:
         """Turn the C×d matrix of raw client updates into what the clients upload."""
         return updates, {}
 
+    def privatize_together(self, runs: list[tuple[Any, torch.Tensor, RoundContext]]) -> list[tuple[torch.Tensor, dict]]:
+        """:meth:`privatize` of one round of several runs of this defense, given as (the run's bound
+        defense, its raw updates, its context); results in that order. Runs trained together
+        (:mod:`defenses.run_batch`) call it on the first run's defense, so that a defense may clip
+        and noise all runs' rows in shared computations — each run's uploads exactly as its own
+        :meth:`privatize` gives them. By default, each run's own :meth:`privatize`."""
+        return [defense.privatize(updates, ctx) for defense, updates, ctx in runs]
+
     def aggregate(self, uploads: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
         """Combine uploads into the global step direction (length d)."""
 

@@ -32,14 +32,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
 
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
 from audit.core.vocabulary import Observer, Unit
 from defenses.audit_hooks import AuditHooks
 from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
-from defenses.blocks.clipping import clip_rows, clip_rows_per_tensor
+from defenses.blocks.clipping import clip_rows, clip_rows_per_tensor, joined_rows
 from defenses.blocks.dirac_rows import DiracRows
 from defenses.blocks.noise import gaussian_rows
 from defenses.federated.training_job import RoundContext, TrainingConfig
@@ -259,19 +261,45 @@ class DPFedAvg(Defense):
             if self.params.noise_placement == "client":
                 clipped_rows = clipped_rows.with_gaussian_noise(self.upload_noise_std(ctx), ctx.canary_generator("noise"))
             return clipped_rows, {}
-        sparse, kept = self.pre_clip(updates, ctx)
-        clipped, norms, was_clipped = self.clip(sparse)
-        assert isinstance(clipped, torch.Tensor)
-        diagnostics = {"clip_fraction": float(was_clipped.double().mean()), "clip_input_norms": norms}
-        noisy = clipped
+        return self._privatize_rows([(self, updates, ctx)])[0]
+
+    def privatize_together(self, runs: list[tuple[Any, torch.Tensor, RoundContext]]) -> list[tuple[torch.Tensor, dict]]:
+        """All runs' rows clipped in one computation and noised in one matrix (each row from its own
+        client's stream, at its own run's share σS/√|P_t|): every run's uploads are what
+        :meth:`privatize` gives it alone, which runs the same code for one run. A variant that
+        privatises otherwise (its own :meth:`privatize`), or runs with other parameters, go one by one."""
+        if type(self).privatize is not DPFedAvg.privatize or \
+                any(type(defense) is not type(self) or defense.params != self.params for defense, _, _ in runs):
+            return super().privatize_together(runs)
+        return self._privatize_rows(runs)
+
+    def _privatize_rows(self, runs: list[tuple[Any, torch.Tensor, RoundContext]]) -> list[tuple[torch.Tensor, dict]]:
+        sparse = [defense.pre_clip(updates, ctx) for defense, updates, ctx in runs]
+        sizes = [len(rows) for rows, _ in sparse]
+        if self.params.clip_mode == "flat" and type(self).clip is DPFedAvg.clip:  # a row's norm and scale ignore other rows
+            clipped, norms, was_clipped = clip_rows(joined_rows([rows for rows, _ in sparse]), self.params.clip)
+            parts = list(zip(clipped.split(sizes), norms.split(sizes), was_clipped.split(sizes)))
+        else:
+            parts = [self.clip(rows) for rows, _ in sparse]
+        fractions = torch.stack([fraction.double().mean() for _, _, fraction in parts]).tolist()  # one host sync
+        noises: list[torch.Tensor | None] = [None] * len(runs)
         if self.params.noise_placement == "client":
-            std = self.upload_noise_std(ctx)
-            generators = [ctx.client_generator(int(c), "noise") for c in ctx.participants]
-            noise = gaussian_rows(len(ctx.participants), updates.shape[1], std, generators, updates.device)
-            if kept is not None and self.noise_support().kept_only:
-                noise = noise * kept
-            noisy = clipped + noise
-        return self.post_noise(clipped, noisy, ctx), diagnostics
+            stds = [defense.upload_noise_std(ctx) for defense, _, ctx in runs]
+            generators = [ctx.client_generator(int(c), "noise") for _, _, ctx in runs for c in ctx.participants]
+            rows = [len(ctx.participants) for _, _, ctx in runs]
+            noise = gaussian_rows(sum(rows), parts[0][0].shape[1], np.repeat(stds, rows).tolist(), generators,
+                                  parts[0][0].device)
+            noises = list(noise.split(rows))
+        out = []
+        for (defense, _, ctx), (_, kept), (clipped_k, norms_k, _), fraction, noise_k in zip(runs, sparse, parts, fractions,
+                                                                                             noises):
+            noisy = clipped_k
+            if noise_k is not None:
+                if kept is not None and defense.noise_support().kept_only:
+                    noise_k = noise_k * kept
+                noisy = clipped_k + noise_k
+            out.append((defense.post_noise(clipped_k, noisy, ctx), {"clip_fraction": fraction, "clip_input_norms": norms_k}))
+        return out
 
     def divisor(self, ctx: RoundContext) -> float:
         """What :meth:`aggregate` divides the sum by: |P_t| as realised (Dirac canary clients

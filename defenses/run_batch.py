@@ -6,9 +6,14 @@ another, each round of each run is a small batched computation whose fixed costs
 dispatch, vmap set-up) dominate on small models. Trained together, round t of all R runs is
 one computation: the participants of every run become rows of one :class:`LocalSchedule`, each
 row starting from its own run's global model (``train_batched(..., per_client_start=True)``).
-Everything else — participant sampling, privatisation, aggregation, metrics, the server view —
-stays per run, driven by each run's own :class:`FederatedEngine` with its own seed streams, so a
-run's result does not depend on which runs it was trained with (``tests/defenses/federated/test_run_batch.py``).
+The round's finishing is joined too (:func:`~defenses.federated.engine.finish_rounds`): the
+defense privatises all runs' rows in shared computations where it can
+(:meth:`Defense.privatize_together`: DP-FedAvg's clipping and noise), the runs' norms, losses and
+accuracies reach the host together, one synchronisation checks every run for divergence. Each run
+keeps its own :class:`FederatedEngine`, seed streams, participant sampling, aggregation and server
+view, and every number of a run is computed as for the run alone — a run alone goes through the
+same functions with one run — so a run's result does not depend on which runs it was trained
+with (``tests/defenses/federated/test_run_batch.py``).
 
 Runs fall back to training one after another when their defense trains outside the round
 engine (its own ``train``), when the engine is the per-client reference loop, or when the local
@@ -24,7 +29,7 @@ from typing import TYPE_CHECKING
 from audit.core.lazy_modules import lazy_module
 from defenses.base import Defense
 from defenses.blocks.local_training import LocalSchedule, train_batched
-from defenses.federated.engine import FederatedEngine, optimizer_settings, train_in_chunks
+from defenses.federated.engine import FederatedEngine, finish_rounds, optimizer_settings, train_in_chunks
 from defenses.federated.training_job import RoundContext, TrainingDiverged, TrainingJob, TrainingOutcome
 
 if TYPE_CHECKING:
@@ -113,11 +118,9 @@ def train_together(defense: Defense, jobs: list[TrainingJob],
             break
         begun = [engines[k].begin_round(states[k], t) for k in live]
         updates = joint_local_updates([engines[k] for k in live], [ctx for ctx, _ in begun])
-        for k, (ctx, row), delta in zip(live, begun, updates):
-            try:
-                engines[k].finish_round(states[k], t, ctx, delta, row)
-            except TrainingDiverged as diverged:
-                stopped[k] = diverged
+        finished = finish_rounds([engines[k] for k in live], [states[k] for k in live], t, [ctx for ctx, _ in begun], updates,
+                                 [row for _, row in begun])
+        stopped.update((k, diverged) for k, diverged in zip(live, finished) if diverged is not None)
         if on_round is not None:
             on_round(t + 1, total)
     return [stopped[k] if k in stopped else engine.outcome(state)

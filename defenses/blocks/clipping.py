@@ -50,3 +50,22 @@ def tensor_slices(sizes: Sequence[int]) -> list[slice]:
         out.append(slice(start, start + int(size)))
         start += int(size)
     return out
+
+
+def joined_rows(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The row blocks ``parts`` (each C_k×d) as one matrix: a view when they lie back to back in one
+    storage (the slices of one batched computation), else a copy."""
+    first = parts[0]
+    if len(parts) == 1:
+        return first
+    dim = first.shape[1]
+    offset = first.storage_offset()
+    adjacent = True
+    for part in parts:
+        adjacent = adjacent and (part.is_contiguous() and part.shape[1] == dim and part.dtype == first.dtype
+                                 and part.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+                                 and part.storage_offset() == offset)
+        offset += part.numel()
+    if adjacent:
+        return first.as_strided((sum(p.shape[0] for p in parts), dim), (dim, 1), first.storage_offset())
+    return torch.cat(list(parts))

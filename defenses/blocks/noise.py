@@ -8,6 +8,7 @@ which they are processed, or on whether the batched or the per-client engine pat
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -20,15 +21,31 @@ else:  # imported when first used (audit.core.lazy_modules)
     torch = lazy_module("torch")
 
 
-def gaussian_rows(rows: int, dim: int, std: float, generators: list[torch.Generator],
+def gaussian_rows(rows: int, dim: int, std: float | Sequence[float], generators: list[torch.Generator],
                   device: torch.device | str = "cpu") -> torch.Tensor:
-    """A rows×dim matrix of N(0, std²) entries, row i from ``generators[i]``."""
+    """A rows×dim matrix of N(0, std²) entries, row i from ``generators[i]``; ``std`` is one value
+    or one per row (several runs' clients, each run with its own share σS/√|P_t|).
+
+    Row i's values do not depend on the other rows: each is its generator's draw of ``dim``
+    normals, scaled by its std in float32 (a float32 product of the same two numbers, whether the
+    std is one scalar or a per-row column). Rows drawn from CPU generators are filled on the CPU
+    and moved to ``device`` in one transfer (not one per row).
+    """
     if len(generators) != rows:
         raise ValueError("one generator per row is needed")
-    out = torch.empty(rows, dim, dtype=torch.float32, device=device)
+    on_cpu = all(generator.device.type == "cpu" for generator in generators)
+    out = torch.empty(rows, dim, dtype=torch.float32, device="cpu" if on_cpu else device)
     for i, generator in enumerate(generators):
-        out[i] = torch.randn(dim, generator=generator, device=generator.device).to(device)
-    return out.mul_(std)
+        if on_cpu:
+            torch.randn(dim, generator=generator, out=out[i])
+        else:
+            out[i] = torch.randn(dim, generator=generator, device=generator.device).to(out.device)
+    out = out.to(device)
+    if isinstance(std, (int, float)):
+        return out.mul_(std)
+    if len(std) != rows:
+        raise ValueError("one std per row is needed")
+    return out.mul_(torch.as_tensor(np.asarray(std, dtype=np.float64), device=out.device).to(torch.float32)[:, None])
 
 
 def discrete_laplace(rng: np.random.Generator, scale: float, size: int) -> np.ndarray:

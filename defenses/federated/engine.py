@@ -38,8 +38,9 @@ from audit.core.seeding import numpy_rng, philox_rng, seed_torch
 from defenses.blocks.dirac_rows import DiracRows
 from defenses.blocks.flat import ParamLayout, parameters_of
 from defenses.blocks.local_training import TRAINERS, LocalSchedule, OptimizerSettings
-from defenses.federated.evaluation import evaluate
+from defenses.federated.evaluation import evaluate_many
 from defenses.federated.round_defense import RoundDefense
+from defenses.federated.round_metrics import divergences, norm_summaries
 from defenses.federated.training_job import (
     RoundContext,
     RunState,
@@ -56,23 +57,6 @@ if TYPE_CHECKING:
 else:  # imported when first used (audit.core.lazy_modules)
     torch = lazy_module("torch")
     nn = lazy_module("torch.nn")
-
-
-LOSS_NAMES = {"train_loss": "training loss", "test_loss": "test loss"}
-
-
-def divergence(params: torch.Tensor | dict[str, torch.Tensor], row: dict[str, Any] | None = None,
-               losses: tuple[str, ...] = ()) -> str | None:
-    """What is non-finite after a round — the global parameters (a flat vector or a parameter dict),
-    or one of the ``losses`` named in the round's metrics ``row`` — or None when all is finite."""
-    tensors = params.values() if isinstance(params, dict) else (params,)
-    if not all(bool(torch.isfinite(t).all()) for t in tensors):
-        return "non-finite parameters"
-    for name in losses:
-        value = (row or {}).get(name)
-        if value is not None and not math.isfinite(value):
-            return f"non-finite {LOSS_NAMES.get(name, name)}"
-    return None
 
 
 def mean_update(uploads: torch.Tensor, ctx: RoundContext, denominator: float | None = None) -> torch.Tensor:
@@ -115,13 +99,6 @@ def initial_vector(model_factory: Callable[[], nn.Module], seed: int) -> tuple[n
     return model, layout, layout.flatten(parameters_of(model))
 
 
-def _norm_summary(norms: torch.Tensor) -> dict[str, float]:
-    values = norms.detach().to(torch.float64).cpu().numpy()
-    q = np.quantile(values, [0.0, 0.25, 0.5, 0.75, 1.0])
-    return {"update_norm_min": float(q[0]), "update_norm_q25": float(q[1]), "update_norm_median": float(q[2]),
-            "update_norm_q75": float(q[3]), "update_norm_max": float(q[4]), "update_norm_mean": float(values.mean())}
-
-
 def chunk_size(training: TrainingConfig, dim: int, factor: float = 1.0) -> int:
     """Clients per batched computation: the configured value, or about 2^25 parameter-sized values in
     all; ``factor`` is how many parameter-sized tensors one client needs (e.g. per-example gradients)."""
@@ -147,11 +124,6 @@ def train_in_chunks(steps: list[int], size: int, train: Callable[[list[int]], to
 
 def optimizer_settings(training: TrainingConfig, lr: float) -> OptimizerSettings:
     return OptimizerSettings(lr, training.momentum, training.weight_decay, training.optimizer)
-
-
-def norm_list(norms: torch.Tensor) -> list[float]:
-    """Norms rounded to 6 significant digits, for the per-round distribution in metrics.jsonl."""
-    return [float(f"{v:.6g}") for v in norms.detach().to(torch.float64).cpu().tolist()]
 
 
 class FederatedEngine:
@@ -255,6 +227,8 @@ class FederatedEngine:
         trajectory = defense.epsilon_trajectory(training, len(job.clients), job.delta, job.accounting)
         test_x, test_y = defense.test_split(job)
         state = RunState(model, layout, global_vector, members, trajectory, test_x, test_y)
+        if len(members):  # the training-set metrics' records, gathered once
+            state.member_x, state.member_y = job.pool_x[members], job.pool_y[members]
         if job.dirac_canaries is not None:
             reason = defense.audit_hooks().dirac_canaries_refused(training)
             if reason is not None:
@@ -274,61 +248,44 @@ class FederatedEngine:
 
     def finish_round(self, state: RunState, t: int, ctx: RoundContext | None, updates: torch.Tensor | None,
                      row: dict[str, Any]) -> None:
-        """Privatise and aggregate the round's raw updates, step the global model, record metrics."""
-        job, training, defense = self.job, self.job.training, self.defense
-        round_number, total = t + 1, training.rounds
-        if ctx is not None:
-            participants = ctx.participants
-            if job.update_canaries is not None:
-                updates, ctx = self.add_canaries(updates, ctx, row)
-            if job.dirac_canaries is not None:
-                ctx, joined = self.dirac_round(ctx, row)
-                assert ctx.canaries is not None and state.dirac_uploads is not None
-                # the same hooks as the real clients' rows: clipping, noise (a share of σS/√|P_t|)
-                canary_uploads, _ = defense.privatize(ctx.canaries, ctx)
-                ctx = replace(ctx, canaries=canary_uploads)
-                state.dirac_uploads[t, torch.as_tensor(joined, dtype=torch.long)] = \
-                    canary_uploads.own_uploads().detach().float().cpu()
-                row["divisor"] = defense.audit_hooks().divisor(ctx)
-            uploads, diagnostics = defense.privatize(updates, ctx)
-            step = defense.aggregate(uploads, ctx)
-            state.global_vector = state.global_vector + training.server_lr * step
-            # the norms of what is clipped (after any pre-clip sparsification), else of the raw updates
-            norms = diagnostics.pop("clip_input_norms", None)
-            if norms is None:
-                norms = torch.linalg.vector_norm(updates, dim=1, dtype=torch.float64)
-            row.update(_norm_summary(norms))
-            row["update_norms"] = norm_list(norms)
-            row.update(diagnostics)
-            if job.record.wants_uploads(round_number, total):
-                if defense.observes == "uploads":
-                    for i, client in enumerate(participants):
-                        if job.record.wants_client(int(client)):
-                            state.server_view[f"round_{round_number:04d}/client_{int(client):05d}"] = uploads[i].clone()
-                elif defense.observes == "shuffled":  # uploads in random order, no identities
-                    for i in range(len(participants)):
-                        state.server_view[f"round_{round_number:04d}/upload_{i:05d}"] = uploads[i].clone()
-                state.server_view[f"round_{round_number:04d}/aggregate"] = step.clone()
-        else:
-            row["skipped"] = True  # an empty Poisson round still counts in the accounting
-        if state.trajectory is not None:
-            row["epsilon"] = state.trajectory[t]
-        if round_number % training.eval_every == 0 or round_number == total:
-            params = state.layout.unflatten(state.global_vector)
-            row["test_loss"], row["test_accuracy"] = evaluate(state.model, params, state.test_x, state.test_y)
-            if len(state.members):
-                row["train_loss"], row["train_accuracy"] = evaluate(state.model, params, job.pool_x[state.members],
-                                                                    job.pool_y[state.members])
-        if job.record.wants_global(round_number, total):
-            state.global_models[f"round_{round_number:04d}"] = state.global_vector.clone()
-        state.metrics.append(row)
-        # an empty evaluation set gives a NaN loss that is no divergence
-        losses = (("train_loss",) if len(state.members) else ()) + \
-            (("test_loss",) if state.test_y is not None and len(state.test_y) else ())
-        what = divergence(state.global_vector, row, losses)
-        if what is not None:  # stop here: the remaining rounds would only carry NaN
-            row["diverged"] = what
-            raise TrainingDiverged(round_number, what, state.metrics)
+        """Privatise and aggregate the round's raw updates, step the global model, record metrics
+        (:func:`finish_rounds` for this run alone: a run's numbers are the same alone or together)."""
+        diverged = finish_rounds([self], [state], t, [ctx], [updates], [row])[0]
+        if diverged is not None:
+            raise diverged
+
+    def with_canaries(self, state: RunState, t: int, ctx: RoundContext, updates: torch.Tensor,
+                      row: dict[str, Any]) -> tuple[torch.Tensor, RoundContext]:
+        """The round's update canaries and Dirac canary clients joined to its updates and context
+        (Dirac canaries privatised here, by the same hooks as the real clients' rows)."""
+        job, defense = self.job, self.defense
+        if job.update_canaries is not None:
+            updates, ctx = self.add_canaries(updates, ctx, row)
+        if job.dirac_canaries is not None:
+            ctx, joined = self.dirac_round(ctx, row)
+            assert ctx.canaries is not None and state.dirac_uploads is not None
+            # the same hooks as the real clients' rows: clipping, noise (a share of σS/√|P_t|)
+            canary_uploads, _ = defense.privatize(ctx.canaries, ctx)
+            ctx = replace(ctx, canaries=canary_uploads)
+            state.dirac_uploads[t, torch.as_tensor(joined, dtype=torch.long)] = \
+                canary_uploads.own_uploads().detach().float().cpu()
+            row["divisor"] = defense.audit_hooks().divisor(ctx)
+        return updates, ctx
+
+    def record_uploads(self, state: RunState, round_number: int, participants: np.ndarray, uploads: torch.Tensor,
+                       step: torch.Tensor) -> None:
+        """The server view of this round, if the job records it: uploads by client (or shuffled) and the step."""
+        job, defense = self.job, self.defense
+        if not job.record.wants_uploads(round_number, job.training.rounds):
+            return
+        if defense.observes == "uploads":
+            for i, client in enumerate(participants):
+                if job.record.wants_client(int(client)):
+                    state.server_view[f"round_{round_number:04d}/client_{int(client):05d}"] = uploads[i].clone()
+        elif defense.observes == "shuffled":  # uploads in random order, no identities
+            for i in range(len(participants)):
+                state.server_view[f"round_{round_number:04d}/upload_{i:05d}"] = uploads[i].clone()
+        state.server_view[f"round_{round_number:04d}/aggregate"] = step.clone()
 
     def outcome(self, state: RunState) -> TrainingOutcome:
         job, training = self.job, self.job.training
@@ -356,3 +313,74 @@ class FederatedEngine:
             if on_round is not None:
                 on_round(t + 1, total, row)
         return self.outcome(state)
+
+
+def finish_rounds(engines: list[FederatedEngine], states: list[RunState], t: int, contexts: list[RoundContext | None],
+                  updates: list[torch.Tensor | None], rows: list[dict[str, Any]]) -> list[TrainingDiverged | None]:
+    """Finish round ``t`` of several runs of one defense with the same training settings (runs
+    trained together, :mod:`defenses.run_batch`; a run alone is the case of one): privatise
+    (:meth:`Defense.privatize_together`), aggregate, step each global model, record the metrics
+    and the server view, evaluate, check for divergence. Stages that cross runs share their
+    computations and host synchronisations; every run's numbers are computed as for the run alone.
+    Returns, per run, the :class:`TrainingDiverged` that stops it at this round, or None.
+    """
+    training = engines[0].job.training
+    round_number, total = t + 1, training.rounds
+    live = [k for k, ctx in enumerate(contexts) if ctx is not None]
+    joined: dict[int, tuple[torch.Tensor, RoundContext]] = {}
+    for k in live:
+        ctx, delta = contexts[k], updates[k]
+        assert ctx is not None and delta is not None
+        joined[k] = engines[k].with_canaries(states[k], t, ctx, delta, rows[k])
+    runs = [(engines[k].defense, joined[k][0], joined[k][1]) for k in live]
+    privatized = engines[live[0]].defense.privatize_together(runs) if live else []
+    norms, steps = [], {}
+    for k, (uploads, diagnostics) in zip(live, privatized):
+        delta, ctx = joined[k]
+        steps[k] = engines[k].defense.aggregate(uploads, ctx)
+        states[k].global_vector = states[k].global_vector + training.server_lr * steps[k]
+        # the norms of what is clipped (after any pre-clip sparsification), else of the raw updates
+        norm = diagnostics.pop("clip_input_norms", None)
+        norms.append(torch.linalg.vector_norm(delta, dim=1, dtype=torch.float64) if norm is None else norm)
+    for k, (summary, listed), (uploads, diagnostics) in zip(live, norm_summaries(norms), privatized):
+        rows[k].update(summary)
+        rows[k]["update_norms"] = listed
+        rows[k].update(diagnostics)
+        ctx = contexts[k]
+        assert ctx is not None
+        engines[k].record_uploads(states[k], round_number, ctx.participants, uploads, steps[k])
+    for k, (state, row) in enumerate(zip(states, rows)):
+        if contexts[k] is None:
+            row["skipped"] = True  # an empty Poisson round still counts in the accounting
+        if state.trajectory is not None:
+            row["epsilon"] = state.trajectory[t]
+    if round_number % training.eval_every == 0 or round_number == total:
+        _evaluate(states, rows)
+    for engine, state in zip(engines, states):
+        if engine.job.record.wants_global(round_number, total):
+            state.global_models[f"round_{round_number:04d}"] = state.global_vector.clone()
+    for state, row in zip(states, rows):
+        state.metrics.append(row)
+    # an empty evaluation set gives a NaN loss that is no divergence
+    losses = [(("train_loss",) if len(state.members) else ()) +
+              (("test_loss",) if state.test_y is not None and len(state.test_y) else ()) for state in states]
+    out: list[TrainingDiverged | None] = []
+    for state, row, what in zip(states, rows, divergences([s.global_vector for s in states], rows, losses)):
+        if what is not None:  # stop here: the remaining rounds would only carry NaN
+            row["diverged"] = what
+        out.append(None if what is None else TrainingDiverged(round_number, what, state.metrics))
+    return out
+
+
+def _evaluate(states: list[RunState], rows: list[dict[str, Any]]) -> None:
+    """Test and training-set loss and accuracy of every run's global model (one host transfer)."""
+    items, where = [], []
+    for k, state in enumerate(states):
+        params = state.layout.unflatten(state.global_vector)
+        items.append((state.model, params, state.test_x, state.test_y))
+        where.append((k, "test"))
+        if len(state.members):
+            items.append((state.model, params, state.member_x, state.member_y))
+            where.append((k, "train"))
+    for (k, split), (loss, accuracy) in zip(where, evaluate_many(items)):
+        rows[k][f"{split}_loss"], rows[k][f"{split}_accuracy"] = loss, accuracy

@@ -202,6 +202,8 @@ class RunState:
     trajectory: list[float] | None
     test_x: torch.Tensor | None = None  # the split accuracy is measured on (Defense.test_split)
     test_y: torch.Tensor | None = None
+    member_x: torch.Tensor | None = None  # pool_x[members], pool_y[members]: the training-set metrics' records
+    member_y: torch.Tensor | None = None
     metrics: list[dict[str, Any]] = field(default_factory=list)
     server_view: dict[str, torch.Tensor] = field(default_factory=dict)
     global_models: dict[str, torch.Tensor] = field(default_factory=dict)

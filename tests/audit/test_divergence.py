@@ -83,20 +83,32 @@ def test_a_diverged_experiment_is_a_result_and_the_audit_completes(tmp_path, cap
     assert {name: (out / name).read_bytes() for name in OUTPUTS} == first
 
 
+def _force_divergence(monkeypatch, what_diverges):
+    """Make a run diverge where ``what_diverges(job, t)`` names what (after its round t finished as
+    usual): at the round finishing that runs alone and runs trained together share."""
+    import defenses.run_batch
+    from defenses.federated import engine
+
+    finish = engine.finish_rounds
+
+    def failing(engines, states, t, contexts, updates, rows):
+        out = finish(engines, states, t, contexts, updates, rows)
+        forced = [what_diverges(e.job, t) for e in engines]
+        return [d if d is not None or what is None else TrainingDiverged(t + 1, what, state.metrics)
+                for d, what, state in zip(out, forced, states)]
+
+    monkeypatch.setattr(engine, "finish_rounds", failing)
+    monkeypatch.setattr(defenses.run_batch, "finish_rounds", failing)
+
+
 def test_a_later_run_diverging_keeps_the_runs_before_it_and_reruns_alike(tmp_path, monkeypatch, capsys):
     """Run 1 of 4 diverges at round 2 (forced): runs 0 (and those trained beside it) are stored, the
     experiment records run 1, and a rerun — which trains run 1 again — writes the same bytes."""
     from audit.core.seeding import derive_seed
 
     target_seed = derive_seed(0, "run", 1)
-    finish_round = FederatedEngine.finish_round
-
-    def failing(self, state, t, ctx, updates, row):
-        finish_round(self, state, t, ctx, updates, row)
-        if self.job.seed == target_seed and self.job.training.lr > 1 and t + 1 == 2:
-            raise TrainingDiverged(2, "non-finite test loss", state.metrics)
-
-    monkeypatch.setattr(FederatedEngine, "finish_round", failing)
+    _force_divergence(monkeypatch, lambda job, t: "non-finite test loss"
+                      if job.seed == target_seed and job.training.lr > 1 and t + 1 == 2 else None)
     config, out = tmp_path / "later.yaml", tmp_path / "out"
     config.write_text(CONFIG.replace("runs: 2}", "runs: 4}").replace("lr: 1.0e30", "lr: 1.5") + "seed: 0\n")
     assert main(["run", str(config), "--out", str(out), "--quiet"]) == 0
@@ -119,14 +131,7 @@ def test_a_diverged_canary_or_side_run_skips_only_its_audit(tmp_path, monkeypatc
 
     failing_seeds = {derive_seed(0, "canary-run", "record-canaries", 0),
                      derive_seed(0, "side-run", "fedavg", "diabetes")}
-    finish_round = FederatedEngine.finish_round
-
-    def failing(self, state, t, ctx, updates, row):
-        finish_round(self, state, t, ctx, updates, row)
-        if self.job.seed in failing_seeds:
-            raise TrainingDiverged(t + 1, "non-finite parameters", state.metrics)
-
-    monkeypatch.setattr(FederatedEngine, "finish_round", failing)
+    _force_divergence(monkeypatch, lambda job, t: "non-finite parameters" if job.seed in failing_seeds else None)
     config, out = tmp_path / "side.yaml", tmp_path / "out"
     config.write_text(CONFIG.split("defenses:")[0] + "defenses: [{name: fedavg}]\nattacks: [{name: loss-threshold}, "
                       "{name: record-canaries, params: {runs: 1}}, {name: attribute-inference, params: {max_targets: 10}}]\n")
