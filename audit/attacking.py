@@ -28,7 +28,7 @@ from audit.core.seeding import derive_seed
 from audit.logs import progress_bar
 from audit.planning import Plan, PlannedExperiment, canary_context, canary_relation
 from audit.run_training import divergence_reason
-from audit.stage_cache import StageCache, code_version, config_without, key_of
+from audit.stage_cache import StageCache, config_without, key_of
 from audit.targets import membership_experiment, target_run
 from audit.training import TrainedRuns
 from defenses.federated.engine import initial_vector
@@ -122,7 +122,7 @@ def attack_key(plan: Plan, trained: TrainedRuns, experiment: PlannedExperiment, 
     if isinstance(attack, CanaryAudit):
         runs += trained.canary_ids.get(experiment.key, {}).get(attack.label, ())
     try:
-        return key_of({"stage": "attack", "code": code_version(), "data": cache.data_digest(plan.task),
+        return key_of({"stage": "attack", "code": cache.code, "data": cache.data_digest(plan.task),
                        "config": config_without(plan.config, "name", "attacks", "diagnostics"), "experiment": experiment.key,
                        "attack": {"class": f"{type(attack).__module__}.{type(attack).__qualname__}", "label": attack.label,
                                   "params": attack.params},

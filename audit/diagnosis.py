@@ -13,7 +13,7 @@ from audit.core.safe_names import inside
 from audit.core.seeding import derive_seed, numpy_rng
 from audit.logs import progress_bar
 from audit.planning import Plan
-from audit.stage_cache import StageCache, code_version, config_without, key_of
+from audit.stage_cache import StageCache, config_without, key_of
 from audit.training import TrainedRuns
 from defenses.federated.diagnostics import perturbation_robustness, sharpness
 
@@ -47,7 +47,7 @@ def diagnose_runs(plan: Plan, trained: TrainedRuns, out: Path, quiet: bool = Fal
         file = inside(out, out / "diagnostics" / f"{experiment.key}.json")
         slot, key = f"diagnostics/{experiment.key}", None
         if cache.enabled:
-            key = key_of({"stage": "diagnostics", "code": code_version(), "data": cache.data_digest(plan.task),
+            key = key_of({"stage": "diagnostics", "code": cache.code, "data": cache.data_digest(plan.task),
                           "config": config_without(plan.config, "name", "attacks"), "experiment": experiment.key,
                           "runs": cache.runs_digest(trained.store.path(rid) for rid in trained.run_ids[experiment.key])})
             cached = cache.lookup(slot, key, {})

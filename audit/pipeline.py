@@ -28,7 +28,7 @@ from audit.core.exact_json import NotExact
 from audit.core.output_folder import claim
 from audit.diagnosis import diagnose_runs
 from audit.planning import Plan, plan_audit
-from audit.stage_cache import StageCache, code_version, key_of
+from audit.stage_cache import StageCache, key_of
 from audit.store import RunStore
 from audit.summary import build_results
 from audit.training import TrainedRuns, train_runs
@@ -59,7 +59,7 @@ def _write_pages(summary: Results, out: Path, cache: StageCache) -> dict[str, st
     extra = {"versions": provenance.versions(), "machine": provenance.machine()}
     report, figures = out / "report.html", out / "figures"
     try:
-        results_key = key_of({"code": code_version(), "results": summary}) if cache.enabled else None
+        results_key = key_of({"code": cache.code, "results": summary}) if cache.enabled else None
     except NotExact:
         results_key = None
     if results_key is None or cache.lookup("report", key_of({"results": results_key, "extra": extra}), {}) is None:

@@ -65,23 +65,28 @@ def file_digest(path: Path) -> str | None:
         return None
 
 
-@cache
-def code_version() -> str:
-    """A digest of the installed code: every file of the four packages (path and bytes, in sorted
-    order; compiled caches left out) and the libraries' versions. Computed once per process."""
-    import audit
-
+def source_digest(roots: Mapping[str, Path]) -> str:
+    """SHA-256 over every file under each root (name → folder): its path and bytes, in sorted
+    order; compiled caches (``__pycache__``, ``.pyc``) left out."""
     digest = hashlib.sha256()
-    for package in (audit, attacks, defenses, reports):
-        root = Path(next(iter(package.__path__)))
+    for name, root in sorted(roots.items()):
         files = sorted(p for p in root.rglob("*") if p.is_file() and not _SKIPPED_FOLDERS & set(p.relative_to(root).parts)
                        and p.suffix != ".pyc")
         for path in files:
-            digest.update(f"{package.__name__}/{path.relative_to(root).as_posix()}\0".encode())
+            digest.update(f"{name}/{path.relative_to(root).as_posix()}\0".encode())
             digest.update(path.read_bytes())
             digest.update(b"\0")
-    digest.update(json.dumps(provenance.versions(), sort_keys=True).encode())
     return digest.hexdigest()
+
+
+@cache
+def code_version() -> str:
+    """A digest of the installed code: every file of the four packages (:func:`source_digest`) and
+    the libraries' versions (:func:`audit.provenance.versions`). Computed once per process."""
+    import audit
+
+    roots = {package.__name__: Path(next(iter(package.__path__))) for package in (audit, attacks, defenses, reports)}
+    return _sha256(f"{source_digest(roots)}\0{json.dumps(provenance.versions(), sort_keys=True)}".encode())
 
 
 def key_of(parts: Mapping[str, Any]) -> str:
@@ -107,10 +112,18 @@ class StageCache:
         self.out = Path(out)
         self.root = self.out / "cache"
         self.enabled = enabled
+        self._code: str | None = None
         self._runs: dict[Path, str] = {}
         self._data: dict[int, tuple[Any, str]] = {}
         self.hits: list[str] = []
         self.misses: list[str] = []
+
+    @property
+    def code(self) -> str:
+        """:func:`code_version`, looked up when first needed."""
+        if self._code is None:
+            self._code = code_version()
+        return self._code
 
     def _entry(self, slot: str) -> Path:
         return inside(self.out, self.root / f"{'/'.join(slug(part) for part in slot.split('/'))}.json")

@@ -23,7 +23,7 @@ from audit.core.metrics import mean_estimate
 from audit.core.schema import to_mapping
 from audit.core.vocabulary import Unit
 from audit.planning import Plan
-from audit.stage_cache import StageCache, code_version, key_of
+from audit.stage_cache import StageCache, key_of
 from audit.training import TrainedRuns
 from defenses.privacy.accounting import dp_accounting_version
 from defenses.privacy.claims import PrivacyClaim
@@ -124,7 +124,7 @@ def cached_attack_records(results: list[AttackResult], claim: PrivacyClaim, expe
         return attack_records(results, claim)
     slot = f"records/{experiment}"
     try:
-        key = key_of({"stage": "records", "code": code_version(), "claim": claim,
+        key = key_of({"stage": "records", "code": cache.code, "claim": claim,
                       "results": [replace(r, scores=None, truth=None) for r in results]})
     except exact_json.NotExact:
         return attack_records(results, claim)

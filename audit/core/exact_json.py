@@ -45,9 +45,7 @@ def _name(cls: type) -> str:
 
 def encode(value: Any) -> Any:
     """``value`` as plain JSON values (see the module docstring); :class:`NotExact` if it cannot be."""
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, int) and type(value) is int:
+    if value is None or type(value) in (bool, str, int):  # not their subclasses: a string enum is an enum
         return value
     if type(value) is float:
         return value if math.isfinite(value) else {"$float": "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")}
