@@ -131,6 +131,14 @@ def attack_key(plan: Plan, trained: TrainedRuns, experiment: PlannedExperiment, 
         return None
 
 
+def _side_runs(trained: TrainedRuns, experiment: PlannedExperiment, attack: Attack) -> list[Path]:
+    """The side runs (other datasets) a run attack may have read: every one of the experiment's in
+    the store once it ran — more than it read, perhaps, never fewer."""
+    if not isinstance(attack, RunAttack) or not trained.store.runs.is_dir():
+        return []
+    return sorted(p for p in trained.store.runs.glob(f"{experiment.key}-side-*") if (p / "manifest.json").is_file())
+
+
 def _kept(out: Path, produced: list[AttackResult], skipped: list[Skipped], files: list[Path | None]) -> dict:
     """An attack's outcome as its cache entry holds it: the results without the scores saved to
     ``files`` (read back from there), and the skips."""
@@ -207,7 +215,7 @@ def attack_runs(plan: Plan, trained: TrainedRuns, out: Path, quiet: bool = False
         for attack in plan.attacks:
             started = time.perf_counter()
             slot, key = f"attacks/{experiment.key}/{attack.label}", attack_key(plan, trained, experiment, attack, cache)
-            cached = cache.lookup(slot, key, _ALLOWED) if key is not None else None
+            cached = cache.lookup(slot, key, _ALLOWED, trained.store.runs) if key is not None else None
             if cached is not None:
                 produced, skipped_now = _restored(out, cached)
             else:
@@ -215,7 +223,8 @@ def attack_runs(plan: Plan, trained: TrainedRuns, out: Path, quiet: bool = False
                 files = [_save_scores(out, experiment, result) for result in produced]
                 if key is not None:
                     kept = _kept(out, produced, skipped_now, files)
-                    cache.store(slot, key, kept, [f for f in files if f is not None], _ALLOWED)
+                    written = [f for f in files if f is not None]
+                    cache.store(slot, key, kept, written, _ALLOWED, _side_runs(trained, experiment, attack))
             skipped_here.extend(skipped_now)
             produced_here.extend(produced)
             timings[f"{experiment.key}/{attack.label}"] = time.perf_counter() - started

@@ -40,7 +40,7 @@ import reports
 from audit import provenance
 from audit.core import exact_json
 from audit.core.atomic import dumps, write_text
-from audit.core.safe_names import inside, slug
+from audit.core.safe_names import inside, is_safe, slug
 from audit.core.schema import to_mapping
 
 LOG = logging.getLogger(__name__)
@@ -161,7 +161,20 @@ class StageCache:
     def runs_digest(self, folders: Iterable[Path]) -> dict[str, str]:
         return {folder.name: self.run_digest(folder) for folder in folders}
 
-    def lookup(self, slot: str, key: str, allowed: Mapping[str, type]) -> Any | None:
+    def _unchanged(self, entry: dict, runs: Path | None) -> bool:
+        """Whether every output file an entry lists, and every run it says it read, still has its digest."""
+        outputs, reads = entry.get("outputs"), entry.get("reads")
+        if not (isinstance(outputs, dict) and isinstance(reads, dict)) or (reads and runs is None):
+            return False
+        try:
+            return (all(file_digest(inside(self.out, self.out / name)) == sha for name, sha in outputs.items())
+                    and all(is_safe(rid) and self.run_digest(Path(runs) / rid) == sha for rid, sha in reads.items()))
+        except (ValueError, OSError):  # a listed path outside the folder: not an entry this code wrote
+            return False
+
+    def lookup(self, slot: str, key: str, allowed: Mapping[str, type], runs: Path | None = None) -> Any | None:
+        """The value kept under ``slot`` for ``key`` (None where there is none, or it no longer
+        holds); ``runs``: the run store's ``runs`` folder, where the runs the entry read are."""
         if not self.enabled:
             return None
         path = self._entry(slot)
@@ -171,12 +184,10 @@ class StageCache:
             entry = None
         found = None
         if isinstance(entry, dict) and entry.get("format") == CACHE_FORMAT and entry.get("key") == key:
-            body = {"key": key, "outputs": entry.get("outputs"), "value": entry.get("value")}
-            outputs = entry.get("outputs")
+            body = {"key": key, "outputs": entry.get("outputs"), "reads": entry.get("reads"), "value": entry.get("value")}
             if entry.get("digest") != _sha256(dumps(body, indent=None).encode()):
                 LOG.warning("cache entry %s does not match its digest: recomputing it", path)
-            elif isinstance(outputs, dict) and all(
-                    file_digest(inside(self.out, self.out / name)) == sha for name, sha in outputs.items()):
+            elif self._unchanged(entry, runs):
                 try:
                     found = exact_json.decode(entry["value"], allowed)
                 except exact_json.NotExact as error:
@@ -185,9 +196,11 @@ class StageCache:
         return found
 
     def store(self, slot: str, key: str, value: Any, outputs: Iterable[Path] = (),
-              allowed: Mapping[str, type] | None = None) -> bool:
+              allowed: Mapping[str, type] | None = None, reads: Iterable[Path] = ()) -> bool:
         """Keep ``value`` under ``slot``; False (nothing kept) where it is not exact JSON, or —
-        given ``allowed`` — does not read back as itself."""
+        given ``allowed`` — does not read back as itself. ``outputs``: the files it wrote (inside
+        the output folder); ``reads``: run folders it read beyond those its key holds (a run
+        attack's side runs, trained while it ran), checked like the outputs."""
         if not self.enabled:
             return False
         try:
@@ -203,7 +216,8 @@ class StageCache:
             if sha is None:
                 return False
             digests[Path(path).relative_to(self.out).as_posix()] = sha
-        body = {"key": key, "outputs": digests, "value": encoded}
+        body = {"key": key, "outputs": digests, "reads": {Path(folder).name: self.run_digest(Path(folder)) for folder in reads},
+                "value": encoded}
         entry = {"format": CACHE_FORMAT, **body, "digest": _sha256(dumps(body, indent=None).encode())}
         write_text(self._entry(slot), dumps(entry, indent=None) + "\n")
         return True

@@ -189,3 +189,18 @@ def test_the_readme_shows_the_cache_commands_this_parser_takes():
     commands = [c for c in readme_commands("dpfl-audit run") if "smoke-out" in c and "--track" not in c]
     parsed = [build_parser().parse_args(["run", *c]) for c in commands]
     assert [p.no_cache for p in parsed] == [False, False, True] and {p.out for p in parsed} == {"smoke-out"}
+
+
+def test_a_run_attack_is_recomputed_when_a_side_run_it_read_changed(tmp_path, computed):
+    config = tmp_path / "side.yaml"  # attribute inference on digits reads a side run trained on diabetes
+    config.write_text(CONFIG.split("attacks:")[0].replace("diagnostics: {", "diagnostics: {enabled: false, ")
+                      + "attacks:\n  - name: attribute-inference\ndefenses:\n  - name: fedavg\n")
+    out = tmp_path / "out"
+    _rerun(config, out)
+    (side,) = (out / "runs").glob("fedavg-side-*")
+    computed["attacks"].clear()
+    _rerun(config, out)
+    assert computed["attacks"] == []
+    _rewrite_manifest(side)
+    _rerun(config, out)
+    assert computed["attacks"] == ["attribute-inference"]
