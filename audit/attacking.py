@@ -1,6 +1,7 @@
 """The attack stage: every attack and canary audit on every experiment's trained runs, returned as
 :class:`AttackResults`; raw scores saved under ``<out>/attacks/<experiment>/`` (file names are
-slugs of the attacks' labels)."""
+slugs of the attacks' labels). An attack whose code, data, config, parameters and runs are those
+of its entry in ``<out>/cache`` is read back instead of run (:mod:`audit.stage_cache`)."""
 
 from __future__ import annotations
 

@@ -8,6 +8,9 @@ the stages before it and returning its own: :func:`audit.training.train_runs` (e
 the store) → :class:`audit.training.TrainedRuns`; :func:`audit.attacking.attack_runs` →
 :class:`audit.attacking.AttackResults`; :func:`audit.summary.build_results` → the results
 document, written as ``results.csv``, ``results.json``, ``report.html`` and ``manifest.json``.
+A rerun reads back from ``<out>/cache`` every attack, diagnostic, verdict, figure and report
+whose inputs have not changed (:mod:`audit.stage_cache`) and rewrites no file whose bytes would
+be the same; ``manifest.json`` lists what it reused and what it computed.
 """
 
 from __future__ import annotations

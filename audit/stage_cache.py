@@ -1,25 +1,30 @@
 """The stage cache: what a rerun of a finished audit takes from ``<out>/cache/`` instead of recomputing.
 
-An attack's results on one experiment, one experiment's loss-landscape diagnostics, the figures
-and the HTML report are each kept with the **key** they were computed under: a SHA-256 of
-everything they read —
+An attack's results on one experiment (:mod:`audit.attacking`), one experiment's loss-landscape
+diagnostics (:mod:`audit.diagnosis`), one experiment's attack records with their verdicts
+(:mod:`audit.summary`: the verdicts' power simulations), the figures, the HTML report
+(:mod:`audit.pipeline`) and the model's FLOP count of the budget check (:mod:`audit.budget`) are
+each kept with the **key** they were computed under: a SHA-256 of everything they read —
 
 * the code: every source and template file of the ``audit``, ``attacks``, ``defenses`` and
   ``reports`` packages and the versions of the libraries the results depend on
   (:mod:`audit.provenance`), hashed once per process (:func:`code_version`);
 * the data: the dataset's records as loaded (features, labels, sensitive attributes);
-* the runs they read: the bytes of every file of those runs in the run store;
+* the runs they read: the bytes of every file of those runs in the run store (an attack: the
+  experiment's membership runs, a canary audit also its own runs);
 * their parameters: the config's canonical JSON without the other attacks (and, for the
-  diagnostics, without any attack), the attack's own resolved parameters and label;
-* for the figures and the report: the exact results document they draw.
+  diagnostics, without any attack), the attack's class, label and resolved parameters;
+* for the records, the figures and the report: exactly the values they are made from.
 
-A stage whose key matches its entry is not run again; its outputs stay as they are (the entry
-records the SHA-256 of each file it wrote; a file changed, missing or an entry that no longer
-matches its own digest means the stage runs again and rewrites them). Anything else — another
-seed, a changed run file, an edited source file, a new library version — changes the key, and the
-stage recomputes. Entries are JSON written atomically (:mod:`audit.core.atomic`), values in
-:mod:`audit.core.exact_json` (never a pickle); one entry per stage and experiment, replaced when
-its key changes. ``dpfl-audit run --no-cache`` (or deleting ``<out>/cache``) recomputes everything.
+A stage whose key matches its entry is not run again, and its outputs stay as they are: the entry
+records the SHA-256 of each file it wrote and of each run it read beyond its key (a run attack's
+side runs on other datasets, trained while it ran); one of them changed or missing, or an entry
+that no longer matches its own digest, means the stage runs again and rewrites them. Anything
+else — another seed, a changed run file, an edited source file, a new library version — changes
+the key, and the stage recomputes. Entries are JSON written atomically (:mod:`audit.core.atomic`),
+values in :mod:`audit.core.exact_json` (never a pickle); one entry per stage and experiment,
+replaced when its key changes. ``dpfl-audit run --no-cache`` (or deleting ``<out>/cache``)
+recomputes everything.
 """
 
 from __future__ import annotations
