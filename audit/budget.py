@@ -112,7 +112,10 @@ def _model_flops(plan: Plan, model: torch.nn.Module, out: str | os.PathLike | No
     from audit.stage_cache import StageCache
 
     key = _flops_key(plan)
-    counted = StageCache(Path(out)).lookup(_FLOPS_SLOT, key, {})  # reads only: nothing is written before the claim
+    try:  # reads only: nothing is written before the folder is claimed
+        counted = StageCache(Path(out)).lookup(_FLOPS_SLOT, key, {})
+    except (OSError, ValueError):  # a folder the claim will refuse, with its own message
+        counted = None
     if not isinstance(counted, float):
         counted = _COUNTED[key] = forward_flops(model, tuple(plan.task.pool.features.shape[1:]))
     return counted
