@@ -90,6 +90,44 @@ def forward_flops(model: torch.nn.Module, input_shape: tuple[int, ...]) -> float
     return max(counted, 2.0 * params)
 
 
+#: forward FLOPs counted in this process, by key (:func:`_flops_key`), for :func:`remember_flop_counts`
+_COUNTED: dict[str, float] = {}
+_FLOPS_SLOT = "budget/forward-flops"
+
+
+def _flops_key(plan: Plan) -> str:
+    from audit.stage_cache import code_version, key_of
+
+    dataset = plan.task.dataset
+    return key_of({"stage": "forward-flops", "code": code_version(), "model": plan.config.model,
+                   "input_shape": tuple(plan.task.pool.features.shape[1:]), "classes": dataset.num_classes})
+
+
+def _model_flops(plan: Plan, model: torch.nn.Module, out: str | os.PathLike | None) -> float:
+    """:func:`forward_flops` of the plan's model, read from ``<out>/cache`` where an earlier command
+    on ``out`` counted it for the same model and code (counting imports torch's compiler, about a
+    second: most of a resumed audit's start-up)."""
+    if out is None:
+        return forward_flops(model, tuple(plan.task.pool.features.shape[1:]))
+    from audit.stage_cache import StageCache
+
+    key = _flops_key(plan)
+    try:  # reads only: nothing is written before the folder is claimed
+        counted = StageCache(Path(out)).lookup(_FLOPS_SLOT, key, {})
+    except (OSError, ValueError):  # a folder the claim will refuse, with its own message
+        counted = None
+    if not isinstance(counted, float):
+        counted = _COUNTED[key] = forward_flops(model, tuple(plan.task.pool.features.shape[1:]))
+    return counted
+
+
+def remember_flop_counts(cache) -> None:
+    """Keep the FLOP counts this process made in ``cache`` (an :class:`audit.stage_cache.StageCache`
+    of the claimed output folder), for the next command's budget check on it."""
+    for key, flops in _COUNTED.items():
+        cache.store(_FLOPS_SLOT, key, flops)
+
+
 def matmul_peak(device: str = "cpu", size: int = 1024) -> float:
     """Measured fp32 matrix-multiply rate (FLOP/s): best of a few products on ``device``."""
     import torch
@@ -133,13 +171,14 @@ def _run_examples(experiment: PlannedExperiment, records: float, clients: int) -
     return training.rounds * local + evaluations * records / 3
 
 
-def estimate(plan: Plan) -> CostEstimate:
-    """The cost of ``plan``'s training, before any of it runs."""
+def estimate(plan: Plan, out: str | os.PathLike | None = None) -> CostEstimate:
+    """The cost of ``plan``'s training, before any of it runs (``out``: an output folder whose cache
+    may hold the model's FLOP count)."""
     import numpy as np
     config, task = plan.config, plan.task
     model = task.model_factory()
     params = sum(p.numel() for p in model.parameters())
-    per_example = 3.0 * forward_flops(model, tuple(task.pool.features.shape[1:]))
+    per_example = 3.0 * _model_flops(plan, model, out)
     clients = config.partition.clients
     runs = config.membership.runs
     records = float(np.mean([sum(len(c) for c in run) for run in plan.clients])) if plan.clients else 0.0
@@ -182,10 +221,12 @@ def _parameters(plan: Plan) -> int:
     return sum(p.numel() for p in plan.task.model_factory().parameters())
 
 
-def check_budget(plan: Plan, out: str | os.PathLike, max_hours: float = DEFAULT_MAX_HOURS) -> CostEstimate:
+def check_budget(plan: Plan, out: str | os.PathLike, max_hours: float = DEFAULT_MAX_HOURS,
+                 cache: bool = False) -> CostEstimate:
     """The plan's estimate, or a one-line :class:`UserInputError` when it exceeds ``max_hours``
-    (0: no limit), the machine's memory or the free disk space under ``out``."""
-    cost = estimate(plan)
+    (0: no limit), the machine's memory or the free disk space under ``out``. ``cache``: read the
+    model's FLOP count from ``<out>/cache`` where an earlier command left it (:func:`remember_flop_counts`)."""
+    cost = estimate(plan, out if cache else None)
     hint = "lower training.rounds, membership.runs, partition.clients or local work"
     if max_hours > 0 and cost.hours > max_hours:
         raise UserInputError(f"plan: this audit needs at least {cost.hours:.3g} hours of training ({cost.describe()}), "

@@ -122,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help="train, attack and write results.csv, results.json, report.html")
     _add_run_options(run, config_required=False)
+    run.add_argument("--no-cache", action="store_true",
+                     help="recompute every attack, diagnostic, figure and the report, even where OUT/cache holds them "
+                          "for the same runs, parameters and code (default: reuse them)")
     _add_track_options(run)
 
     train = commands.add_parser("train", help="train and store the runs of a config (no attacks, no report)")

@@ -8,6 +8,9 @@ the stages before it and returning its own: :func:`audit.training.train_runs` (e
 the store) → :class:`audit.training.TrainedRuns`; :func:`audit.attacking.attack_runs` →
 :class:`audit.attacking.AttackResults`; :func:`audit.summary.build_results` → the results
 document, written as ``results.csv``, ``results.json``, ``report.html`` and ``manifest.json``.
+A rerun reads back from ``<out>/cache`` every attack, diagnostic, verdict, figure and report
+whose inputs have not changed (:mod:`audit.stage_cache`) and rewrites no file whose bytes would
+be the same; ``manifest.json`` lists what it reused and what it computed.
 """
 
 from __future__ import annotations
@@ -21,11 +24,14 @@ from pathlib import Path
 
 from audit import __version__, provenance
 from audit.attacking import AttackResults, attack_runs
+from audit.budget import remember_flop_counts
 from audit.config import AuditConfig, config_to_yaml
-from audit.core.atomic import write_json, write_text
+from audit.core.atomic import update_text, write_json
+from audit.core.exact_json import NotExact
 from audit.core.output_folder import claim
 from audit.diagnosis import diagnose_runs
 from audit.planning import Plan, plan_audit
+from audit.stage_cache import StageCache, key_of
 from audit.store import RunStore
 from audit.summary import build_results
 from audit.training import TrainedRuns, train_runs
@@ -50,6 +56,27 @@ class AuditOutcome:
     results: Results | None = None
 
 
+def _write_pages(summary: Results, out: Path, cache: StageCache) -> dict[str, str]:
+    """report.html and the figures of ``summary``, each skipped where the cache holds them for these
+    exact results and this code (the files' bytes checked); returns their paths."""
+    extra = {"versions": provenance.versions(), "machine": provenance.machine()}
+    report, figures = out / "report.html", out / "figures"
+    try:
+        results_key = key_of({"code": cache.code, "results": summary}) if cache.enabled else None
+    except NotExact:
+        results_key = None
+    if results_key is None or cache.lookup("report", key_of({"results": results_key, "extra": extra}), {}) is None:
+        write_report(summary, report, manifest_extra=extra)
+        if results_key is not None:
+            cache.store("report", key_of({"results": results_key, "extra": extra}), "report.html", [report])
+    if results_key is None or cache.lookup("figures", results_key, {}) is None:
+        written = write_figures(summary, figures)
+        LOG.debug("figures: %s", ", ".join(p.name for p in written))
+        if results_key is not None:
+            cache.store("figures", results_key, sorted(p.name for p in written), written)
+    return {"report": str(report), "figures": str(figures)}
+
+
 def train(plan: Plan, out: str | Path, quiet: bool = True) -> TrainedRuns:
     """Train every run of ``plan`` not yet stored under ``out`` (public API): the membership runs,
     then each canary audit's runs. Rerunning resumes; returns what was trained (and where)."""
@@ -68,12 +95,13 @@ def attack(plan: Plan, out: str | Path, quiet: bool = True) -> AttackResults:
 def run_audit(config: AuditConfig, out: str | Path, *, attack: bool = True, quiet: bool = False,
               plan: Plan | None = None, executor: str = "local", workers: int | None = None,
               batch_runs: int | None = None, ray_address: str | None = None,
-              runs: str | Path | None = None) -> AuditOutcome:
+              runs: str | Path | None = None, cache: bool = True) -> AuditOutcome:
     """Plan (unless given), train, attack and report; returns what was done and written.
 
     ``runs``: the folder of the run store (default ``out``). The points of a sweep share one:
     a run's id hashes everything that determines its training, so a run two points both need is
-    trained once."""
+    trained once. ``cache``: reuse what ``<out>/cache`` kept of the attacks, diagnostics, figures
+    and report whose inputs have not changed (:mod:`audit.stage_cache`); False recomputes them all."""
     started = time.perf_counter()
     plan = plan or plan_audit(config)
     LOG.info("plan: %d experiment(s) (%s), %d membership runs each, %d attack(s), %d canary audit(s); output %s",
@@ -82,18 +110,17 @@ def run_audit(config: AuditConfig, out: str | Path, *, attack: bool = True, quie
     out = claim(out)  # created and locked now, every check passed (audit.core.output_folder)
     store = RunStore(out if runs is None else claim(runs))
     store.clean_staging()
-    write_text(out / "config.yaml", config_to_yaml(config))
+    update_text(out / "config.yaml", config_to_yaml(config))
     trained = train_runs(plan, store, quiet, executor, workers, batch_runs, ray_address)
-    attacked = attack_runs(plan, trained, out, quiet) if attack else None
+    stages = StageCache(out, enabled=cache)
+    remember_flop_counts(stages)  # the budget check's, for the next command on this folder
+    attacked = attack_runs(plan, trained, out, quiet, stages) if attack else None
     paths: dict[str, str] = {"out": str(out), "runs": str(store.runs)}
     summary = None
     if attacked is not None:
-        summary = build_results(plan, trained, attacked, diagnose_runs(plan, trained, out, quiet))
+        summary = build_results(plan, trained, attacked, diagnose_runs(plan, trained, out, quiet, stages), stages)
         paths.update(write_results(summary, out))
-        paths["report"] = str(write_report(summary, out / "report.html", manifest_extra={
-            "versions": provenance.versions(), "machine": provenance.machine()}))
-        paths["figures"] = str(out / "figures")
-        LOG.debug("figures: %s", ", ".join(p.name for p in write_figures(summary, out / "figures")))
+        paths.update(_write_pages(summary, out, stages))
         for experiment in summary.experiments:
             LOG.info("%s: %s", experiment.label, experiment.soundness_text)
         LOG.info("wrote %s", ", ".join(str(p) for k, p in paths.items() if k not in ("out", "runs")))
@@ -102,6 +129,7 @@ def run_audit(config: AuditConfig, out: str | Path, *, attack: bool = True, quie
         "command": " ".join(sys.argv),
         "config_seed": config.seed,
         "experiments": {e.key: list(trained.run_ids.get(e.key, ())) for e in plan.experiments},
+        "cache": {"reused": stages.hits, "computed": stages.misses} if cache else None,
         "timings": {"train_seconds": dict(trained.seconds), "attack_seconds": dict(attacked.seconds) if attacked else {},
                     "total_seconds": time.perf_counter() - started},
         "versions": provenance.versions(),

@@ -9,7 +9,7 @@ document byte for byte.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
@@ -18,10 +18,12 @@ from attacks.attack_result import AttackResult
 from attacks.membership_metrics import MEMBERSHIP_METRICS
 from audit import __version__, provenance
 from audit.attacking import AttackResults
+from audit.core import exact_json, vocabulary
 from audit.core.metrics import mean_estimate
 from audit.core.schema import to_mapping
 from audit.core.vocabulary import Unit
 from audit.planning import Plan
+from audit.stage_cache import StageCache, key_of
 from audit.training import TrainedRuns
 from defenses.privacy.accounting import dp_accounting_version
 from defenses.privacy.claims import PrivacyClaim
@@ -109,6 +111,30 @@ def attack_records(results: list[AttackResult], claim: PrivacyClaim) -> list[Att
         statistic=result.statistic) for result, metrics, epsilon_kind, pairs in raw]
 
 
+#: what a cached list of attack records may hold (audit.core.exact_json)
+_RECORDS = exact_json.allowed_types([AttackRecord, *exact_json.enums_in(vocabulary)])
+
+
+def cached_attack_records(results: list[AttackResult], claim: PrivacyClaim, experiment: str,
+                          cache: StageCache | None) -> list[AttackRecord]:
+    """:func:`attack_records`, read back from ``cache`` (:mod:`audit.stage_cache`) where the code,
+    the claim and everything of the results the records read (all but the per-unit scores) are
+    those of its entry: the verdicts' power simulations are the costly part of the document."""
+    if cache is None or not cache.enabled:
+        return attack_records(results, claim)
+    slot = f"records/{experiment}"
+    try:
+        key = key_of({"stage": "records", "code": cache.code, "claim": claim,
+                      "results": [replace(r, scores=None, truth=None) for r in results]})
+    except exact_json.NotExact:
+        return attack_records(results, claim)
+    records = cache.lookup(slot, key, _RECORDS)
+    if records is None:
+        records = attack_records(results, claim)
+        cache.store(slot, key, records, allowed=_RECORDS)
+    return records
+
+
 def _mean_curves(entries: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, list[float]]:
     """Element-wise means over runs of list-valued fields (e.g. sharpness per radius)."""
     return {k: np.mean([e[k] for e in entries], axis=0).tolist() for k in keys}
@@ -152,9 +178,10 @@ def diagnostics_summary(manifests: list[dict], metrics: list[list[dict]], landsc
 
 
 def build_results(plan: Plan, trained: TrainedRuns, attacked: AttackResults,
-                  landscape: dict[str, list[dict]] | None = None) -> Results:
+                  landscape: dict[str, list[dict]] | None = None, cache: StageCache | None = None) -> Results:
     """The results document of an audit: the plan's experiments, what training stored of them, what
-    the attacks measured and (optionally) the loss-landscape diagnostics."""
+    the attacks measured and (optionally) the loss-landscape diagnostics; ``cache``: where the
+    attacks' records may be read back (:func:`cached_attack_records`)."""
     config, task, store = plan.config, plan.task, trained.store
     experiments = []
     for experiment in plan.experiments:
@@ -165,7 +192,7 @@ def build_results(plan: Plan, trained: TrainedRuns, attacked: AttackResults,
         manifests = [] if diverged else [store.load_manifest(rid) for rid in ids]
         metrics = [] if diverged else [store.load_metrics(rid) for rid in ids]
         claim = trained.claim(experiment)
-        attacks = attack_records(list(attacked.results.get(experiment.key, ())), claim)
+        attacks = cached_attack_records(list(attacked.results.get(experiment.key, ())), claim, experiment.key, cache)
         verdicts = [v for a in attacks for v in a.verdicts]
         soundness = experiment_verdict(verdicts)
         soundness_text = experiment_sentence(verdicts, [a.attack for a in attacks for _ in a.verdicts])

@@ -45,6 +45,8 @@ from canary_scale import measure_canary_scale  # noqa: E402
 from engine_throughput import measure_engine  # noqa: E402
 from measures import MEMORY_TARGET_MIB, WALL_TARGET_SECONDS, calibration_time, matmul_peak, peak_memory_default_run  # noqa: E402
 from membership_batching import measure_membership_batching  # noqa: E402
+from resume import describe as describe_resume  # noqa: E402
+from resume import measure_resume  # noqa: E402
 from roofline import memory_bandwidth, workload_roofline  # noqa: E402
 from workloads import WORKLOADS, load_workload  # noqa: E402
 
@@ -160,6 +162,8 @@ def run_all(skip_flower: bool = False, skip_memory: bool = False, workloads: tup
     else:
         progress("peak memory of the default dpfl-audit run")
         result["memory"] = peak_memory_default_run(extra_args=("--device", device) if device != "cpu" else ())
+    progress("rerun of a finished smoke audit (issue 34: read back from OUT/cache)")
+    result["resume"] = measure_resume("smoke", reruns=2 if quick else 5)
     result["idle_after"] = idle_check()
     result["total_seconds"] = time.perf_counter() - started
     return result
@@ -235,6 +239,7 @@ def _table(result: dict) -> str:
                      f"{WALL_TARGET_SECONDS:g} s: {_met(mem['wall_seconds'], WALL_TARGET_SECONDS, at_most=True)})")
     else:
         lines.append(f"memory: {mem.get('error')}")
+    lines.append(describe_resume(result["resume"]))
     lines.append(f"total {result['total_seconds']:.0f} s")
     return "\n".join(lines)
 

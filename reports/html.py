@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import jinja2
 import yaml
 
-from audit.core.atomic import write_text
+from audit.core.atomic import update_text
 from audit.core.audit_power import POWER_TARGET
 from audit.core.lazy_modules import lazy_module
 from audit.core.vocabulary import EpsilonKind, Observer, Unit, VerdictKind, VerdictStatus
@@ -364,7 +364,8 @@ def render_report(results: Results, manifest_extra: dict[str, Any] | None = None
 
 def write_report(results: Results, path: str | Path, manifest_extra: dict[str, Any] | None = None) -> Path:
     """Write the self-contained HTML report of an audit's :class:`Results` (results.json's content) to
-    ``path``, atomically; ``manifest_extra`` adds package versions and the machine. Returns the path."""
+    ``path``, atomically (left as it is if it already holds the same bytes); ``manifest_extra`` adds
+    package versions and the machine. Returns the path."""
     path = Path(path)
-    write_text(path, render_report(results, manifest_extra))
+    update_text(path, render_report(results, manifest_extra))
     return path

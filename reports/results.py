@@ -22,7 +22,7 @@ from typing import Any
 
 import pandas as pd
 
-from audit.core.atomic import dumps, write_text
+from audit.core.atomic import dumps, update_text
 from audit.core.errors import UserInputError
 from audit.core.typed_json import from_json, to_json
 from reports.document import SCHEMA_VERSION, AuditInfo, Experiment, Results, Row, results_schema
@@ -67,10 +67,11 @@ def results_frame(results: Results) -> pd.DataFrame:
 
 
 def write_results(results: Results, out: Path) -> dict[str, str]:
-    """Write ``results.csv`` and ``results.json`` atomically; returns their paths."""
+    """Write ``results.csv`` and ``results.json`` atomically (a file that already holds the same
+    bytes is left as it is); returns their paths."""
     csv_path, json_path = Path(out) / "results.csv", Path(out) / "results.json"
-    write_text(csv_path, results_frame(results).to_csv(index=False, lineterminator="\n"))
-    write_text(json_path, dumps(to_json(results)) + "\n")
+    update_text(csv_path, results_frame(results).to_csv(index=False, lineterminator="\n"))
+    update_text(json_path, dumps(to_json(results)) + "\n")
     return {"results_csv": str(csv_path), "results_json": str(json_path)}
 
 

@@ -85,11 +85,13 @@ def command_run(args: argparse.Namespace, attack: bool) -> int:
         raise UserInputError(f"--max-hours: must be a finite number >= 0 (0: no limit), got {args.max_hours:g}")
     plan = plan_audit(config)  # every check happens here, before the output directory exists
     check_executor_plan(args.executor, plan)
-    cost = check_budget(plan, args.out, args.max_hours)
+    cache = not getattr(args, "no_cache", False)  # `train` has no --no-cache
+    cost = check_budget(plan, args.out, args.max_hours, cache)
     if not args.quiet:
         print(f"plan: {cost.describe()}", file=sys.stderr)
     result = run_audit(config, Path(args.out), attack=attack, quiet=args.quiet, plan=plan, executor=args.executor,
-                       workers=args.workers, batch_runs=args.batch_runs, ray_address=args.ray_address)
+                       workers=args.workers, batch_runs=args.batch_runs, ray_address=args.ray_address,
+                       cache=cache)
     paths = result.paths
     if result.results is not None:
         _print_summary(result.results)

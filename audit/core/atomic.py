@@ -61,5 +61,18 @@ def write_text(path: str | os.PathLike, text: str) -> None:
     write_bytes(path, text.encode("utf-8"))
 
 
+def update_text(path: str | os.PathLike, text: str) -> bool:
+    """Write ``text`` atomically unless the file already holds exactly these bytes (then it is left
+    untouched, its time stamps too: a rerun rewrites only what changed); True if it wrote."""
+    data = text.encode("utf-8")
+    try:
+        if Path(path).read_bytes() == data:
+            return False
+    except OSError:  # missing or unreadable: write it
+        pass
+    write_bytes(path, data)
+    return True
+
+
 def write_json(path: str | os.PathLike, value: Any) -> None:
     write_text(path, dumps(value) + "\n")
