@@ -1,0 +1,141 @@
+"""C clients' copies of a plain convolutional network run as one network of grouped convolutions.
+
+The batched engine (:mod:`defenses.blocks.local_training`) trains C clients at once. ``vmap``
+already turns C clients' convolutions into one convolution with C groups, but it moves the
+client dimension into the channels and back around every layer (a copy each way, forward and
+backward), and the groups it makes have the model's own channel counts. This module runs a
+``nn.Sequential`` of convolutions, pooling, element-wise activations, ``Flatten`` and linear
+layers directly on the grouped layout [B, C·channels, H, W] from the first convolution to the
+flatten, and the linear layers as batched matrix products [C, B, in] @ [C, in, out].
+
+On the CPU each group's channels are padded with zeros to a multiple of :data:`CPU_CHANNEL_BLOCK`:
+oneDNN's direct (JIT) kernels block channels by the vector width (16 fp32 lanes with AVX-512), and
+groups of, e.g., 12 channels otherwise fall back to its im2col + GEMM kernels for the weight
+gradient — several times slower than the padded convolution, for all its 16²/12² more
+multiply-adds. The padding does not change the mathematics: a padded output channel has zero
+weights and bias, a padded input channel zero weights, so every real output is the same sum of
+products (up to float rounding of the summation order), the padded channels' values never reach
+a real one, and the gradient of the real parameters is the slice of the padded one (the
+adjoint of the zero padding). The data's own channels (images: 1 or 3) are not padded. Every
+tensor stays in torch's default (NCHW) layout: channels-last grouped convolutions measured slower
+here, and converting between the two costs a copy of the activations each way.
+
+Only what this layout computes exactly is supported (:func:`supports`); any other model keeps
+the ``vmap`` path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from audit.core.lazy_modules import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+else:  # imported when first used (audit.core.lazy_modules)
+    torch = lazy_module("torch")
+    F = lazy_module("torch.nn.functional")
+    nn = lazy_module("torch.nn")
+
+#: channels per group are padded to a multiple of this (the AVX-512 fp32 vector width)
+CPU_CHANNEL_BLOCK = 16
+
+_block_override: list[int] = []
+
+
+@contextlib.contextmanager
+def channel_block(block: int) -> Iterator[None]:
+    """Pad the groups' channels to a multiple of ``block`` while inside (1: no padding).
+
+    FLOP counters use ``channel_block(1)`` to count the model's own multiply-adds, not the padding's.
+    """
+    _block_override.append(int(block))
+    try:
+        yield
+    finally:
+        _block_override.pop()
+
+
+def _block() -> int:
+    return _block_override[-1] if _block_override else CPU_CHANNEL_BLOCK
+
+
+def _spatial(module: nn.Module) -> bool:
+    """A layer acting on each channel (or each element) of an image alone: it runs on the grouped layout as is."""
+    if isinstance(module, (nn.MaxPool2d, nn.AvgPool2d)):
+        return True
+    return _elementwise(module)
+
+
+def _elementwise(module: nn.Module) -> bool:
+    if isinstance(module, (nn.ReLU, nn.Sigmoid, nn.Tanh, nn.Identity)):
+        return True
+    # dropout draws its masks differently from vmap (randomness="different"): only when it is the identity
+    return isinstance(module, nn.Dropout) and (not module.training or module.p == 0)
+
+
+def supports(model: nn.Module) -> bool:
+    """Whether ``model`` is a ``nn.Sequential`` this module computes exactly: convolutions (groups 1,
+    dilation 1, zero padding given as numbers), pooling and element-wise activations, then one
+    ``Flatten`` of all but the batch dimension, then linear layers and element-wise activations —
+    and at least one convolution (other networks gain nothing over ``vmap``)."""
+    if type(model) is not nn.Sequential:
+        return False
+    flattened = False
+    convolutions = 0
+    for module in model:
+        if isinstance(module, nn.Conv2d) and not flattened:
+            if (module.groups != 1 or tuple(module.dilation) != (1, 1) or module.padding_mode != "zeros"
+                    or isinstance(module.padding, str)):
+                return False
+            convolutions += 1
+        elif isinstance(module, nn.Flatten) and not flattened:
+            if module.start_dim != 1 or module.end_dim != -1:
+                return False
+            flattened = True
+        elif isinstance(module, nn.Linear) and flattened:
+            continue
+        elif not (_elementwise(module) or (_spatial(module) and not flattened)):
+            return False
+    return flattened and convolutions > 0
+
+
+def applies(model: nn.Module, x: torch.Tensor) -> bool:
+    """Whether the batched engine runs ``model`` on ``x`` this way: a supported model, on the CPU (on CUDA,
+    cuDNN's grouped convolutions under ``vmap`` stay: the padding is tuned to the CPU's kernels)."""
+    return x.device.type == "cpu" and x.dim() == 5 and supports(model)
+
+
+def grouped_forward(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """Outputs [C, B, K] of C copies of ``model`` (stacked parameters [C, *shape]) on their inputs x [C, B, ...]:
+    what ``vmap(functional_call(model))`` computes, for a model :func:`supports` accepts."""
+    clients, batch = x.shape[:2]
+    block = _block()
+    real = x.shape[2]  # the real channels per group of h, and the padded ones
+    padded = real
+    h = x.transpose(0, 1).reshape(batch, clients * real, *x.shape[3:])  # [B, C·channels, H, W]
+    for name, module in model.named_children():
+        if isinstance(module, nn.Conv2d):
+            weight = params[f"{name}.weight"]  # [C, out, in, kh, kw]
+            out = weight.shape[1]
+            out_padded = -(-out // block) * block
+            weight = F.pad(weight, (0, 0, 0, 0, 0, padded - real, 0, out_padded - out))
+            weight = weight.reshape(clients * out_padded, padded, *weight.shape[3:])
+            bias = params.get(f"{name}.bias")
+            if bias is not None:
+                bias = F.pad(bias, (0, out_padded - out)).reshape(-1)
+            h = F.conv2d(h, weight, bias, module.stride, module.padding, groups=clients)
+            real, padded = out, out_padded
+        elif isinstance(module, nn.Flatten):  # back to [C, B, features] in the model's (channel, H, W) order
+            h = h.view(batch, clients, padded, *h.shape[2:])[:, :, :real].transpose(0, 1).reshape(clients, batch, -1)
+        elif isinstance(module, nn.Linear):
+            weight = params[f"{name}.weight"].transpose(1, 2)  # [C, in, out]
+            bias = params.get(f"{name}.bias")
+            h = torch.bmm(h, weight) if bias is None else torch.baddbmm(bias.unsqueeze(1), h, weight)
+        else:
+            h = module(h)
+    return h

@@ -1,0 +1,146 @@
+"""C clients' convolutional networks as one grouped network (defenses.blocks.grouped_network): the
+batched engine's gradients and trained models equal the reference — torch.autograd through the
+plain module (F.conv2d), one client at a time — for every channel padding."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from audit.core.models import build_model
+from defenses.blocks import grouped_network
+from defenses.blocks.local_training import (
+    LocalObjective,
+    LocalSchedule,
+    OptimizerSettings,
+    client_batches,
+    mean_loss_gradient,
+    stacked_forward,
+    train_batched,
+    train_loop,
+)
+
+
+def _odd_network() -> nn.Module:
+    """Odd sizes everywhere: 3 → 5 → 7 channels, a non-square kernel and stride, no bias, pooling, two linear layers."""
+    torch.manual_seed(3)
+    return nn.Sequential(
+        nn.Conv2d(3, 5, 3, stride=1, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(5, 7, (3, 2), stride=(2, 1), padding=(1, 0), bias=False), nn.Tanh(), nn.AvgPool2d(1),
+        nn.Flatten(), nn.Linear(7 * 3 * 3, 6), nn.Sigmoid(), nn.Linear(6, 4, bias=False),
+    )
+
+
+NETWORKS = {"odd": (_odd_network, (3, 11, 9), 4), "lenet": (lambda: build_model("lenet", (1, 28, 28), 10), (1, 28, 28), 10)}
+
+
+def _stacked(model: nn.Module, clients: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Different parameters per client (the global model plus a client's own perturbation)."""
+    generator = torch.Generator().manual_seed(seed)
+    return {n: p.detach().unsqueeze(0) + 0.1 * torch.randn(clients, *p.shape, generator=generator)
+            for n, p in model.named_parameters()}
+
+
+def _reference_gradient(model: nn.Module, params: dict, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> dict:
+    """Client by client: the plain module, its real rows only, torch.autograd."""
+    out: dict[str, list[torch.Tensor]] = {n: [] for n in params}
+    for c in range(x.shape[0]):
+        local = copy.deepcopy(model)
+        with torch.no_grad():
+            for n, p in local.named_parameters():
+                p.copy_(params[n][c])
+        real = mask[c] > 0
+        loss = nn.functional.cross_entropy(local(x[c][real]), y[c][real]) if real.any() else sum(
+            p.sum() * 0 for p in local.parameters())
+        grads = torch.autograd.grad(loss, list(local.parameters()), allow_unused=True)
+        for (n, p), g in zip(local.named_parameters(), grads):
+            out[n].append(torch.zeros_like(p) if g is None else g)
+    return {n: torch.stack(v) for n, v in out.items()}
+
+
+def _close(a: dict, b: dict, tolerance: float = 1e-5) -> None:
+    for name in a:
+        scale = max(1.0, float(b[name].abs().max()))
+        assert float((a[name] - b[name]).abs().max()) <= tolerance * scale, name
+
+
+@pytest.mark.parametrize("network", sorted(NETWORKS))
+@pytest.mark.parametrize("block", [1, 8, 16])
+def test_batched_gradient_equals_the_reference_convolution(network, block):
+    factory, shape, classes = NETWORKS[network]
+    model = factory()
+    assert grouped_network.supports(model)
+    clients, batch = 3, 5
+    params = _stacked(model, clients)
+    generator = torch.Generator().manual_seed(1)
+    x = torch.rand(clients, batch, *shape, generator=generator)
+    y = torch.randint(0, classes, (clients, batch), generator=generator)
+    mask = torch.ones(clients, batch)
+    mask[1, 3:] = 0  # padding rows
+    mask[2] = 0  # a client with an empty batch: zero gradient
+    assert grouped_network.applies(model, x)
+    with grouped_network.channel_block(block):
+        gradients = LocalObjective().batched_gradient(model, params, params, x, y, mask)
+    expected = _reference_gradient(model, params, x, y, mask)
+    _close(gradients, expected)
+    assert all(float(g[2].abs().max()) == 0.0 for g in gradients.values())
+
+
+def test_forward_equals_vmap_and_keeps_eval_mode_semantics():
+    model = build_model("lenet", (1, 28, 28), 10)
+    params = _stacked(model, 4)
+    x = torch.rand(4, 6, 1, 28, 28)
+    expected = torch.func.vmap(torch.func.functional_call, in_dims=(None, 0, 0))(model, params, (x,))
+    assert torch.allclose(stacked_forward(model, params, x), expected, atol=1e-5)
+    records = [np.arange(0, 7), np.arange(7, 10), np.arange(10, 30), np.arange(30, 31)]
+    pool_x, pool_y = torch.rand(31, 1, 28, 28), torch.randint(0, 10, (31,))
+    full = mean_loss_gradient(model, params, records, pool_x, pool_y, batch_size=4)
+    mask = torch.zeros(4, 20)
+    for c, r in enumerate(records):
+        mask[c, :len(r)] = 1
+    index = torch.as_tensor(np.stack([np.pad(r, (0, 20 - len(r))) for r in records]))
+    _close(full, _reference_gradient(model, params, pool_x[index], pool_y[index], mask))
+
+
+def test_trained_models_equal_the_loop_with_per_client_starts_and_unequal_clients():
+    """SGD with momentum and weight decay over a padded schedule (clients of 9, 4 and 1 records,
+    different starting models): the batched engine's models are the loop's."""
+    model = _odd_network()
+    sizes = [9, 4, 1]
+    members = [np.arange(sum(sizes[:i]), sum(sizes[:i + 1])) for i in range(3)]
+    batches = [client_batches(n, "epochs", 2, 3, np.random.default_rng(i)) for i, n in enumerate(sizes)]
+    schedule = LocalSchedule.build(batches, members)
+    pool_x, pool_y = torch.rand(sum(sizes), 3, 11, 9), torch.randint(0, 4, (sum(sizes),))
+    opt = OptimizerSettings(lr=0.1, momentum=0.9, weight_decay=1e-3)
+    starts = _stacked(model, 3, seed=2)
+    batched = train_batched(model, LocalObjective(), starts, schedule, pool_x, pool_y, opt, per_client_start=True)
+    loop = {n: [] for n in starts}
+    for c in range(3):  # the loop trains from one global model: run it once per client's start
+        one = train_loop(model, LocalObjective(), {n: p[c] for n, p in starts.items()}, schedule.select([c]),
+                         pool_x, pool_y, opt)
+        for n in loop:
+            loop[n].append(one[n][0])
+    _close(batched, {n: torch.stack(v) for n, v in loop.items()})
+
+
+@pytest.mark.parametrize("layer", [
+    nn.Conv2d(3, 4, 3, groups=1, dilation=2), nn.Conv2d(4, 4, 3, groups=2), nn.Conv2d(3, 4, 3, padding="same"),
+    nn.Conv2d(3, 4, 3, padding=1, padding_mode="reflect"), nn.Dropout(0.5), nn.BatchNorm2d(3),
+])
+def test_other_layers_keep_the_vmap_path(layer):
+    model = nn.Sequential(nn.Conv2d(3, 3, 1), layer, nn.Flatten(), nn.LazyLinear(2))
+    assert not grouped_network.supports(model)
+
+
+def test_which_models_are_supported():
+    assert grouped_network.supports(build_model("lenet", (1, 28, 28), 10))
+    assert grouped_network.supports(build_model("cnn-tiny", (1, 28, 28), 10))
+    assert not grouped_network.supports(build_model("mlp", (1, 8, 8), 10))  # no convolution: vmap
+    dropout = build_model("cnn2", (1, 28, 28), 10)
+    assert not grouped_network.supports(dropout)  # dropout draws its masks under vmap
+    assert grouped_network.supports(dropout.eval())  # ... but is the identity in eval mode
+    assert not grouped_network.supports(nn.Sequential(nn.Sequential(nn.Conv2d(1, 2, 3)), nn.Flatten(), nn.Linear(2, 2)))
