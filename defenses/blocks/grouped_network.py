@@ -125,13 +125,16 @@ def grouped_forward(model: nn.Module, params: dict[str, torch.Tensor], x: torch.
             out_padded = -(-out // block) * block
             weight = F.pad(weight, (0, 0, 0, 0, 0, padded - real, 0, out_padded - out))
             weight = weight.reshape(clients * out_padded, padded, *weight.shape[3:])
+            h = F.conv2d(h, weight, None, module.stride, module.padding, groups=clients)
             bias = params.get(f"{name}.bias")
             if bias is not None:
-                bias = F.pad(bias, (0, out_padded - out)).reshape(-1)
-            h = F.conv2d(h, weight, bias, module.stride, module.padding, groups=clients)
+                # added apart, not fused into the convolution: oneDNN's bias gradient (its reduction inside the
+                # weight-gradient kernel) is split among threads differently for different numbers of groups, so a
+                # client's result would depend on how many others share the computation; torch's sum does not
+                h = h + F.pad(bias, (0, out_padded - out)).view(1, -1, 1, 1)
             real, padded = out, out_padded
         elif isinstance(module, nn.Flatten):  # back to [C, B, features] in the model's (channel, H, W) order
-            h = h.view(batch, clients, padded, *h.shape[2:])[:, :, :real].transpose(0, 1).reshape(clients, batch, -1)
+            h = h.reshape(batch, clients, padded, *h.shape[2:])[:, :, :real].transpose(0, 1).reshape(clients, batch, -1)
         elif isinstance(module, nn.Linear):
             weight = params[f"{name}.weight"].transpose(1, 2)  # [C, in, out]
             bias = params.get(f"{name}.bias")

@@ -90,6 +90,26 @@ def test_batched_gradient_equals_the_reference_convolution(network, block):
     assert all(float(g[2].abs().max()) == 0.0 for g in gradients.values())
 
 
+def test_a_clients_gradient_does_not_depend_on_the_clients_beside_it():
+    """Runs trained together must equal runs trained alone bit for bit (defenses.run_batch): a client's
+    gradient is the same whether 10 or 40 clients share the grouped computation. Several threads,
+    where kernels split reductions among threads by the size of the problem (oneDNN's fused bias
+    gradient did, so the bias is added apart)."""
+    model = build_model("lenet", (1, 28, 28), 10)
+    params = _stacked(model, 40)
+    generator = torch.Generator().manual_seed(4)
+    x, y = torch.rand(40, 16, 1, 28, 28, generator=generator), torch.randint(0, 10, (40, 16), generator=generator)
+    mask = torch.ones(40, 16)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(4)
+    try:
+        together = LocalObjective().batched_gradient(model, params, params, x, y, mask)
+        alone = LocalObjective().batched_gradient(model, {n: p[:10] for n, p in params.items()}, None, x[:10], y[:10], mask[:10])
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(together[n][:10], alone[n]) for n in together)
+
+
 def test_forward_equals_vmap_and_keeps_eval_mode_semantics():
     model = build_model("lenet", (1, 28, 28), 10)
     params = _stacked(model, 4)
