@@ -46,6 +46,9 @@ CPU_CHANNEL_BLOCK = 16
 
 _block_override: list[int] = []
 
+#: float values in the largest activation of one grouped computation (8 MiB): more clients go through in groups
+ACTIVATION_BUDGET = 1 << 21
+
 
 @contextlib.contextmanager
 def channel_block(block: int) -> Iterator[None]:
@@ -110,9 +113,58 @@ def applies(model: nn.Module, x: torch.Tensor) -> bool:
     return x.device.type == "cpu" and x.dim() == 5 and supports(model)
 
 
+def _pair(value) -> tuple[int, int]:
+    return (int(value), int(value)) if isinstance(value, int) else (int(value[0]), int(value[1]))
+
+
+def _activation_per_example(model: nn.Module, shape: tuple[int, ...], block: int) -> int:
+    """The largest convolution output of one example (channels padded to the block), from the layers'
+    shape arithmetic (no computation: FLOP counters see none)."""
+    size, largest = list(shape[1:]), 0
+    for module in model:
+        if isinstance(module, nn.Flatten):
+            break
+        if isinstance(module, (nn.Conv2d, nn.MaxPool2d, nn.AvgPool2d)):
+            kernel, stride, padding = _pair(module.kernel_size), _pair(module.stride or module.kernel_size), _pair(module.padding)
+            dilation = _pair(getattr(module, "dilation", 1))
+            for d in range(2):
+                span = size[d] + 2 * padding[d] - dilation[d] * (kernel[d] - 1) - 1
+                out = (-(-span // stride[d]) if getattr(module, "ceil_mode", False) else span // stride[d]) + 1
+                if getattr(module, "ceil_mode", False) and (out - 1) * stride[d] >= size[d] + padding[d]:
+                    out -= 1  # torch's rule: the last window starts inside the input or its left padding
+                size[d] = out
+            if isinstance(module, nn.Conv2d):
+                largest = max(largest, -(-module.out_channels // block) * block * size[0] * size[1])
+    return largest
+
+
 def grouped_forward(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     """Outputs [C, B, K] of C copies of ``model`` (stacked parameters [C, *shape]) on their inputs x [C, B, ...]:
-    what ``vmap(functional_call(model))`` computes, for a model :func:`supports` accepts."""
+    what ``vmap(functional_call(model))`` computes, for a model :func:`supports` accepts.
+
+    Clients go through in groups whose largest activation holds at most :data:`ACTIVATION_BUDGET`
+    values: one computation over all of them is slower per client once its activations outgrow
+    the caches (LeNet, batch 16: 100 clients at once 1.35×, 312 clients 2× the time of groups of
+    ≤ 64). A client's result does not depend on the clients it is grouped with.
+    """
+    clients, batch = x.shape[:2]
+    per_client = max(1, batch * _activation_per_example(model, tuple(x.shape[2:]), _block()))
+    size = max(2, ACTIVATION_BUDGET // per_client)
+    return torch.cat([_grouped_forward_of(model, {n: p[i:i + size] for n, p in params.items()}, x[i:i + size])
+                      for i in range(0, clients, size)])
+
+
+def _grouped_forward_of(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """One grouped computation; a lone client goes with a detached copy of itself, whose output is dropped:
+    oneDNN computes a convolution of one group with other kernels than a grouped one (other rounding),
+    and a client's result must not depend on whether others share its computation."""
+    if x.shape[0] > 1:
+        return _grouped_forward(model, params, x)
+    twin = {n: torch.cat([p, p.detach()]) for n, p in params.items()}
+    return _grouped_forward(model, twin, torch.cat([x, x]))[:1]
+
+
+def _grouped_forward(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     clients, batch = x.shape[:2]
     block = _block()
     real = x.shape[2]  # the real channels per group of h, and the padded ones
