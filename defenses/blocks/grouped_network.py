@@ -149,9 +149,10 @@ def grouped_forward(model: nn.Module, params: dict[str, torch.Tensor], x: torch.
     """
     clients, batch = x.shape[:2]
     per_client = max(1, batch * _activation_per_example(model, tuple(x.shape[2:]), _block()))
-    size = max(2, ACTIVATION_BUDGET // per_client)
-    return torch.cat([_grouped_forward_of(model, {n: p[i:i + size] for n, p in params.items()}, x[i:i + size])
-                      for i in range(0, clients, size)])
+    groups = -(-clients // max(2, ACTIVATION_BUDGET // per_client))
+    bounds = [clients * k // groups for k in range(groups + 1)]  # groups of equal size (± 1 client)
+    return torch.cat([_grouped_forward_of(model, {n: p[a:b] for n, p in params.items()}, x[a:b])
+                      for a, b in zip(bounds, bounds[1:])])
 
 
 def _grouped_forward_of(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
