@@ -128,11 +128,33 @@ def _conv_backward_flop(grad_out_shape, x_shape, w_shape, bias, stride, padding,
 
 
 def flop_counter(**kwargs):
-    """``FlopCounterMode`` with the grouped-convolution weight gradient counted right (:func:`_conv_backward_flop`)."""
+    """``FlopCounterMode`` with the grouped-convolution weight gradient counted right (:func:`_conv_backward_flop`),
+    counting the model's own multiply-adds.
+
+    On the CPU the batched engine pads each client's convolution channels to a multiple of 16
+    (:mod:`defenses.blocks.grouped_network`): multiplications by zero that are not the model's
+    work. While counting, the padding is off (``channel_block(1)``): the same grouped
+    convolutions with the model's channel counts, so the count is the model's FLOPs and the
+    achieved FLOP/s is useful work per second.
+    """
     from torch.utils.flop_counter import FlopCounterMode
 
-    return FlopCounterMode(display=False, custom_mapping={torch.ops.aten.convolution_backward: _conv_backward_flop},
-                           **kwargs)
+    from defenses.blocks.grouped_network import channel_block
+
+    class ModelFlopCounter(FlopCounterMode):
+        def __enter__(self):
+            self._unpadded = channel_block(1)
+            self._unpadded.__enter__()
+            return super().__enter__()
+
+        def __exit__(self, *exc):
+            try:
+                return super().__exit__(*exc)
+            finally:
+                self._unpadded.__exit__(None, None, None)
+
+    return ModelFlopCounter(display=False, custom_mapping={torch.ops.aten.convolution_backward: _conv_backward_flop},
+                            **kwargs)
 
 
 def counted_step_flops(model: nn.Module, input_shape: Sequence[int], batch: int = 4) -> int:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from audit.core.lazy_modules import lazy_module
+from defenses.blocks import grouped_network
 from defenses.blocks.flat import parameters_of
 
 if TYPE_CHECKING:
@@ -128,7 +129,13 @@ class LocalSchedule:
 
 
 def stacked_forward(model: nn.Module, params: Params, x: torch.Tensor) -> torch.Tensor:
-    """Outputs of C models (stacked parameters [C, *shape]) on their own inputs x [C, B, ...]."""
+    """Outputs of C models (stacked parameters [C, *shape]) on their own inputs x [C, B, ...].
+
+    Plain convolutional networks on the CPU run as one network of grouped convolutions
+    (:mod:`defenses.blocks.grouped_network`: the same outputs up to float rounding); the rest under ``vmap``.
+    """
+    if grouped_network.applies(model, x):
+        return grouped_network.grouped_forward(model, params, x)
     return torch.func.vmap(partial(torch.func.functional_call, model), in_dims=(0, 0), randomness="different")(params, (x,))
 
 

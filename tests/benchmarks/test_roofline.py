@@ -11,6 +11,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from audit.core.models import build_model
+from defenses.blocks import grouped_network
 from defenses.blocks.local_training import LocalObjective
 from tests.helpers import load_script
 
@@ -43,8 +44,8 @@ def test_analytical_count_equals_flop_counter(roofline, name, shape):
 
 
 def test_vmapped_clients_count_as_many_single_steps(roofline):
-    """The engine's batched gradient (vmap over clients: grouped convolutions, bmm) counts what the
-    clients' separate steps would."""
+    """The engine's batched gradient (clients as one network of grouped convolutions, bmm) counts what
+    the clients' separate steps would: the channel padding on the CPU is not counted."""
     shape, clients, batch = (1, 28, 28), 3, 4
     model = build_model("lenet", shape, 10)
     params = {n: p.detach().unsqueeze(0).repeat(clients, *[1] * p.dim()) for n, p in model.named_parameters()}
@@ -54,6 +55,11 @@ def test_vmapped_clients_count_as_many_single_steps(roofline):
     with counter:
         LocalObjective().batched_gradient(model, params, params, x, y, torch.ones(clients, batch))
     assert counter.get_total_flops() == clients * batch * roofline.analytical_flops(model, shape)["per_example"]
+    assert grouped_network.applies(model, x)  # the path counted is the grouped network's
+    padded = FlopCounterMode(display=False, custom_mapping={torch.ops.aten.convolution_backward: roofline._conv_backward_flop})
+    with padded:  # without the counter's unpadding: the 16-channel groups' multiply-adds
+        LocalObjective().batched_gradient(model, params, params, x, y, torch.ones(clients, batch))
+    assert padded.get_total_flops() > counter.get_total_flops()
 
 
 def test_torch_counts_a_grouped_weight_gradient_once_per_group(roofline):
