@@ -38,7 +38,6 @@ command writes anything.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import re
@@ -53,6 +52,7 @@ from scipy import stats
 from attacks.attack_result import AttackResult
 from attacks.canaries.canary_audit import canary_result
 from attacks.membership_metrics import ONE_RUN_FIGURES, gdp_note, membership_metrics
+from audit.core.atomic import file_sha256
 from audit.core.errors import UserInputError
 from audit.core.vocabulary import MEMBERSHIP_UNITS, EpsilonKind, Relation, Unit
 from audit.external import System, external_results, stated_claim, write_external
@@ -281,15 +281,7 @@ def read_scores(path: str | os.PathLike) -> ScoreFile:
     read = {*(MEMBERSHIP_COLUMNS if kind == "membership" else CANARY_COLUMNS), *OPTIONAL_COLUMNS[kind]}
     return ScoreFile(path=path, format=FORMATS[path.suffix.lower()], kind=kind, runs=run_names, units=unit_names,
                      scores=scores[where], truth=truth[where], unit_kind=unit_kind,
-                     ignored=tuple(c for c in table.columns if c not in read), sha256=_sha256(path))
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+                     ignored=tuple(c for c in table.columns if c not in read), sha256=file_sha256(path))
 
 
 def resolve_unit(data: ScoreFile, unit: str | None) -> str:

@@ -44,7 +44,7 @@ import defenses
 import reports
 from audit import provenance
 from audit.core import exact_json
-from audit.core.atomic import dumps, write_text
+from audit.core.atomic import dumps, file_sha256, write_text
 from audit.core.safe_names import inside, is_safe, slug
 from audit.core.schema import to_mapping
 
@@ -64,8 +64,7 @@ def _sha256(data: bytes) -> str:
 def file_digest(path: Path) -> str | None:
     """SHA-256 of a file's bytes; None if it cannot be read."""
     try:
-        with open(path, "rb") as handle:
-            return hashlib.file_digest(handle, "sha256").hexdigest()
+        return file_sha256(path)
     except OSError:
         return None
 

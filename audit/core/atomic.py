@@ -8,6 +8,7 @@ write is valid JSON for any parser.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -36,6 +37,16 @@ def json_safe(value: Any) -> Any:
 
 def dumps(value: Any, indent: int | None = 2) -> str:
     return json.dumps(json_safe(value), indent=indent, sort_keys=False, allow_nan=False, ensure_ascii=False)
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """SHA-256 of a file's bytes, read in blocks (raises OSError if it cannot be read). A loop rather
+    than ``hashlib.file_digest``, which Python 3.10 lacks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def write_bytes(path: str | os.PathLike, data: bytes) -> None:
