@@ -11,7 +11,7 @@ Three kinds of attack share one registry, :data:`ATTACKS`:
   (:class:`attacks.target_run.TargetRun`): reconstruction from uploads, model inversion, attribute
   and property inference.
 
-Each returns :class:`attacks.attack_result.AttackResult` objects. docs/add-an-attack.md shows how
+Each returns :class:`attacks.attack_result.AttackResult` objects. docs/how-to/add-an-attack.md shows how
 to write one.
 """
 

@@ -248,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     scores = commands.add_parser(
         "scores", help="AUC, TPR at low FPR, one-run ε lower bounds and verdicts for membership or canary scores "
-                       "that any tool wrote (CSV, Parquet, NPZ; see docs/score-files.md)")
+                       "that any tool wrote (CSV, Parquet, NPZ; see docs/how-to/score-files.md)")
     scores.add_argument("file", metavar="FILE", help="membership scores (run, unit, score, member) or canary scores "
                                                      "(canary, score, inserted[, run]): .csv, .parquet or .npz")
     scores.add_argument("--claim-epsilon", type=_bounded(float, 0, 1e4), metavar="ε",

@@ -1,7 +1,7 @@
 """Score files another tool wrote, read as dpfl-audit's own attack results.
 
 A score file is a table — CSV, Parquet or NPZ (one array per column) — of one of two kinds,
-told apart by its columns (``reports/schema/scores.schema.json``, ``docs/score-files.md``):
+told apart by its columns (``reports/schema/scores.schema.json``, ``docs/how-to/score-files.md``):
 
 * **membership scores** — ``run, unit, score, member``: target model ``run`` gave candidate
   ``unit`` (a record or a whole client) the score ``score`` (higher = more likely a member), and

@@ -5,5 +5,5 @@ package itself imports nothing heavy, so ``dpfl-audit epsilon`` starts without t
 
 Adding a defense — the interface, what is optional, the adapter the audits use
 (:mod:`defenses.audit_hooks`) and the claim — is explained in one place, with a runnable example:
-docs/add-a-defense.md.
+docs/how-to/add-a-defense.md.
 """

@@ -1,7 +1,7 @@
 """What every defense is: typed hyper-parameters, a training procedure and an explicit privacy claim
 (:class:`defenses.privacy.claims.PrivacyClaim`, re-exported here); what the audits need of it is
 behind its adapter, :meth:`Defense.audit_hooks` (:mod:`defenses.audit_hooks`). How to add one:
-docs/add-a-defense.md."""
+docs/how-to/add-a-defense.md."""
 
 from __future__ import annotations
 

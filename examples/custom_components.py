@@ -11,7 +11,7 @@ built-in registries:
   the report) comes from the harness. ``DPFedProx`` builds on DP-FedAvg instead, and inherits its
   privatisation, its claim and what the audits need of it (its audit hooks).
 
-The page that explains the interface quotes this file: docs/add-a-defense.md.
+The page that explains the interface quotes this file: docs/how-to/add-a-defense.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""docs/add-a-defense.md, the one page on adding a defense: its code is examples/custom_components.py
+"""docs/how-to/add-a-defense.md, the one page on adding a defense: its code is examples/custom_components.py
 (quoted, block by block), its commands run, and the README and the defenses package point to it."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import defenses
 from audit.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGE = ROOT / "docs" / "add-a-defense.md"
+PAGE = ROOT / "docs" / "how-to" / "add-a-defense.md"
 EXAMPLE = ROOT / "examples" / "custom_components.py"
 
 
@@ -47,5 +47,5 @@ def test_the_run_command_on_the_page_is_the_one_the_pipeline_test_runs():
 
 
 def test_the_readme_and_the_defenses_package_point_to_the_page():
-    assert "docs/add-a-defense.md" in (ROOT / "README.md").read_text(encoding="utf-8")
-    assert "docs/add-a-defense.md" in (defenses.__doc__ or "")
+    assert "docs/how-to/add-a-defense.md" in (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "docs/how-to/add-a-defense.md" in (defenses.__doc__ or "")

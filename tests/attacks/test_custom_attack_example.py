@@ -1,4 +1,4 @@
-"""The "Add an attack" page (docs/add-an-attack.md): it shows the example's files as they are, its
+"""The "Add an attack" page (docs/how-to/add-an-attack.md): it shows the example's files as they are, its
 command runs the example attack through the whole pipeline, and the example attack passes the two
 checks the page asks of every attack — a null design (no leakage found) and a leaky one (found).
 """
@@ -16,7 +16,7 @@ from tests.attacks.membership.test_membership_attacks import _experiment
 from tests.helpers import load_script, readme_commands, with_out
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGE = ROOT / "docs" / "add-an-attack.md"
+PAGE = ROOT / "docs" / "how-to" / "add-an-attack.md"
 EXAMPLE = ROOT / "examples" / "custom_attack.py"
 CONFIG = ROOT / "examples" / "custom_attack.yaml"
 RESULTS = ("logit-margin", "logit-margin-calibrated")
