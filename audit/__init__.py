@@ -12,7 +12,7 @@ stays light and the foundation in :mod:`audit.core` imports nothing above it)::
     audit.write_report(outcome.results, "out/report.html")
     outcomes = audit.check("out", "examples/policy.yaml")   # the CI gate's outcomes
 
-    # systems trained elsewhere, judged against the claim their owner states (README: "Audit your own system")
+    # systems trained elsewhere, judged against the claim their owner states (docs/how-to/own-system.md)
     claim = audit.stated_claim(epsilon, delta, "record")            # or "client"; relation, adversary
     scored = audit.score_checkpoints(factory, ["m0.safetensors", ...], keep, x, y)  # your checkpoints
     results = audit.audit_training(train, x, y, claim, out="out")  # your train(features, labels, seed)

@@ -1,6 +1,6 @@
 """The public API in under 30 lines: load a task, train two defenses, attack them, print the table.
 
-Run: python examples/api_minimal.py [OUT_DIR]   (about a minute on 2 CPU cores; rerunning resumes)
+Run: python examples/api_minimal.py [OUT_DIR]   (the smoke preset, two attacks; rerunning resumes)
 """
 
 import sys

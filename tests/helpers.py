@@ -41,12 +41,14 @@ def tiny_config(**sections: Any) -> str:
 
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+#: the documentation's pages (docs/tutorial, docs/how-to, docs/explanation, ...)
+DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
 def readme_commands(program: str, document: Path = README) -> list[list[str]]:
-    """The arguments of every command line in the README's (or ``document``'s) bash blocks that
-    starts with ``program`` (e.g. ``.venv/bin/python examples/opacus_audit.py``), split as a shell
-    would: the tests run the README's examples as printed."""
+    """The arguments of every command line in the README's (or ``document``'s, e.g. a page under
+    ``DOCS``) bash blocks that starts with ``program`` (e.g. ``python examples/opacus_audit.py``),
+    split as a shell would: the tests run the documentation's examples as printed."""
     import shlex
 
     text = document.read_text(encoding="utf-8")

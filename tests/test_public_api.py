@@ -1,4 +1,4 @@
-"""The public API (issue 16): light to import, every name resolves, and the README's example runs."""
+"""The public API: light to import, every name resolves, and the example the docs show runs as shown."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ import sys
 from pathlib import Path
 
 import audit
+from tests.helpers import DOCS, readme_commands
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "api_minimal.py"
+PAGE = DOCS / "tutorial" / "notebook.md"  # "From Python": the page that shows the example
 
 
 def test_import_audit_is_light_and_lists_the_api():
@@ -28,13 +30,15 @@ def test_every_api_name_is_a_callable_with_a_docstring():
         assert callable(value) and value.__doc__, name
 
 
-def test_the_readme_shows_the_tested_example_verbatim():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+def test_the_docs_show_the_tested_example_verbatim():
+    page = PAGE.read_text(encoding="utf-8")
     code = EXAMPLE.read_text(encoding="utf-8")
-    assert f"```python\n{code}```" in readme and len(code.splitlines()) < 30
+    assert f"```python\n{code}```" in page and len(code.splitlines()) < 30
 
 
 def test_the_example_trains_attacks_and_prints_the_table(tmp_path):
+    (arguments,) = readme_commands("python examples/api_minimal.py", PAGE)  # the command the page shows
+    assert arguments == ["api-out"]
     result = subprocess.run([sys.executable, str(EXAMPLE), str(tmp_path / "out")], capture_output=True, text=True,
                             cwd=ROOT, timeout=900)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -34,8 +34,7 @@ def test_the_page_shows_the_example_files_as_they_are():
 
 def test_the_page_command_runs_the_attack(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
-    [command] = [c for c in readme_commands(".venv/bin/dpfl-audit run", PAGE) if c[0] == "examples/custom_attack.yaml"]
-    assert command in readme_commands(".venv/bin/dpfl-audit run")  # the README shows the same command
+    [command] = [c for c in readme_commands("dpfl-audit run", PAGE) if c[0] == "examples/custom_attack.yaml"]
     out = tmp_path / "out"
     assert main(["run", *with_out(command, out), *SMALL, "--quiet"]) == 0
     [experiment] = json.loads((out / "results.json").read_text())["experiments"]

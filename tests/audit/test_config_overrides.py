@@ -103,15 +103,16 @@ def test_config_command_prints_the_assigned_values(capsys):
     assert printed["training"]["rounds"] == 2 and printed["model"] == {"name": "cnn-tiny", "options": {}}
 
 
-def test_the_readmes_set_examples_resolve_as_described(capsys):
-    from tests.helpers import readme_commands
+def test_the_tutorials_set_examples_resolve_as_described(capsys):
+    from tests.helpers import DOCS, readme_commands
 
-    (config_arguments,) = [a for a in readme_commands(".venv/bin/dpfl-audit config") if "--set" in a]
+    page = DOCS / "tutorial" / "first-audit.md"
+    (config_arguments,) = [a for a in readme_commands("dpfl-audit config", page) if "--set" in a]
     assert main(["config", *config_arguments]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["model"] == {"name": "cnn-udpfl", "options": {}}
     assert printed["defenses"][1]["name"] == "dp-fedsam" and printed["defenses"][1]["params"] == {}
-    (run_arguments,) = [a for a in readme_commands(".venv/bin/dpfl-audit run") if "--set" in a]
+    (run_arguments,) = [a for a in readme_commands("dpfl-audit run", page) if "--set" in a]
     sets = [run_arguments[i + 1] for i, word in enumerate(run_arguments) if word == "--set"]
     config = load_config(preset_name=run_arguments[run_arguments.index("--preset") + 1], sets=sets)
     assert config.training.rounds == 2 and config.defenses[1].epsilons == [1.0, 4.0]

@@ -24,7 +24,7 @@ pytest.importorskip("flwr")
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 from audit.core.errors import UserInputError  # noqa: E402
-from tests.helpers import readme_commands, with_out  # noqa: E402
+from tests.helpers import DOCS, readme_commands, with_out  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CLAIM_SIGMA, CLIP, SAMPLE, CLIENTS, CANARIES, ROUNDS, DELTA = 10.0, 1.0, 100, 4, 200, 2, 1e-5
@@ -55,9 +55,9 @@ def runs(tmp_path_factory):
         patch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
         app = _example(patch)
         base = tmp_path_factory.mktemp("flower")
-        # the README's two commands ("Audit your own system"), as printed there; the example's defaults
+        # the two commands of docs/how-to/own-system.md, as printed there; the example's defaults
         # are the constants above
-        honest, lowered = readme_commands(".venv/bin/python examples/flower/app.py")
+        honest, lowered = readme_commands("python examples/flower/app.py", DOCS / "how-to" / "own-system.md")
         defaults = vars(app.parser().parse_args([]))
         assert (defaults["clients"], defaults["canaries"], defaults["sample_size"], defaults["clip"], defaults["delta"]) == \
             (CLIENTS, CANARIES, SAMPLE, CLIP, DELTA)

@@ -16,7 +16,7 @@ from audit.core.errors import UserInputError
 from audit.external import stated_claim
 from audit.gradient_canary_audit import gradient_canary_audit
 from audit.own_training import dataset_pool
-from tests.helpers import load_script, readme_commands, with_out
+from tests.helpers import DOCS, load_script, readme_commands, with_out
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: one thread is the fastest
 
@@ -68,8 +68,8 @@ def test_honest_dp_sgd_is_not_a_violation_and_the_same_seed_gives_the_same_audit
 
 
 def test_the_readme_command_plants_the_bug_and_catches_it(example, tmp_path):
-    """The README's --noise-bug 0.1 command, as printed (2×10⁴ coins over 5 runs of 80 steps)."""
-    (arguments,) = [a for a in readme_commands(".venv/bin/python examples/opacus_audit.py") if "--noise-bug" in a]
+    """The --noise-bug 0.1 command of docs/how-to/own-system.md, as printed (2×10⁴ coins over 5 runs of 80 steps)."""
+    (arguments,) = [a for a in readme_commands("python examples/opacus_audit.py", DOCS / "how-to" / "own-system.md") if "--noise-bug" in a]
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         assert example.main([*with_out(arguments, tmp_path / "out"), "--quiet"]) == 0

@@ -263,7 +263,7 @@ LINK_CASES = [("run", "runs"), ("run", "figures"), ("run", "run.log"), ("run", "
 
 @pytest.mark.parametrize("command, entry", LINK_CASES, ids=[f"{c}-{e}" for c, e in LINK_CASES])
 def test_links_leading_out_of_the_output_folder_are_refused_before_any_work(tmp_path, capsys, command, entry):
-    """README: every path written is checked to resolve inside --out, symbolic links included — a
+    """docs/explanation/security.md: every path written is checked to resolve inside --out, symbolic links included — a
     link placed in the folder (``out/runs -> ../elsewhere``) is one line and exit 2, before training,
     and nothing lands outside (or inside) the folder."""
     elsewhere = tmp_path / "elsewhere"

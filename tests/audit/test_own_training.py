@@ -65,16 +65,16 @@ def split():
 
 @pytest.fixture(scope="module")
 def opacus_run(tmp_path_factory):
-    """examples/opacus_audit.py run by the README's command, small: 4 membership models and a canary run of 5 DP-SGD epochs
+    """examples/opacus_audit.py run by the command of docs/how-to/own-system.md, small: 4 membership models and a canary run of 5 DP-SGD epochs
     (σ = 1, q = 1/16, T = 80), 100 canaries."""
     pytest.importorskip("opacus")
     example = load_script(ROOT / "examples" / "opacus_audit.py", "opacus_audit_example")
     out = tmp_path_factory.mktemp("opacus") / "out"
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        # the README's command ("Audit your own system"), as printed there; the gradient-canary commands
+        # the page's command (docs/how-to/own-system.md), as printed there; the gradient-canary commands
         # beside it are tests/audit/test_gradient_canary_audit.py's
-        (arguments,) = [a for a in readme_commands(".venv/bin/python examples/opacus_audit.py")
+        (arguments,) = [a for a in readme_commands("python examples/opacus_audit.py", DOCS / "how-to" / "own-system.md")
                         if "--gradient-canaries" not in a]
         assert arguments[arguments.index("--pool") + 1] == str(POOL)
         assert example.main(with_out(arguments, out)) == 0

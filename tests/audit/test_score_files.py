@@ -297,16 +297,16 @@ def test_the_schema_describes_what_the_reader_accepts(tmp_path, good):
 
 
 def test_the_readme_command_reproduces_the_pipelines_figures_for_its_exported_canaries(tmp_path, capsys):
-    """README, "Audit your own system": the client canaries of DP-FedAvg at ε = 8, exported from
+    """docs/how-to/score-files.md, "Try it": the client canaries of DP-FedAvg at ε = 8, exported from
     the default audit's attacks/dp-fedavg-eps8/client-canaries.npz, give through `scores` the
     figures that audit reported for them (results.json at d188bdf: AUC 0.879 [0.811, 0.947],
     ε_LB 1.438 (Steinke) and 1.435 (f-DP), Gaussian fit 8.47) — the same scores, the same
     statistics. The fit's interval is the exact noncentral-t one, [5.85, 11.29] (the audit then
     reported a percentile bootstrap's [6.33, 11.34], which under-covers at a hundred canaries);
     scipy's own noncentral t, inverted here, gives the same ends."""
-    from tests.helpers import readme_commands, with_out
+    from tests.helpers import DOCS, readme_commands, with_out
 
-    (arguments,) = readme_commands(".venv/bin/dpfl-audit scores")
+    (arguments,) = [a for a in readme_commands("dpfl-audit scores", DOCS / "how-to" / "score-files.md") if "--claim-epsilon" in a]
     out = tmp_path / "scores-out"
     assert main(["scores", *with_out(arguments, out)]) == 0
     capsys.readouterr()

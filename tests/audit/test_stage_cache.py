@@ -182,11 +182,11 @@ def test_results_are_the_same_with_and_without_the_cache(finished, tmp_path, com
         assert (fresh / name).read_bytes() == (out / name).read_bytes() == (partial / name).read_bytes(), name
 
 
-def test_the_readme_shows_the_cache_commands_this_parser_takes():
+def test_the_tutorial_shows_the_cache_commands_this_parser_takes():
     from audit.cli_parser import build_parser
-    from tests.helpers import readme_commands
+    from tests.helpers import DOCS, readme_commands
 
-    commands = [c for c in readme_commands("dpfl-audit run") if "smoke-out" in c and "--track" not in c]
+    commands = [c for c in readme_commands("dpfl-audit run", DOCS / "tutorial" / "first-audit.md") if "smoke-out" in c]
     parsed = [build_parser().parse_args(["run", *c]) for c in commands]
     assert [p.no_cache for p in parsed] == [False, False, True] and {p.out for p in parsed} == {"smoke-out"}
 

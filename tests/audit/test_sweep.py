@@ -269,13 +269,13 @@ def test_the_sweep_state_lives_under_out_only(sweep):
         assert {p.name for p in (out / "tensorboard" / point).iterdir()} == {e.key for e in results.experiments}
 
 
-def test_the_readme_sweep_is_three_points_of_dp_fedavg_one_epsilon_each():
-    """The README's command as printed (planned here; the tiny sweep above runs the same code)."""
+def test_the_documented_sweep_is_three_points_of_dp_fedavg_one_epsilon_each():
+    """The command of docs/how-to/sweeps-and-tracking.md as printed (planned here; the tiny sweep above runs the same code)."""
     from audit.cli_parser import build_parser
     from audit.sweep import plan_sweep
-    from tests.helpers import readme_commands
+    from tests.helpers import DOCS, readme_commands
 
-    (arguments,) = readme_commands("dpfl-audit sweep")
+    (arguments,) = readme_commands("dpfl-audit sweep", DOCS / "how-to" / "sweeps-and-tracking.md")
     args = build_parser().parse_args(["sweep", *arguments])
     points = plan_sweep(load_config(args.config, args.preset, {}, args.sets), parse_axes(args.over))
     assert [p.config.defenses[1].epsilons for p in points] == [[1.0], [4.0], [16.0]]
