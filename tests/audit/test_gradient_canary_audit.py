@@ -67,9 +67,10 @@ def test_honest_dp_sgd_is_not_a_violation_and_the_same_seed_gives_the_same_audit
     assert np.array_equal(audit.scores, again.scores) and np.array_equal(audit.inserted, again.inserted)
 
 
-def test_the_readme_command_plants_the_bug_and_catches_it(example, tmp_path):
+def test_the_documented_command_plants_the_bug_and_catches_it(example, tmp_path):
     """The --noise-bug 0.1 command of docs/how-to/own-system.md, as printed (2×10⁴ coins over 5 runs of 80 steps)."""
-    (arguments,) = [a for a in readme_commands("python examples/opacus_audit.py", DOCS / "how-to" / "own-system.md") if "--noise-bug" in a]
+    commands = readme_commands("python examples/opacus_audit.py", DOCS / "how-to" / "own-system.md")
+    (arguments,) = [a for a in commands if "--noise-bug" in a]
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         assert example.main([*with_out(arguments, tmp_path / "out"), "--quiet"]) == 0

@@ -22,7 +22,7 @@ from audit.external import stated_claim
 from audit.own_training import audit_training, dataset_pool
 from defenses.privacy.accounting import GaussianSchedule, compute_epsilon
 from reports.results import load_results
-from tests.helpers import load_script, readme_commands, with_out
+from tests.helpers import DOCS, load_script, readme_commands, with_out
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: one thread is the fastest
 
@@ -65,8 +65,8 @@ def split():
 
 @pytest.fixture(scope="module")
 def opacus_run(tmp_path_factory):
-    """examples/opacus_audit.py run by the command of docs/how-to/own-system.md, small: 4 membership models and a canary run of 5 DP-SGD epochs
-    (σ = 1, q = 1/16, T = 80), 100 canaries."""
+    """examples/opacus_audit.py run by the command of docs/how-to/own-system.md, small: 4 membership models and a
+    canary run of 5 DP-SGD epochs (σ = 1, q = 1/16, T = 80), 100 canaries."""
     pytest.importorskip("opacus")
     example = load_script(ROOT / "examples" / "opacus_audit.py", "opacus_audit_example")
     out = tmp_path_factory.mktemp("opacus") / "out"
