@@ -46,6 +46,13 @@ def test_the_run_command_on_the_page_is_the_one_the_pipeline_test_runs():
     assert 'main(["run", "examples/custom.yaml", "--out"' in test
 
 
+def test_the_datasets_page_shows_the_same_run_command():
+    from tests.helpers import DOCS, readme_commands
+
+    (command,) = _commands("dpfl-audit run ")
+    assert readme_commands("dpfl-audit run", DOCS / "how-to" / "datasets-and-models.md") == [shlex.split(command)[2:]]
+
+
 def test_the_readme_and_the_defenses_package_point_to_the_page():
     assert "docs/how-to/add-a-defense.md" in (ROOT / "README.md").read_text(encoding="utf-8")
     assert "docs/how-to/add-a-defense.md" in (defenses.__doc__ or "")

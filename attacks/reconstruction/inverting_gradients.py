@@ -49,7 +49,7 @@ else:  # imported when first used (audit.core.lazy_modules)
     nn = lazy_module("torch.nn")
 
 #: the paper runs 4,800 iterations on 32×32 CIFAR-10 (24,000 for ImageNet); on 25×25 LeNet
-#: 2,000 suffice for all but near-black images (README, "Gradient inversion")
+#: 2,000 suffice for all but near-black images (docs/explanation/attacks.md, "Gradient inversion")
 DEFAULT_ITERATIONS = 2000
 DEFAULT_LR = 0.1
 #: α_TV: the paper's 1e-4 weighs one whole-gradient cosine (at most 2); the layer-wise loss used

@@ -1,5 +1,5 @@
 """Every round of a short run of a defense's own code, as the conformance audit drives it:
-contributions in, what each observer sees out (README, "Claims per observer and the conformance audit").
+contributions in, what each observer sees out (docs/how-to/audit-a-mechanism.md, "Does a defense's code release its noise?").
 
 A :class:`ReleaseProbe` wraps a defense bound to a real (small) training job. A trial is a
 :class:`Trial`: a seed that keys every random stream of the round, the round, who takes part and
