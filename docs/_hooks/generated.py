@@ -177,7 +177,8 @@ def _option_name(action: argparse.Action) -> str:
         names = ", ".join(action.option_strings)
         if action.nargs == 0:
             return code(names)
-        metavar = action.metavar or (action.dest.upper() if not action.choices else "{" + ",".join(map(str, action.choices)) + "}")
+        choices = "{" + ",".join(map(str, action.choices)) + "}" if action.choices else None
+        metavar = action.metavar or choices or action.dest.upper()
         if isinstance(metavar, tuple):
             metavar = " ".join(metavar)
         return code(f"{names} {metavar}")
@@ -248,7 +249,8 @@ def cli_markdown() -> str:
     out += ["", "## Options of every command", "",
             "These options go before or after the command's name, e.g. `dpfl-audit -v run` or `dpfl-audit run -v`; "
             "`dpfl-audit --version` prints the version and `-h`/`--help` after any command prints its usage.", "",
-            table(OPTION_HEADER, [r for r in _option_rows(parser, set()) if r[0].strip("`").split(",")[0].split()[0] in common_names])]
+            table(OPTION_HEADER, [row for row in _option_rows(parser, set())
+                                  if row[0].strip("`").split(",")[0].split()[0] in common_names])]
     for name, text, sub in commands:
         out += ["", f"## `dpfl-audit {name}`", "", cell(text) + ("." if text and not text.endswith(".") else ""), "",
                 "```text", _usage(sub), "```", ""]
@@ -374,7 +376,8 @@ def _properties_table(spec: dict[str, Any]) -> str:
         description = prop.get("description", "")
         if prop.get("type") == "object" and prop.get("properties") and not description:
             description = "an object with: " + ", ".join(code(p) for p in prop["properties"])
-        rows.append([code(name), _schema_type(prop), "yes" if name in required else "", cell(_schema_range(prop)), cell(rest_to_markdown(description))])
+        rows.append([code(name), _schema_type(prop), "yes" if name in required else "", cell(_schema_range(prop)),
+                     cell(rest_to_markdown(description))])
     return table(["field", "type", "required", "range", "description"], rows)
 
 
@@ -414,9 +417,8 @@ def results_schema_markdown() -> str:
 def results_csv_markdown(schema: dict[str, Any]) -> str:
     """results.csv's columns: the ``Row`` definition of the schema (one row of the CSV each) and
     what :mod:`reports.results` says of them."""
-    from reports import results
-
     import audit
+    from reports import results
 
     row = schema["$defs"]["Row"]
     # the docstring's paragraphs after its title line, less its list of the columns (the table gives them)
@@ -448,39 +450,36 @@ def _format_default(value: Any) -> str:
 
 def signature_text(name: str, obj: Any) -> str:
     """``name(param: annotation = default, ...) -> return`` as written in the source (string
-    annotations unquoted, enum defaults as their values)."""
+    annotations unquoted, enum defaults as their values); one parameter a line when long."""
     try:
         signature = inspect.signature(obj)
     except (TypeError, ValueError):
         return name
-    parts = []
-    seen_keyword_only = False
-    previous = None
-    for parameter in signature.parameters.values():
-        if parameter.kind is parameter.KEYWORD_ONLY and not seen_keyword_only and previous is not parameter.VAR_POSITIONAL:
+    parts: list[str] = []
+    kinds = [p.kind for p in signature.parameters.values()]
+    for n, parameter in enumerate(signature.parameters.values()):
+        if parameter.kind is parameter.KEYWORD_ONLY and (n == 0 or kinds[n - 1] not in (parameter.KEYWORD_ONLY,
+                                                                                      parameter.VAR_POSITIONAL)):
             parts.append("*")
-        if parameter.kind is parameter.KEYWORD_ONLY:
-            seen_keyword_only = True
-        if previous is parameter.POSITIONAL_ONLY and parameter.kind is not parameter.POSITIONAL_ONLY:
-            parts.append("/")
         text = {parameter.VAR_POSITIONAL: "*", parameter.VAR_KEYWORD: "**"}.get(parameter.kind, "") + parameter.name
         if parameter.annotation is not parameter.empty:
-            annotation = parameter.annotation if isinstance(parameter.annotation, str) else inspect.formatannotation(parameter.annotation)
-            text += f": {annotation}"
+            text += f": {_annotation(parameter.annotation)}"
         if parameter.default is not parameter.empty:
             text += f" = {_format_default(parameter.default)}"
         parts.append(text)
-        previous = parameter.kind
-    if previous is parameter.POSITIONAL_ONLY if signature.parameters else False:
-        parts.append("/")
+        if parameter.kind is parameter.POSITIONAL_ONLY and (n + 1 == len(kinds) or kinds[n + 1] is not parameter.POSITIONAL_ONLY):
+            parts.append("/")
     returns = ""
     if signature.return_annotation is not signature.empty:
-        annotation = signature.return_annotation
-        returns = " -> " + (annotation if isinstance(annotation, str) else inspect.formatannotation(annotation))
+        returns = " -> " + _annotation(signature.return_annotation)
     one_line = f"{name}({', '.join(parts)}){returns}"
     if len(one_line) <= 90:
         return one_line
     return f"{name}(\n" + "".join(f"    {p},\n" for p in parts) + f"){returns}"
+
+
+def _annotation(annotation: Any) -> str:
+    return annotation if isinstance(annotation, str) else inspect.formatannotation(annotation)
 
 
 def api_names() -> list[str]:
@@ -601,7 +600,8 @@ WORKLOAD_FIGURES: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
     ("test accuracy after the rounds (batched engine)", lambda w: _number(_get(w, "engine", "batched", "test_accuracy"), 3)),
     ("batched engine, fraction of the roofline bound min(P, I·B)",
      lambda w: _percent(_get(w, "roofline", "engines", "batched", "fraction_of_bound"))),
-    ("plain loop, fraction of the roofline bound", lambda w: _percent(_get(w, "roofline", "engines", "loop", "fraction_of_bound"))),
+    ("plain loop, fraction of the roofline bound",
+     lambda w: _percent(_get(w, "roofline", "engines", "loop", "fraction_of_bound"))),
     ("64-run membership experiment trained together, s", lambda w: _seconds(_get(w, "membership", "together_seconds"), w)),
     ("one run alone, s", lambda w: _seconds(_get(w, "membership", "one_run_seconds"), w, 2)),
     ("together ÷ one run", lambda w: _ratio(_get(w, "membership", "together_vs_one_run"))),
@@ -635,7 +635,8 @@ def _skipped(error: str | None) -> str:
 
 def _whole_run_figures(record: Record) -> list[tuple[str, str]]:
     d = record.data
-    mem, calib, canaries, resume = d.get("memory") or {}, d.get("calibration") or {}, d.get("canaries") or {}, d.get("resume") or {}
+    mem, calib = d.get("memory") or {}, d.get("calibration") or {}
+    canaries, resume = d.get("canaries") or {}, d.get("resume") or {}
     rows = [
         ("default audit (`dpfl-audit run`), wall time, s",
          _number(mem.get("wall_seconds")) if "wall_seconds" in mem else _skipped(mem.get("error"))),
@@ -668,7 +669,8 @@ def _machine_rows(record: Record) -> list[tuple[str, str]]:
         ("Python, torch (threads)", cell(f"{m.get('python')}, {m.get('torch')} ({m.get('torch_threads')})")),
         ("fp32 matrix-multiply peak P", "–" if peak is None else f"{peak / 1e9:,.1f} GFLOP/s"),
         ("memory bandwidth B", "–" if bandwidth is None else f"{bandwidth / 1e9:,.1f} GB/s"),
-        ("cores busy before / after", " / ".join("–" if "busy_share" not in i else f"{100 * i['busy_share']:.1f} %" for i in idle)),
+        ("cores busy before / after",
+         " / ".join("–" if "busy_share" not in i else f"{100 * i['busy_share']:.1f} %" for i in idle)),
     ]
 
 
