@@ -361,12 +361,28 @@ def _sections(markdown: str, level: str) -> dict[str, str]:
     return sections
 
 
+def _cells(line: str) -> list[str]:
+    """A table row's cells, split as Python-Markdown does: at pipes neither escaped nor in a code span."""
+    cells, current, i = [], "", 0
+    while i < len(line):
+        if line[i] == "\\" and i + 1 < len(line):
+            current, i = current + line[i:i + 2], i + 2
+        elif line[i] == "`":
+            fence = re.match(r"`+", line[i:]).group(0)
+            end = line.find(fence, i + len(fence))
+            end = len(line) if end < 0 else end + len(fence)
+            current, i = current + line[i:end], end
+        elif line[i] == "|":
+            cells.append(current.strip())
+            current, i = "", i + 1
+        else:
+            current, i = current + line[i], i + 1
+    return cells[1:]  # the text before the leading pipe
+
+
 def _table_rows(markdown: str) -> list[list[str]]:
-    rows = []
-    for line in markdown.splitlines():
-        if line.startswith("|") and not re.match(r"^\|(-+\|)+$", line):
-            rows.append([c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]])
-    return rows
+    return [_cells(line.strip()) for line in markdown.splitlines()
+            if line.startswith("|") and not re.match(r"^\|(-+\|)+$", line)]
 
 
 def test_cli_page_has_every_command_and_option(hook):
@@ -549,3 +565,29 @@ def test_performance_tables_equal_the_recorded_files(hook):
                 digits = len(shown.rstrip("×").split(".")[1]) if "." in shown else 0
                 number = float(shown.rstrip("×").replace(",", ""))
                 assert abs(number - value) <= 0.5 * 10 ** -digits + 1e-12, (figure, shown, value)
+
+
+def test_inline_figures_are_the_reference_machines_recorded_values(hook):
+    record = hook.reference_record()
+    assert record.data["device"] == "cpu" and not record.baseline
+    assert record.date == max(r.date for r in hook.benchmark_records() if r.data["device"] == "cpu")
+    data = record.data
+    expected = {
+        "default-audit-seconds": (data["memory"]["wall_seconds"], " s"),
+        "default-audit-peak-memory": (data["memory"]["peak_mib"], " MiB"),
+        "smoke-seconds": (data["resume"]["first_run_seconds"], " s"),
+        "smoke-rerun-seconds": (data["resume"]["rerun_median_seconds"], " s"),
+        "mlp-batched-vs-loop": (data["workloads"]["mlp"]["batched_vs_loop"], "×"),
+        "cnn-batched-vs-loop": (data["workloads"]["cnn"]["batched_vs_loop"], "×"),
+    }
+    for name, (value, unit) in expected.items():
+        shown = hook.figure(name)
+        assert shown.endswith(unit), (name, shown)
+        number = shown.removesuffix(unit).replace(",", "")
+        digits = len(number.split(".")[1]) if "." in number else 0
+        assert abs(float(number) - value) <= 0.5 * 10 ** -digits + 1e-12, (name, shown, value)
+    assert hook.figure("benchmark-date") == record.date
+    line = "The default audit takes <!-- figure: default-audit-seconds --> here."
+    assert hook.expand(line) == f"The default audit takes {hook.figure('default-audit-seconds')} here."
+    with pytest.raises(KeyError, match="unknown figure"):
+        hook.expand("<!-- figure: nope -->")

@@ -13,6 +13,10 @@ from what the tool does:
 - ``performance``: the recorded benchmark files ``benchmarks/results/*.json`` (``benchmarks/run_all.py``),
   the latest per machine, each figure with its file's date and machine.
 
+Inline, ``<!-- figure: NAME -->`` anywhere in a line is replaced by one recorded figure of the
+reference machine (the latest CPU file), e.g. ``<!-- figure: default-audit-seconds -->`` → ``127 s``:
+prose quotes the same files as the tables (:data:`FIGURES` names them).
+
 The functions are plain (Markdown in, Markdown out) so that ``tests/test_docs.py`` calls them
 directly; mkdocs calls :func:`on_page_markdown`. Only ``api`` imports torch (through the modules
 that define the API); the others load the parser, the config schema and JSON files.
@@ -90,15 +94,15 @@ def _looks_like_python(lines: list[str], start: int, indent: int) -> bool:
 
 
 def cell(text: Any) -> str:
-    """``text`` made safe for one Markdown table cell: no line breaks, ``|`` escaped, and outside
-    `code spans` the characters Markdown or HTML would read as markup."""
+    """``text`` made safe for one Markdown table cell: no line breaks, and outside `code spans`
+    ``|`` and the characters Markdown or HTML would read as markup escaped."""
     text = " ".join(str(text).split())
     parts = re.split(r"(`[^`]*`)", text)
     for n, part in enumerate(parts):
         if n % 2 == 0:
             part = part.replace("\\", "\\\\").replace("<", "&lt;").replace("*", "\\*").replace("_", "\\_")
-            part = part.replace("[", "\\[")
-        parts[n] = part.replace("|", "\\|")
+            part = part.replace("[", "\\[").replace("|", "\\|")
+        parts[n] = part  # a pipe inside a code span does not end the cell (Python-Markdown's tables)
     return "".join(parts)
 
 
@@ -109,7 +113,7 @@ def code(text: Any) -> str:
         return ""
     fence = "``" if "`" in text else "`"
     pad = " " if text.startswith("`") or text.endswith("`") else ""
-    return f"{fence}{pad}{text}{pad}{fence}".replace("|", "\\|")
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def table(header: Iterable[str], rows: Iterable[Iterable[str]]) -> str:
@@ -294,8 +298,7 @@ def configuration_markdown() -> str:
     out = [f"Numbers must be finite; an integer without its own bound is at most {MAX_INT:,}, a number at most "
            f"{MAX_FLOAT:g} in magnitude; a list holds at most {MAX_LIST:,} values. A field left out takes its default; "
            "`section: null` means the section's defaults. Unknown fields are errors that name the allowed ones. "
-           "`dpfl-audit config --reference` prints the same table; `dpfl-audit config [FILE] [--preset NAME] "
-           "[--set PATH=VALUE]` prints what a configuration resolves to.", "",
+           "`dpfl-audit config --reference` prints the same table.", "",
            "Presets (`--preset NAME`): " + ", ".join(code(p) for p in preset_names()) + "."]
     for head, rows in sections.items():
         title = "Top level" if not head else f"`{head}`"
@@ -504,7 +507,46 @@ def api_markdown() -> str:
         out += ["", f"## `audit.{name}` {{#audit-{name.replace('_', '-')}}}", "",
                 "```python", signature_text(name, obj) if callable(obj) else f"{name} = {obj!r}", "```", "",
                 f"*{kind}, defined as `{qualified}`*", "", rest_to_markdown(doc) if doc else "No docstring."]
+        returned = [f"[`{t.__name__}`](#type-{t.__name__.lower()})" for t in returned_types(obj)]
+        if returned:
+            out += ["", "Returns: " + ", ".join(returned) + "."]
+    types = {t: None for name in api_names() for t in returned_types(getattr(audit, name))}
+    if types:
+        out += ["", "## Types the API returns {#types}"]
+    for kind in types:
+        doc = inspect.getdoc(kind) or ""
+        if doc.startswith(kind.__name__ + "("):  # the signature dataclasses write when a class has no docstring
+            doc = ""
+        out += ["", f"### `{kind.__name__}` {{#type-{kind.__name__.lower()}}}", "",
+                f"*class `{kind.__module__}.{kind.__qualname__}`*", "", rest_to_markdown(doc) if doc else ""]
+        note = TYPE_NOTES.get(kind.__name__)
+        if note:
+            out += ["", note]
+        fields = [f for f in dataclasses.fields(kind) if not f.name.startswith("_")]
+        if fields:
+            out += ["", table(["field", "type"], [[code(f.name), code(_annotation(f.type))] for f in fields])]
     return "\n".join(out) + "\n"
+
+
+#: where a returned type is described in full
+TYPE_NOTES = {
+    "AuditConfig": "Its fields and their defaults: [Configuration](configuration.md).",
+    "Results": "The results document, as written to results.json: [Results files](results.md).",
+}
+
+
+def returned_types(obj: Any) -> list[type]:
+    """The dataclasses a public function's return annotation names (looked up in its module)."""
+    try:
+        annotation = inspect.signature(obj).return_annotation
+    except (TypeError, ValueError):
+        return []
+    if annotation is inspect.Signature.empty:
+        return []
+    names = re.findall(r"\b[A-Z]\w*", _annotation(annotation))
+    module_globals = getattr(obj, "__globals__", {})
+    found = [module_globals.get(name) for name in names]
+    return [t for t in found if isinstance(t, type) and dataclasses.is_dataclass(t)]
 
 
 def _tour(docstring: str) -> str:
@@ -705,6 +747,37 @@ def performance_markdown(folder: Path = BENCHMARKS) -> str:
     return "\n".join(out) + "\n"
 
 
+def reference_record(folder: Path = BENCHMARKS) -> Record:
+    """The latest record measured on a CPU (the reference machine the docs' figures quote)."""
+    cpu = [r for r in latest_per_machine(benchmark_records(folder)) if r.data.get("device", "cpu") == "cpu"]
+    if not cpu:
+        raise ValueError(f"no recorded CPU benchmark (run_all.py output) in {folder}")
+    return max(cpu, key=lambda r: (r.date, r.path.name))
+
+
+#: figures a page quotes inline, ``<!-- figure: NAME -->``, from :func:`reference_record`
+FIGURES: dict[str, Callable[[Record], str]] = {
+    "reference-machine": lambda r: f"{r.machine.removesuffix(', no GPU used')}, {r.date}",
+    "benchmark-date": lambda r: r.date,
+    "default-audit-seconds": lambda r: f"{r.data['memory']['wall_seconds']:,.0f} s",
+    "default-audit-peak-memory": lambda r: f"{r.data['memory']['peak_mib']:,.0f} MiB",
+    "smoke-seconds": lambda r: f"{r.data['resume']['first_run_seconds']:,.0f} s",
+    "smoke-rerun-seconds": lambda r: f"{r.data['resume']['rerun_median_seconds']:,.1f} s",
+    "mlp-batched-vs-loop": lambda r: _ratio(r.data["workloads"]["mlp"]["batched_vs_loop"]),
+    "mlp-batched-vs-flower": lambda r: _ratio(r.data["workloads"]["mlp"].get("batched_vs_flower")),
+    "cnn-batched-vs-loop": lambda r: _ratio(r.data["workloads"]["cnn"]["batched_vs_loop"]),
+    "cnn-batched-vs-flower": lambda r: _ratio(r.data["workloads"]["cnn"].get("batched_vs_flower")),
+}
+FIGURE = re.compile(r"<!-- figure: ([a-z0-9-]+) -->")
+
+
+@functools.cache
+def figure(name: str) -> str:
+    if name not in FIGURES:
+        raise KeyError(f"unknown figure '{name}'; known: {', '.join(FIGURES)}")
+    return FIGURES[name](reference_record())
+
+
 # ---------------------------------------------------------------------------------------------
 # the hook
 
@@ -727,8 +800,10 @@ def generated(name: str) -> str:
 
 
 def expand(markdown: str) -> str:
-    """``markdown`` with every ``<!-- generated: NAME -->`` line replaced by its generated Markdown."""
-    return MARKER.sub(lambda match: generated(match.group(1)), markdown)
+    """``markdown`` with every ``<!-- generated: NAME -->`` line replaced by its generated Markdown
+    and every ``<!-- figure: NAME -->`` by the recorded figure."""
+    markdown = MARKER.sub(lambda match: generated(match.group(1)), markdown)
+    return FIGURE.sub(lambda match: figure(match.group(1)), markdown)
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
