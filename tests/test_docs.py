@@ -501,6 +501,12 @@ def test_api_page_has_every_public_name(hook):
             assert re.search(rf"\b{parameter}\b", section.split("```")[1]), f"audit.{name}: {parameter} missing"
         doc = inspect.getdoc(obj)
         assert doc and hook.rest_to_markdown(doc) in section
+    types = _sections(page, "### ")
+    returned = {t for name in names for t in hook.returned_types(getattr(audit, name))}
+    assert {"AuditOutcome", "Results", "PrivacyClaim"} <= {t.__name__ for t in returned}
+    for kind in returned:
+        section = types[f"`{kind.__name__}` {{#type-{kind.__name__.lower()}}}"]
+        assert all(f"| `{field.name}` |" in section for field in dataclasses.fields(kind))
 
 
 # -- performance: the recorded files

@@ -499,7 +499,11 @@ def api_markdown() -> str:
            "`audit.__version__`); the module docstring's tour:", "",
            "```python", _tour(audit.__doc__ or ""), "```"]
     for name in api_names():
-        obj = getattr(audit, name)
+        try:
+            obj = getattr(audit, name)
+        except ImportError as error:  # e.g. audit.audit_flower needs flwr
+            raise ImportError(f"audit.{name} cannot be imported ({error}): build the docs in an environment with "
+                              "the dev extra, pip install -e '.[dev]'") from error
         module = getattr(obj, "__module__", "") or ""
         qualified = f"{module}.{getattr(obj, '__qualname__', name)}"
         kind = "class" if inspect.isclass(obj) else "function" if callable(obj) else "value"
