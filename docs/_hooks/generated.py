@@ -328,30 +328,31 @@ def configuration_markdown() -> str:
 # results-schema and scores-schema: the JSON Schemas as tables
 
 
-def _anchor(name: str) -> str:
-    return "schema-" + re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+def _anchor(name: str, prefix: str = "schema") -> str:
+    """The id of a schema definition's heading: ``schema-NAME`` for results.json, ``scores-NAME`` for score files."""
+    return f"{prefix}-" + re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
-def _schema_type(spec: dict[str, Any]) -> str:
+def _schema_type(spec: dict[str, Any], prefix: str = "schema") -> str:
     """A reader's name for a JSON Schema node (a link for a $ref)."""
     if "$ref" in spec:
         name = spec["$ref"].rsplit("/", 1)[-1]
-        return f"[{name}](#{_anchor(name)})"
+        return f"[{name}](#{_anchor(name, prefix)})"
     if "const" in spec:
         return code(json_value(spec["const"]))
     if "enum" in spec:
         return "one of " + ", ".join(code(json_value(v)) for v in spec["enum"])
     for key in ("anyOf", "oneOf"):
         if key in spec:
-            return " or ".join(_schema_type(s) for s in spec[key])
+            return " or ".join(_schema_type(s, prefix) for s in spec[key])
     kind = spec.get("type")
     kinds = kind if isinstance(kind, list) else [kind] if kind else []
     names = []
     for k in kinds:
         if k == "array":
-            names.append("array of " + _schema_type(spec.get("items", {})) if spec.get("items") else "array")
+            names.append("array of " + _schema_type(spec["items"], prefix) if spec.get("items") else "array")
         elif k == "object" and isinstance(spec.get("additionalProperties"), dict) and not spec.get("properties"):
-            names.append("object of " + _schema_type(spec["additionalProperties"]))
+            names.append("object of " + _schema_type(spec["additionalProperties"], prefix))
         else:
             names.append(cell(k))
     return " or ".join(names) if names else "any"
@@ -372,31 +373,31 @@ def _schema_range(spec: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def _properties_table(spec: dict[str, Any]) -> str:
+def _properties_table(spec: dict[str, Any], prefix: str = "schema") -> str:
     required = set(spec.get("required", []))
     rows = []
     for name, prop in spec.get("properties", {}).items():
         description = prop.get("description", "")
         if prop.get("type") == "object" and prop.get("properties") and not description:
             description = "an object with: " + ", ".join(code(p) for p in prop["properties"])
-        rows.append([code(name), _schema_type(prop), "yes" if name in required else "", cell(_schema_range(prop)),
+        rows.append([code(name), _schema_type(prop, prefix), "yes" if name in required else "", cell(_schema_range(prop)),
                      cell(rest_to_markdown(description))])
     return table(["field", "type", "required", "range", "description"], rows)
 
 
-def _schema_sections(schema: dict[str, Any], level: str) -> list[str]:
+def _schema_sections(schema: dict[str, Any], level: str, prefix: str = "schema") -> list[str]:
     out = []
     for name, spec in schema.get("$defs", {}).items():
-        out += ["", f"{level} {name} {{#{_anchor(name)}}}", ""]
+        out += ["", f"{level} {name} {{#{_anchor(name, prefix)}}}", ""]
         if spec.get("description"):
             out += [cell(rest_to_markdown(spec["description"])), ""]
         if spec.get("properties"):
-            out.append(_properties_table(spec))
+            out.append(_properties_table(spec, prefix))
             extra = spec.get("additionalProperties")
             if isinstance(extra, dict):
-                out += ["", f"Other fields: {_schema_type(extra)}."]
+                out += ["", f"Other fields: {_schema_type(extra, prefix)}."]
         else:
-            out.append(f"A value of type {_schema_type(spec)}.")
+            out.append(f"A value of type {_schema_type(spec, prefix)}.")
     return out
 
 
@@ -437,7 +438,7 @@ def scores_schema_markdown() -> str:
     """The score file's row schema (what ``dpfl-audit scores`` reads)."""
     schema = load_json(SCORES_SCHEMA)
     out = [cell(rest_to_markdown(schema.get("description", "")))]
-    out += _schema_sections(schema, "###")
+    out += _schema_sections(schema, "###", prefix="scores")
     return "\n".join(out) + "\n"
 
 
