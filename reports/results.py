@@ -65,7 +65,6 @@ def rows_from_results(audit: AuditInfo, experiments: list[Experiment]) -> list[R
 #: the table's column types: text, a float (an empty cell is NaN), or the integer seed
 TEXT_COLUMNS = [f.name for f in fields(Row) if f.type == "str"]
 FLOAT_COLUMNS = [f.name for f in fields(Row) if f.type == "float | None"]
-DTYPES = {**{name: object for name in TEXT_COLUMNS}, **{name: "float64" for name in FLOAT_COLUMNS}, "seed": "int64"}
 
 
 def _rows_frame(results: Results) -> pd.DataFrame:
