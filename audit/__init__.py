@@ -9,6 +9,8 @@ stays light and the foundation in :mod:`audit.core` imports nothing above it)::
     trained = audit.train(plan, "out")               # TrainedRuns: the runs, into out/runs (resumable)
     attacked = audit.attack(plan, "out")             # AttackResults: .results[experiment] = [AttackResult, ...]
     outcome = audit.audit(config, "out")             # AuditOutcome: all of it, results.csv/json, report.html
+    table = outcome.frame                            # the results table as a pandas DataFrame
+    table = audit.results_frame("out")               # the same, from a folder, results.json or results.csv
     audit.write_report(outcome.results, "out/report.html")
     outcomes = audit.check("out", "examples/policy.yaml")   # the CI gate's outcomes
 
@@ -29,7 +31,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # the one place it is written: pyproject.toml reads it (CHANGELOG.md, CITATION.cff agree)
 
 #: public name → (module, attribute)
 _API = {
@@ -38,6 +40,7 @@ _API = {
     "train": ("audit.pipeline", "train"),
     "attack": ("audit.pipeline", "attack"),
     "audit": ("audit.pipeline", "run_audit"),
+    "results_frame": ("reports.results", "results_frame"),
     "write_report": ("reports.html", "write_report"),
     "check": ("reports.gate", "check"),
     "score_checkpoints": ("audit.checkpoints", "score_checkpoints"),

@@ -21,6 +21,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from audit import __version__, provenance
 from audit.attacking import AttackResults, attack_runs
@@ -38,7 +39,10 @@ from audit.training import TrainedRuns, train_runs
 from reports.document import Results
 from reports.figures import write_figures
 from reports.html import write_report
-from reports.results import write_results
+from reports.results import results_frame, write_results
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 LOG = logging.getLogger(__name__)
 
@@ -54,6 +58,13 @@ class AuditOutcome:
     trained: TrainedRuns
     attacked: AttackResults | None = None
     results: Results | None = None
+
+    @property
+    def frame(self) -> pd.DataFrame:
+        """The results table as a pandas DataFrame: the rows and columns of ``results.csv``
+        (:func:`reports.results.results_frame`). An audit that did not attack has none: a
+        :class:`~audit.core.errors.UserInputError` says so."""
+        return results_frame(self)
 
 
 def _write_pages(summary: Results, out: Path, cache: StageCache) -> dict[str, str]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -61,16 +62,81 @@ def rows_from_results(audit: AuditInfo, experiments: list[Experiment]) -> list[R
     return rows
 
 
-def results_frame(results: Results) -> pd.DataFrame:
+#: the table's column types: text, a float (an empty cell is NaN), or the integer seed
+TEXT_COLUMNS = [f.name for f in fields(Row) if f.type == "str"]
+FLOAT_COLUMNS = [f.name for f in fields(Row) if f.type == "float | None"]
+
+
+def _rows_frame(results: Results) -> pd.DataFrame:
     # the rows as they are, not as JSON: a one-sided bound's ci_high of +inf is written "inf" in the CSV
     return pd.DataFrame([asdict(row) for row in results.rows], columns=COLUMNS)
+
+
+def _typed(frame: pd.DataFrame) -> pd.DataFrame:
+    frame = frame.astype({name: "float64" for name in FLOAT_COLUMNS} | {"seed": "int64"})
+    for name in TEXT_COLUMNS:  # plain strings (the vocabulary's enums are their values); an empty cell is ""
+        frame[name] = [("" if value is None or value != value else str(value)) for value in frame[name]]
+    return frame[COLUMNS]
+
+
+def _csv_frame(file: Path) -> pd.DataFrame:
+    try:
+        # every cell as text, numbers parsed by Python (exact for the shortest repr the CSV holds,
+        # whatever pandas' own float parser does); an empty number is NaN, "inf" infinity
+        frame = pd.read_csv(file, dtype=str, keep_default_na=False)
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError, ValueError) as error:
+        raise UserInputError(f"results: '{file}': not a results.csv of `dpfl-audit run` ({error})") from None
+    if list(frame.columns) != COLUMNS:
+        raise UserInputError(f"results: '{file}': columns {list(frame.columns)}; a results.csv has {COLUMNS}")
+    try:
+        for name in FLOAT_COLUMNS:
+            frame[name] = [float(cell) if cell else math.nan for cell in frame[name]]
+        frame["seed"] = [int(cell) for cell in frame["seed"]]
+        return _typed(frame)
+    except (TypeError, ValueError) as error:
+        raise UserInputError(f"results: '{file}': {error}") from None
+
+
+def results_frame(source: Any) -> pd.DataFrame:
+    """The results table (one row per experiment, attack and metric; the columns of ``results.csv``)
+    as a pandas DataFrame, from any of:
+
+    * an output folder of ``dpfl-audit run`` (its ``results.json``, else its ``results.csv``),
+    * the path of a ``results.json`` (read strictly, as ``dpfl-audit check`` does) or a ``results.csv``,
+    * a results document (:class:`reports.document.Results`, or its JSON as a dict),
+    * what :func:`audit.audit` returns (an ``AuditOutcome``; its ``.frame`` is this table).
+
+    Text columns hold strings, ``epsilon``, ``delta``, ``value``, ``ci_low`` and ``ci_high`` floats
+    (an empty cell of ``results.csv`` is NaN, a one-sided bound's ``ci_high`` is ``inf``) and
+    ``seed`` integers: the frame equals ``pandas.read_csv("results.csv")`` of the same audit."""
+    if isinstance(source, Results):
+        return _typed(_rows_frame(source))
+    if isinstance(source, dict):
+        validate_results(source, "results")
+        return results_frame(from_json(Results, source))
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        csv_file = path / "results.csv" if path.is_dir() else path
+        if path.suffix.lower() == ".csv" or (path.is_dir() and not (path / "results.json").exists() and csv_file.is_file()):
+            if not csv_file.is_file():
+                raise UserInputError(f"results: '{path}' does not exist; give an output directory of `dpfl-audit run`, "
+                                     "its results.json or its results.csv")
+            return _csv_frame(csv_file)
+        return results_frame(load_results(path)[0])
+    results = getattr(source, "results", None)  # an audit's outcome
+    if isinstance(results, Results):
+        return results_frame(results)
+    if hasattr(source, "results"):
+        raise UserInputError("results: this audit wrote no results (it trained without attacking: attack=False)")
+    raise UserInputError(f"results: expected an output folder, a results.json or results.csv path, a results "
+                         f"document or an audit's outcome; got {type(source).__name__}")
 
 
 def write_results(results: Results, out: Path) -> dict[str, str]:
     """Write ``results.csv`` and ``results.json`` atomically (a file that already holds the same
     bytes is left as it is); returns their paths."""
     csv_path, json_path = Path(out) / "results.csv", Path(out) / "results.json"
-    update_text(csv_path, results_frame(results).to_csv(index=False, lineterminator="\n"))
+    update_text(csv_path, _rows_frame(results).to_csv(index=False, lineterminator="\n"))
     update_text(json_path, dumps(to_json(results)) + "\n")
     return {"results_csv": str(csv_path), "results_json": str(json_path)}
 

@@ -18,7 +18,8 @@ def test_import_audit_is_light_and_lists_the_api():
     code = "import sys, audit; print(audit.__all__); print('torch' in sys.modules, 'defenses' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
     names, heavy = out.splitlines()
-    assert names == str(["__version__", "load_config", "plan", "train", "attack", "audit", "write_report", "check",
+    assert names == str(["__version__", "load_config", "plan", "train", "attack", "audit", "results_frame", "write_report",
+                          "check",
                           "score_checkpoints", "audit_training", "audit_scores", "audit_flower", "stated_claim",
                           "audit_external"])
     assert heavy == "False False"

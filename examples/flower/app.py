@@ -1,7 +1,11 @@
 """Audit a real Flower simulation's DP claim: DifferentialPrivacyServerSideFixedClipping(FedAvg) on
 scikit-learn's digits, N real clients plus m canary clients, the claim from dpfl-audit's accountant.
 
-Run:  python examples/flower/app.py --out flower-audit            (honest: the claim uses Flower's σ)
+Run, as a Flower App on Flower's local simulation (this folder's pyproject.toml names the apps):
+      flwr run examples/flower --federation-config "num-supernodes=204" --stream \
+               --run-config "out='/absolute/path/flower-audit'"
+or from Python (``flwr.simulation.run_simulation``, which Flower 1.42 deprecates in favour of ``flwr run``):
+      python examples/flower/app.py --out flower-audit            (honest: the claim uses Flower's σ)
       python examples/flower/app.py --out flower-lowered --noise-multiplier 0.01 --claimed-noise-multiplier 10
                                                                    (Flower secretly runs a lower σ)
 Prints the claimed ε, the ε lower bounds and the verdict; writes results.json, results.csv,
@@ -11,9 +15,11 @@ report.html (and flower_view.npz: the recorded global models) under --out. See R
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import sys
+from collections.abc import Iterator
 
 # Flower sends usage telemetry unless told not to; an audit should not phone home
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
@@ -81,21 +87,36 @@ class DigitsClient(NumPyClient):
         return get_arrays(model), 1, {}
 
 
-def build(args):
-    """The Flower apps, the recorder and the canaries of one run."""
+def check(args) -> None:
+    """The run's settings checked (one-line errors) before anything runs or is written."""
     population = args.clients + args.canaries
     if not (1 <= args.sample_size <= population):
         raise UserInputError(f"--sample-size: {args.sample_size} is not allowed; allowed: 1..{population} (clients + canaries)")
-    # the claim's inputs checked (one-line errors) before anything runs or is written
     flower_claim(args.claimed_noise_multiplier or args.noise_multiplier, args.sample_size, population, args.rounds,
                  args.delta)
-    test, shards = load_data(args.seed, args.clients)
-    canaries = CanaryClients(seed=args.seed, ids=tuple(range(args.clients, population)), clipping_norm=args.clip)
+
+
+def canaries_of(args) -> CanaryClients:
+    """The canary clients: nodes clients..clients + canaries − 1 (the same in every process: seeded)."""
+    return CanaryClients(seed=args.seed, ids=tuple(range(args.clients, args.clients + args.canaries)),
+                         clipping_norm=args.clip)
+
+
+def client_fn_of(args):
+    """The real clients' ``client_fn``: node ``partition-id`` p trains on shard p."""
+    _, shards = load_data(args.seed, args.clients)
 
     def client_fn(context: Context):
         partition = int(context.node_config["partition-id"])
         return DigitsClient(shards[partition], args.seed, partition, args.local_epochs, args.lr).to_client()
 
+    return client_fn
+
+
+def server_side(args):
+    """(Flower's DP strategy wrapped in the recorder, the accuracy per round): what the server runs."""
+    population = args.clients + args.canaries
+    test, _ = load_data(args.seed, args.clients)
     model = make_model()
     model.load_state_dict({k: torch.randn(v.shape, generator=torch_generator(args.seed, "flower-example", "init", k)) * 0.1
                            for k, v in model.state_dict().items()})
@@ -115,11 +136,29 @@ def build(args):
                     on_fit_config_fn=lambda server_round: {"round": server_round})
     dp = DifferentialPrivacyServerSideFixedClipping(fedavg, noise_multiplier=args.noise_multiplier,
                                                      clipping_norm=args.clip, num_sampled_clients=args.sample_size)
-    recorder = FlowerRecorder(dp, seed=args.seed)
+    return FlowerRecorder(dp, seed=args.seed), accuracy
+
+
+def build(args):
+    """The Flower apps, the recorder and the canaries of one run (the Python path: run_simulation)."""
+    check(args)
+    canaries = canaries_of(args)
+    recorder, accuracy = server_side(args)
     server_app = ServerApp(server_fn=lambda context: ServerAppComponents(
         strategy=recorder, config=ServerConfig(num_rounds=args.rounds)))
-    client_app = ClientApp(client_fn=client_fn, mods=[canary_mod(canaries)])
+    client_app = ClientApp(client_fn=client_fn_of(args), mods=[canary_mod(canaries)])
     return server_app, client_app, recorder, canaries, accuracy
+
+
+def audit_run(args, recorder: FlowerRecorder, canaries: CanaryClients, accuracy: list[float]):
+    """The audit of a finished run: the server's view saved, the claim, the results document."""
+    view = recorder.view()
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        view.save(os.path.join(args.out, "flower_view.npz"))
+    claim = claim_of_view(view, args.delta, args.claimed_noise_multiplier)
+    return audit_flower(view, canaries, args.delta, claim, args.out, name="flower-dp-fedavg", dataset="digits",
+                        model="mlp 64-32-10", test_accuracy=accuracy[-1:], config=vars(args))
 
 
 def run(args):
@@ -137,14 +176,7 @@ def run(args):
 
         if ray.is_initialized():  # Flower shuts Ray down on success; not always after an error
             ray.shutdown()
-    view = recorder.view()
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        view.save(os.path.join(args.out, "flower_view.npz"))
-    claimed = None if args.claimed_noise_multiplier is None else args.claimed_noise_multiplier
-    claim = claim_of_view(view, args.delta, claimed)
-    return audit_flower(view, canaries, args.delta, claim, args.out, name="flower-dp-fedavg", dataset="digits",
-                        model="mlp 64-32-10", test_accuracy=accuracy[-1:], config=vars(args))
+    return audit_run(args, recorder, canaries, accuracy)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -166,6 +198,21 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def report_lines(args, results) -> list[str]:
+    figures = summary(results)
+    lines = [f"claimed ε = {figures['claimed_epsilon']:.4g} at δ = {figures['delta']:g} "
+             f"(client level, {figures['relation']}, released models; Flower σ = {args.noise_multiplier:g}, "
+             f"claim σ = {args.claimed_noise_multiplier or args.noise_multiplier:g})"]
+    lines += [f"  ε_LB {name:<40} {value:.4g}" for name, value in figures["epsilon_lower_bounds"].items()]
+    accuracy = results.experiments[0].utility.test_accuracy.value
+    if accuracy is not None:
+        lines.append(f"final test accuracy {accuracy:.3f}")
+    lines.append(f"verdict: {figures['verdict']} — {figures['verdict_text']}")
+    if args.out:
+        lines.append(f"wrote {os.path.join(args.out, 'report.html')}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
@@ -173,19 +220,77 @@ def main(argv: list[str] | None = None) -> int:
     except UserInputError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    figures = summary(results)
-    print(f"claimed ε = {figures['claimed_epsilon']:.4g} at δ = {figures['delta']:g} "
-          f"(client level, {figures['relation']}, released models; Flower σ = {args.noise_multiplier:g}, "
-          f"claim σ = {args.claimed_noise_multiplier or args.noise_multiplier:g})")
-    for name, value in figures["epsilon_lower_bounds"].items():
-        print(f"  ε_LB {name:<40} {value:.4g}")
-    accuracy = results.experiments[0].utility.test_accuracy.value
-    if accuracy is not None:
-        print(f"final test accuracy {accuracy:.3f}")
-    print(f"verdict: {figures['verdict']} — {figures['verdict_text']}")
-    if args.out:
-        print(f"wrote {os.path.join(args.out, 'report.html')}")
+    print("\n".join(report_lines(args, results)))
     return 0
+
+
+# ---------------------------------------------------------------- the Flower App (`flwr run`)
+# pyproject.toml here names `server_app` and `client_app`; its [tool.flwr.app.config] holds the
+# settings above (the same names, without "--"; `claimed-noise-multiplier = 0.0`: Flower's own σ,
+# `out = ""`: write nothing). Flower runs the ServerApp and the ClientApps in processes of its own,
+# so each side rebuilds what it needs from the run config (the canaries are seeded: every process
+# agrees on them), and the audit runs in the ServerApp once its rounds are over.
+
+
+def settings(run_config) -> argparse.Namespace:
+    """The example's arguments from a Flower run config (keys: the option names without "--")."""
+    args = parser().parse_args([])
+    options = {action.option_strings[0][2:]: action for action in parser()._actions
+               if action.option_strings and action.dest != "help"}
+    unknown = sorted(set(run_config) - set(options))
+    if unknown:
+        raise UserInputError(f"run config: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(options))}")
+    for key, value in run_config.items():
+        setattr(args, options[key].dest, (options[key].type or str)(value))
+    args.claimed_noise_multiplier = args.claimed_noise_multiplier or None  # 0.0: the σ Flower runs with
+    args.out = args.out or None  # "": write nothing
+    if args.out is not None and not os.path.isabs(args.out):
+        raise UserInputError(f"out: '{args.out}' is not allowed; allowed: an absolute path (Flower runs the "
+                             "ServerApp in a process of its own, in another working directory)")
+    check(args)
+    return args
+
+
+@functools.lru_cache(maxsize=4)
+def _client_side(frozen: tuple):
+    args = argparse.Namespace(**dict(frozen))
+    return client_fn_of(args), canary_mod(canaries_of(args))
+
+
+def _client_fn(context: Context):
+    client_fn, _ = _client_side(tuple(sorted(vars(settings(context.run_config)).items())))
+    return client_fn(context)
+
+
+def _canary_mod(msg, context: Context, call_next):
+    _, mod = _client_side(tuple(sorted(vars(settings(context.run_config)).items())))
+    return mod(msg, context, call_next)
+
+
+client_app = ClientApp(client_fn=_client_fn, mods=[_canary_mod])
+_SERVER_RUNS: dict[int, tuple] = {}
+
+
+def _server_fn(context: Context) -> ServerAppComponents:
+    args = settings(context.run_config)
+    logging.getLogger("flwr").setLevel(logging.WARNING)  # Flower logs every clip; keep the output to the audit
+    recorder, accuracy = server_side(args)
+    _SERVER_RUNS[context.run_id] = (args, recorder, accuracy)
+    return ServerAppComponents(strategy=recorder, config=ServerConfig(num_rounds=args.rounds))
+
+
+server_app = ServerApp(server_fn=_server_fn)
+
+
+@server_app.lifespan()
+def _audit_after_the_rounds(context: Context) -> Iterator[None]:
+    yield  # Flower runs the rounds
+    args, recorder, accuracy = _SERVER_RUNS.pop(context.run_id)
+    if len(recorder.after) < args.rounds:  # the rounds failed: Flower reports why
+        print(f"the run stopped after {len(recorder.after)} of {args.rounds} rounds: no audit", file=sys.stderr)
+        return
+    results = audit_run(args, recorder, canaries_of(args), accuracy)
+    print("\n".join(report_lines(args, results)), flush=True)
 
 
 if __name__ == "__main__":
