@@ -113,3 +113,13 @@ def test_the_app_refuses_a_relative_output_folder_and_unknown_settings(monkeypat
         app.settings({"out": "flower-audit"})
     with pytest.raises(UserInputError, match="^run config: unknown key"):
         app.settings({"roundz": 2})
+
+
+def test_the_documented_flwr_run_commands_are_the_ones_tested_here():
+    """The how-to page shows ``flwr run`` with the settings this file runs (population, run config keys)."""
+    page = (ROOT / "docs" / "how-to" / "own-system.md").read_text(encoding="utf-8")
+    lines = [line for line in page.splitlines() if line.startswith("flwr run examples/flower")]
+    assert len(lines) == 2, lines
+    for line in lines:
+        assert f'--federation-config "num-supernodes={POPULATION}"' in line and "--stream" in line
+    assert "noise-multiplier=0.01" in lines[1] and f"claimed-noise-multiplier={CLAIM_SIGMA}" in lines[1]
