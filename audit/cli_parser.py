@@ -245,6 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="results of an earlier audit (directory or results.json) for no-regression rules")
     check.add_argument("--junit", metavar="FILE", help="also write the outcomes as JUnit XML to this file")
     check.add_argument("--json", action="store_true", help="machine-readable output")
+    check.add_argument("--strict", action="store_true",
+                       help="also exit 1 when a rule cannot fail (a threshold beyond its metric's range, such as AUC ≤ 1; "
+                            "a rule that checked nothing); without it such a rule is a warning")
 
     scores = commands.add_parser(
         "scores", help="AUC, TPR at low FPR, one-run ε lower bounds and verdicts for membership or canary scores "

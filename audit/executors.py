@@ -30,11 +30,10 @@ from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from tqdm import tqdm
-
 from audit.config import config_to_yaml
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
+from audit.logs import progress_bar
 from audit.planning import Plan, plan_audit
 from audit.run_training import run_groups, train_membership_runs
 from audit.store import RunStore, run_id
@@ -93,7 +92,7 @@ def train_in_processes(plan: Plan, store: RunStore, workers: int | None = None, 
     runs = sum(len(job[1]) for job in jobs)
     workers = min(workers, len(jobs))
     context = multiprocessing.get_context("spawn")
-    bar = tqdm(total=runs, desc=f"train {runs} runs in {workers} processes", disable=quiet, leave=False)
+    bar = progress_bar(runs, f"train {runs} runs in {workers} processes", quiet, leave=False)
     with context.Pool(workers, initializer=_start_worker, initargs=(plan.config, str(Path(store.root)))) as pool:
         for ids in pool.imap_unordered(_train, jobs):
             bar.update(len(ids))
@@ -207,7 +206,7 @@ def train_in_ray(plan: Plan, store: RunStore, workers: int | None = None, quiet:
         jobs = pending_jobs(plan, store, workers or cpus, batch_runs)
         runs = sum(len(job[1]) for job in jobs)
         window = max(1, min(workers or cpus, len(jobs)))
-        bar = tqdm(total=runs, desc=f"train {runs} runs as Ray tasks, {window} at a time", disable=quiet, leave=False)
+        bar = progress_bar(runs, f"train {runs} runs as Ray tasks, {window} at a time", quiet, leave=False)
         queue, running = list(reversed(jobs)), []
         try:
             while queue or running:

@@ -24,6 +24,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, TextIO
 
 from tqdm import tqdm
 
@@ -37,10 +38,25 @@ FILE_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 #: the console's level per -v count
 LEVELS = {0: logging.WARNING, 1: logging.INFO}
 
-def progress_bar(total: int, desc: str, quiet: bool) -> tqdm:
-    """A progress bar on stderr (none with --quiet), drawn around the console's log records."""
-    return tqdm(total=total, desc=desc, disable=quiet, file=sys.stderr, leave=True, dynamic_ncols=True,
-                mininterval=0.5, bar_format="{desc}: {n_fmt}/{total_fmt} |{bar}| {elapsed}<{remaining}{postfix}")
+def bars_on(quiet: bool, stream: TextIO | None = None) -> bool:
+    """Whether progress bars are drawn on ``stream`` (default stderr): never with --quiet, and only
+    on a terminal — in a log file or a CI log every redraw would be one more ``\\r`` line."""
+    if quiet:
+        return False
+    try:
+        return bool((sys.stderr if stream is None else stream).isatty())
+    except (AttributeError, ValueError, OSError):  # no stream, or a closed one
+        return False
+
+
+def progress_bar(total: int, desc: str, quiet: bool, **options: Any) -> tqdm:
+    """A progress bar on stderr, drawn around the console's log records; none with --quiet or when
+    stderr is not a terminal (:func:`bars_on`). ``options`` go to tqdm (``leave``, ``unit``, ...).
+    Every progress bar of the command line is made here."""
+    settings: dict[str, Any] = {"leave": True, "dynamic_ncols": True, "mininterval": 0.5,
+                                "bar_format": "{desc}: {n_fmt}/{total_fmt} |{bar}| {elapsed}<{remaining}{postfix}"}
+    settings.update(options)
+    return tqdm(total=total, desc=desc, disable=not bars_on(quiet), file=sys.stderr, **settings)
 
 
 class ConsoleHandler(logging.Handler):

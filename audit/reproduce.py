@@ -36,6 +36,7 @@ from audit.core.output_folder import claim
 from audit.core.schema import from_mapping, to_mapping
 from audit.core.seeding import derive_seed, numpy_rng
 from audit.core.vocabulary import Observer
+from audit.logs import progress_bar
 from audit.planning import check_device
 from audit.reproductions import STUDIES
 from audit.store import RunStore
@@ -255,7 +256,7 @@ def reproduce(study: Study, out: Path, quiet: bool = False) -> dict[str, Any]:
         return study.epsilons if DEFENSES.get(arm.defense, f"arm {arm.key}").private else [None]
 
     plan = [(arm, epsilon, seed) for arm in study.arms for epsilon in targets(arm) for seed in range(study.seeds)]
-    bar = tqdm(total=len(plan), desc=f"reproduce {study.name}", disable=quiet, file=sys.stderr, dynamic_ncols=True)
+    bar = progress_bar(len(plan), f"reproduce {study.name}", quiet)
     runs = []
     for arm, epsilon, seed in plan:
         bar.set_postfix_str(f"{arm.key} ε={epsilon} seed {seed}", refresh=False)

@@ -18,6 +18,18 @@ the report and the CI gate judged, and :func:`track_results` works on any result
   told otherwise, and SQLite is its documented default backend. A directory given as the URI
   becomes such a local store. Tracking the same results.json into the same store again adds
   nothing (runs are tagged with the file's SHA-256), so rerunning a resumed audit is safe.
+  Each estimate's 95 % interval is logged beside it (``lira-online/auc_ci_low``,
+  ``lira-online/auc_ci_high``), and every run is tagged with the git commit
+  (``mlflow.source.git.commit``) of the current directory's repository, else of the one this
+  package was installed from; without git or a repository, no commit tag.
+* **MLflow, sweeps** (``dpfl-audit sweep --track mlflow``, :func:`track_sweep`): one *parent run*
+  for the sweep (named after its output folder; the axes and their values as params and tags; the
+  sweep page, tables and figures as artefacts); one child run per point (tag
+  ``mlflow.parentRunId``, the point's name and each axis value as tags and params, the point's
+  results, report and figures as artefacts); and one run per configuration, tracked once: a
+  configuration of one point is a child of that point's run, one that several points share —
+  the undefended baseline of an ε sweep, trained once in the shared run store — a child of the
+  sweep's run, tagged with every point it belongs to (``dpfl-audit.points``).
 * **TensorBoard** (extra ``tensorboard``): the per-round scalars results.json keeps for each
   experiment (the mean over its membership runs of test accuracy and loss, train accuracy,
   update norms, clip fraction and ε spent so far, as recorded by training) written as event
@@ -41,6 +53,7 @@ import math
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
@@ -72,6 +85,14 @@ DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
 ARTIFACT_FILES = ("results.json", "results.csv", "report.html", "config.yaml", "manifest.json")
 #: tags that identify a tracked experiment: a rerun finds them and adds nothing
 TAG_DIGEST, TAG_EXPERIMENT = "dpfl-audit.results_sha256", "dpfl-audit.experiment"
+#: MLflow's own tags: the git commit (shown on a run's page) and the parent of a nested run
+TAG_COMMIT, TAG_PARENT = "mlflow.source.git.commit", "mlflow.parentRunId"
+#: sweeps: what a run is (sweep, point, configuration), the sweep's digest, a point's name, the
+#: points a configuration belongs to
+TAG_KIND, TAG_SWEEP_DIGEST = "dpfl-audit.run", "dpfl-audit.sweep_sha256"
+TAG_POINT, TAG_POINTS = "dpfl-audit.point", "dpfl-audit.points"
+#: the files of a sweep's folder logged as artefacts of its parent run (figures/ too)
+SWEEP_ARTIFACT_FILES = ("sweep.html", "sweep.csv", "sweep-rows.csv", "sweep.json", "config.yaml", "manifest.json")
 _KEY_UNSAFE = re.compile(r"[^A-Za-z0-9_./ -]")
 #: MLflow's limits per log_batch call (mlflow.utils.validation)
 _BATCH_PARAMS_TAGS, _BATCH_METRICS = 100, 1000
@@ -231,19 +252,28 @@ def experiment_params(results: Results, experiment: Experiment) -> dict[str, str
     return {key: _text(value)[:_PARAM_LENGTH] for key, value in params.items()}
 
 
+def _with_interval(block: str, name: str, estimate: Any) -> dict[str, float | None]:
+    """``block/name`` and its 95 % interval as ``block/name_ci_low`` and ``block/name_ci_high``
+    (the names of the sweep table's interval columns)."""
+    return {metric_key(block, name): estimate.value, metric_key(block, f"{name}_ci_low"): estimate.ci_low,
+            metric_key(block, f"{name}_ci_high"): estimate.ci_high}
+
+
 def experiment_metrics(experiment: Experiment) -> dict[str, float]:
     """Final figures of one configuration: utility, the claim's ε per observer it covers, and every
-    metric of every attack (``<attack>/<metric>``); figures that are null are left out."""
+    metric of every attack (``<attack>/<metric>``), each estimate with the bounds of its 95 %
+    interval (``<attack>/<metric>_ci_low``, ``..._ci_high``: for an ε lower bound, ``ci_low`` is
+    the bound); figures that are null are left out."""
     metrics: dict[str, float | None] = {
-        "utility/test_accuracy": experiment.utility.test_accuracy.value,
-        "utility/test_loss": experiment.utility.test_loss.value,
+        **_with_interval("utility", "test_accuracy", experiment.utility.test_accuracy),
+        **_with_interval("utility", "test_loss", experiment.utility.test_loss),
         "claim/epsilon": experiment.claim.epsilon if experiment.claim.is_private else None,
     }
     for entry in experiment.claim.adversaries:
         metrics[metric_key("claim", f"epsilon_{entry.adversary}")] = entry.epsilon if entry.covered else None
     for attack in experiment.attacks:
         for name, estimate in attack.metrics.items():
-            metrics[metric_key(attack.attack, name)] = estimate.value
+            metrics.update(_with_interval(attack.attack, name, estimate))
     return {key: number for key, value in metrics.items() if (number := _finite(value)) is not None}
 
 
@@ -257,13 +287,32 @@ def round_scalars(experiment: Experiment) -> Iterator[tuple[int, str, float]]:
                 yield step, metric_key("round", name), number
 
 
-def experiment_tags(experiment: Experiment, digest: str) -> dict[str, str]:
-    """The verdict (the experiment's, and each ε figure's), status, and the keys a rerun matches."""
+def git_commit(*places: Path) -> str | None:
+    """The commit checked out (``git rev-parse HEAD``) in the repository holding the first of
+    ``places`` that is in one — by default the current directory, then this package's source;
+    None without git or outside any repository."""
+    for place in places or (Path.cwd(), Path(__file__).resolve().parent):
+        try:
+            done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=place, capture_output=True, text=True, timeout=30,
+                                  check=False)
+        except (OSError, subprocess.SubprocessError):  # no git, or a folder that is gone
+            return None
+        commit = done.stdout.strip()
+        if done.returncode == 0 and re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", commit):
+            return commit
+    return None
+
+
+def experiment_tags(experiment: Experiment, digest: str, commit: str | None = None) -> dict[str, str]:
+    """The verdict (the experiment's, and each ε figure's), status, the keys a rerun matches, and
+    the git commit when there is one."""
     tags = {
         "verdict": experiment.soundness, "status": experiment.status, "label": experiment.label,
         "mlflow.note.content": f"{experiment.label}: {experiment.soundness}. {experiment.soundness_text}".strip(),
         TAG_EXPERIMENT: experiment.key, TAG_DIGEST: digest,
     }
+    if commit is not None:
+        tags[TAG_COMMIT] = commit
     for attack in experiment.attacks:
         for verdict in attack.verdicts:
             tags[metric_key("verdict", attack.attack, verdict.metric)] = verdict.status
@@ -301,55 +350,205 @@ def _batches(items: list[Any], size: int) -> Iterator[list[Any]]:
         yield items[start:start + size]
 
 
-def _track_mlflow(results: Results, folder: Path, uri: str | None, digest: str) -> str:
+def _mlflow_experiment(client: Any, name: str, dataset: str, artifact_location: str | None) -> str:
+    """The id of the MLflow experiment ``name``, created (or restored from deletion) if need be."""
+    found = client.get_experiment_by_name(name)
+    if found is None:
+        return str(client.create_experiment(name, artifact_location=artifact_location,
+                                            tags={"dpfl-audit.dataset": dataset}))
+    if found.lifecycle_stage == "deleted":  # a deleted name cannot be reused: bring it back
+        client.restore_experiment(found.experiment_id)
+    return str(found.experiment_id)
+
+
+def _mlflow_client(folder: Path, uri: str | None) -> tuple[Any, str, str | None]:
     from mlflow import MlflowClient
-    from mlflow.entities import Metric, Param, RunTag
 
     tracking_uri, artifact_location = mlflow_store(folder, uri)
     database = sqlite_path(tracking_uri)
     if database is not None:
         database.parent.mkdir(parents=True, exist_ok=True)
-    client = MlflowClient(tracking_uri=tracking_uri)
-    name = results.audit.name
-    found = client.get_experiment_by_name(name)
-    if found is None:
-        experiment_id = client.create_experiment(name, artifact_location=artifact_location,
-                                                 tags={"dpfl-audit.dataset": results.audit.dataset})
-    else:
-        experiment_id = found.experiment_id
-        if found.lifecycle_stage == "deleted":  # a deleted name cannot be reused: bring it back
-            client.restore_experiment(experiment_id)
+    return MlflowClient(tracking_uri=tracking_uri), tracking_uri, artifact_location
+
+
+def _log(client: Any, run_id: str, params: dict[str, str], tags: dict[str, str],
+         metrics: list[Any] | None = None) -> None:
+    """Params, tags and metrics in batches of the sizes MLflow accepts."""
+    from mlflow.entities import Param, RunTag
+
+    entries = [*(Param(k, v) for k, v in params.items()), *(RunTag(k, v[:_TAG_LENGTH]) for k, v in tags.items())]
+    for chunk in _batches(entries, _BATCH_PARAMS_TAGS):
+        client.log_batch(run_id, params=[e for e in chunk if isinstance(e, Param)],
+                         tags=[e for e in chunk if isinstance(e, RunTag)])
+    for chunk in _batches(metrics or [], _BATCH_METRICS):
+        client.log_batch(run_id, metrics=chunk)
+
+
+def _log_files(client: Any, run_id: str, folder: Path, names: tuple[str, ...]) -> None:
+    """The files ``names`` of ``folder`` that exist, and its ``figures/``, as the run's artefacts."""
+    for path in (folder / name for name in names):
+        if path.is_file():
+            client.log_artifact(run_id, str(path))
+    if (folder / "figures").is_dir():
+        client.log_artifacts(run_id, str(folder / "figures"), "figures")
+
+
+def _configuration_run(client: Any, experiment_id: str, results: Results, experiment: Experiment, digest: str,
+                       commit: str | None, *, parent: str | None = None, run_name: str | None = None,
+                       extra_tags: dict[str, str] | None = None) -> tuple[str, int, int]:
+    """One configuration's run (params, metrics with their intervals and per-round curves, tags),
+    nested under ``parent`` if given and left open; returns its id and how many params and
+    metrics it holds."""
+    from mlflow.entities import Metric
+
+    run_id = client.create_run(experiment_id, run_name=run_name or experiment.label,
+                               tags=None if parent is None else {TAG_PARENT: parent}).info.run_id
+    try:
+        now = int(time.time() * 1000)
+        metrics = [Metric(k, v, now, 0) for k, v in experiment_metrics(experiment).items()]
+        metrics += [Metric(k, v, now, step) for step, k, v in round_scalars(experiment)]
+        params = experiment_params(results, experiment)
+        _log(client, run_id, params, {**experiment_tags(experiment, digest, commit), **(extra_tags or {})}, metrics)
+    except BaseException:
+        client.set_terminated(run_id, "FAILED")
+        raise
+    return run_id, len(params), len(metrics)
+
+
+def _track_mlflow(results: Results, folder: Path, uri: str | None, digest: str) -> str:
+    client, tracking_uri, artifact_location = _mlflow_client(folder, uri)
+    experiment_id = _mlflow_experiment(client, results.audit.name, results.audit.dataset, artifact_location)
     tracked = {run.data.tags.get(TAG_EXPERIMENT) for run in client.search_runs(
         [experiment_id], filter_string=f"tags.`{TAG_DIGEST}` = '{digest}' and attributes.status = 'FINISHED'",
         max_results=50_000)}
-    artefacts = [folder / f for f in ARTIFACT_FILES if (folder / f).is_file()]
-    figures = folder / "figures"
+    commit = git_commit()
     for experiment in results.experiments:
         if experiment.key in tracked:
             LOG.info("mlflow: %s is tracked already (same results.json)", experiment.label)
             continue
-        run_id = client.create_run(experiment_id, run_name=experiment.label).info.run_id
+        run_id, params, metrics = _configuration_run(client, experiment_id, results, experiment, digest, commit)
         try:
-            now = int(time.time() * 1000)
-            metrics = [Metric(k, v, now, 0) for k, v in experiment_metrics(experiment).items()]
-            metrics += [Metric(k, v, now, step) for step, k, v in round_scalars(experiment)]
-            params = [Param(k, v) for k, v in experiment_params(results, experiment).items()]
-            tags = [RunTag(k, v) for k, v in experiment_tags(experiment, digest).items()]
-            for chunk in _batches([*params, *tags], _BATCH_PARAMS_TAGS):
-                client.log_batch(run_id, params=[e for e in chunk if isinstance(e, Param)],
-                                 tags=[e for e in chunk if isinstance(e, RunTag)])
-            for chunk in _batches(metrics, _BATCH_METRICS):
-                client.log_batch(run_id, metrics=chunk)
-            for path in artefacts:
-                client.log_artifact(run_id, str(path))
-            if figures.is_dir():
-                client.log_artifacts(run_id, str(figures), "figures")
+            _log_files(client, run_id, folder, ARTIFACT_FILES)
         except BaseException:
             client.set_terminated(run_id, "FAILED")  # a rerun does not count it as tracked
             raise
         client.set_terminated(run_id, "FINISHED")
-        LOG.info("mlflow: %s → run %s (%d params, %d metrics)", experiment.label, run_id, len(params), len(metrics))
+        LOG.info("mlflow: %s → run %s (%d params, %d metrics)", experiment.label, run_id, params, metrics)
     return tracking_uri
+
+
+# --------------------------------------------------------------------------- MLflow: sweeps
+
+
+def _sweep_points(out: Path) -> tuple[dict[str, list[Any]], list[Any]]:
+    """The sweep's axes (path → values) and its points (:class:`reports.sweep.SweepPoint`), read
+    back from ``out/manifest.json`` and each point's results.json."""
+    from reports.results import load_results
+    from reports.sweep import SweepPoint
+
+    try:
+        manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise UserInputError(f"--track mlflow: '{out}' holds no finished sweep (manifest.json: {error})") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("axes"), dict) or not isinstance(
+            manifest.get("points"), dict):
+        raise UserInputError(f"--track mlflow: '{out}' holds no finished sweep (manifest.json without axes and points)")
+    points = []
+    for name, entry in manifest["points"].items():
+        results, _, _ = load_results(inside(out, out / entry["folder"]), "sweep point")
+        points.append(SweepPoint(name, entry["values"], entry["folder"], results))
+    return manifest["axes"], points
+
+
+def _axis_entries(values: dict[str, Any]) -> dict[str, str]:
+    """``axis/<path>`` → the value, as JSON text (``axis/defenses.1.epsilons`` → ``4``)."""
+    return {metric_key("axis", path): _text(value)[:_PARAM_LENGTH] for path, value in values.items()}
+
+
+def track_sweep(out: str | Path, uri: str | None = None) -> str:
+    """Send a finished sweep (the folder ``dpfl-audit sweep`` wrote) to MLflow as one parent run,
+    a child run per point and a run per configuration (see the module docstring); returns the
+    tracking URI. Tracking the same sweep results again adds nothing. Bad input raises
+    :class:`UserInputError`, a failure while sending :class:`TrackingError`."""
+    check_tracking(["mlflow"], uri)
+    out = Path(out)
+    axes, points = _sweep_points(out)
+    digests = {p.name: hashlib.sha256((out / p.folder / "results.json").read_bytes()).hexdigest() for p in points}
+    digest = hashlib.sha256(json.dumps({"axes": axes, "points": {p.name: [p.values, digests[p.name]] for p in points}},
+                                       sort_keys=True).encode()).hexdigest()
+    try:
+        import mlflow  # noqa: F401  (first: importing it sets its loggers' levels, which we then lower)
+        with _chatter_hidden():
+            return _track_sweep_mlflow(out, uri, axes, points, digest, digests)
+    except (UserInputError, TrackingError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # the tracker's own failure (an unreachable server, a locked database, a full disk)
+        text = " ".join(str(exc).split())[:300]
+        raise TrackingError(f"--track mlflow: could not record the sweep ({type(exc).__name__}: {text}); its results "
+                            f"are written in '{out}': rerun the same command to track them (finished points are "
+                            "not audited again)") from exc
+
+
+def _track_sweep_mlflow(out: Path, uri: str | None, axes: dict[str, list[Any]], points: list[Any], digest: str,
+                        digests: dict[str, str]) -> str:
+    from reports.sweep import combined_experiments, fingerprint
+
+    client, tracking_uri, artifact_location = _mlflow_client(out, uri)
+    first = points[0].results.audit
+    experiment_id = _mlflow_experiment(client, first.name, first.dataset, artifact_location)
+    if client.search_runs([experiment_id], max_results=1, filter_string=(
+            f"tags.`{TAG_SWEEP_DIGEST}` = '{digest}' and tags.`{TAG_KIND}` = 'sweep' and attributes.status = 'FINISHED'")):
+        LOG.info("mlflow: the sweep in %s is tracked already (same points and results)", out)
+        return tracking_uri
+    commit = git_commit()
+    common = {} if commit is None else {TAG_COMMIT: commit}
+    opened: list[str] = []
+    try:
+        sweep_id = client.create_run(experiment_id, run_name=out.resolve().name).info.run_id
+        opened.append(sweep_id)
+        _log(client, sweep_id, {**_axis_entries(axes), "points": str(len(points))},
+             {**common, TAG_KIND: "sweep", TAG_SWEEP_DIGEST: digest, "dpfl-audit.axes": ", ".join(axes),
+              "dpfl-audit.sweep_folder": str(out.resolve())})
+        _log_files(client, sweep_id, out, SWEEP_ARTIFACT_FILES)
+        point_ids = {}
+        for point in points:
+            run_id = client.create_run(experiment_id, run_name=f"{point.name}: {_point_label(point.values)}",
+                                       tags={TAG_PARENT: sweep_id}).info.run_id
+            opened.append(run_id)
+            point_ids[point.name] = run_id
+            tags = {**common, TAG_KIND: "point", TAG_POINT: point.name, **_axis_entries(point.values),
+                    "dpfl-audit.sweep_run": sweep_id}
+            _log(client, run_id, _axis_entries(point.values), tags)
+            _log_files(client, run_id, out / point.folder, ARTIFACT_FILES)
+        members: dict[str, list[Any]] = {}  # configuration fingerprint → the points that have it
+        for point in points:
+            for experiment in point.results.experiments:
+                members.setdefault(fingerprint(experiment), []).append(point)
+        # each configuration once, named as the sweep's table names it (by the axes where it differs
+        # between points); under its point, or under the sweep when several points share it
+        for point, shown in combined_experiments(points):
+            experiment = next(e for e in point.results.experiments if e.key == shown.key)  # as written (keys are unique)
+            owners = members[fingerprint(experiment)]
+            agreed = {path: owners[0].values[path] for path in axes if len({_text(p.values[path]) for p in owners}) == 1}
+            tags = {TAG_KIND: "configuration", TAG_POINTS: ", ".join(p.name for p in owners),
+                    "dpfl-audit.sweep_run": sweep_id, **_axis_entries(agreed)}
+            run_id, params, metrics = _configuration_run(
+                client, experiment_id, point.results, experiment, digests[point.name], commit,
+                parent=point_ids[owners[0].name] if len(owners) == 1 else sweep_id, run_name=shown.label, extra_tags=tags)
+            opened.append(run_id)
+            LOG.info("mlflow: %s (%s) → run %s (%d params, %d metrics)", shown.label, tags[TAG_POINTS], run_id,
+                     params, metrics)
+    except BaseException:
+        for run_id in reversed(opened):  # a rerun does not count a half-tracked sweep as tracked
+            client.set_terminated(run_id, "FAILED")
+        raise
+    for run_id in reversed(opened):  # the parent last: a FINISHED sweep run means all of it is there
+        client.set_terminated(run_id, "FINISHED")
+    return tracking_uri
+
+
+def _point_label(values: dict[str, Any]) -> str:
+    return ", ".join(f"{path}={_text(value)}" for path, value in values.items())
 
 
 # --------------------------------------------------------------------------- TensorBoard

@@ -9,24 +9,35 @@ A rule that matches nothing in the new results (no experiment, no attack entry, 
 usually a typo) always fails, so a mistyped policy cannot pass silently. Within the experiments
 a rule matches, an experiment without the named attack (an attack skipped for it) gives no
 outcome.
+
+**A rule that cannot fail is reported.** A threshold at or beyond the end of its metric's range
+(:data:`reports.measures.METRIC_RANGES`: ``max auc 1.0``, or a no-regression threshold that the
+baseline's noise puts at AUC 1.082), a no-violation rule over experiments none of whose ε figures
+meets a finite claim, or a rule whose every comparison was skipped holds whatever the audit
+measures. :func:`rule_warnings` names each such rule and why; ``check`` prints them, and the JSON
+and JUnit outputs carry them. With ``strict`` (``--strict``) the outcomes that cannot fail fail,
+so the check does.
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from audit.core.atomic import dumps, write_text
 from audit.core.errors import UserInputError
 from audit.core.vocabulary import VerdictStatus
 from reports.document import Experiment, Results
 from reports.junit import junit_xml
-from reports.measures import blocks, format_number, selected_experiments, selected_measures
+from reports.measures import blocks, cannot_fail, format_number, selected_experiments, selected_measures
 from reports.outcomes import FAIL, PASS, SKIP, Outcome
 from reports.policy import UTILITY, Policy, Rule, SoundnessRule, ThresholdRule, load_policy
 from reports.regression import decide_regressions, evaluate_regression
 from reports.results import load_results as read_results
 
-__all__ = ["FAIL", "PASS", "SKIP", "check", "check_command", "evaluate_policy", "evaluate_rule", "load_results"]
+__all__ = ["FAIL", "PASS", "SKIP", "RuleWarning", "check", "check_command", "evaluate_policy", "evaluate_rule",
+           "load_results", "rule_warnings"]
 
 
 # --------------------------------------------------------------------------- results
@@ -80,7 +91,7 @@ def _evaluate_threshold(rule: ThresholdRule, experiments: list[Experiment]) -> l
             missing = "no measurement" if measure.value is None else f"no {rule.use} (no interval)"
             sentence = f"{measure.described}: {missing}, so the {bound} {rule.value:g} cannot be checked"
             outcomes.append(Outcome(rule.name, rule.kind, measure.target, FAIL, None, rule.value, relation,
-                                    sentence, basis))
+                                    sentence, basis, metric=measure.metric))
             continue
         holds = number <= rule.value if is_max else number >= rule.value
         what = measure.described if rule.use == "value" else f"the {rule.use} of {measure.described}"
@@ -91,8 +102,14 @@ def _evaluate_threshold(rule: ThresholdRule, experiments: list[Experiment]) -> l
         if rule.use == "value" and measure.has_interval:
             sentence += f" (95 % interval [{format_number(measure.ci_low)}, {format_number(measure.ci_high)}])"
         outcomes.append(Outcome(rule.name, rule.kind, measure.target, PASS if holds else FAIL, number,
-                                rule.value, relation, sentence, basis))
+                                rule.value, relation, sentence, basis, metric=measure.metric))
     return outcomes
+
+
+#: an experiment's soundness statuses under which none of its ε figures was compared with a finite
+#: claim (no claim — an infinite ε —, a claim that rules out nothing, a claim for another unit or
+#: relation, no figure): no-violation can never fail on it
+UNTESTED = (VerdictStatus.NO_CLAIM, VerdictStatus.VACUOUS, VerdictStatus.NOT_COVERED, VerdictStatus.NO_MEASUREMENT)
 
 
 def _evaluate_soundness(rule: SoundnessRule, experiments: list[Experiment]) -> list[Outcome]:
@@ -111,8 +128,9 @@ def _evaluate_soundness(rule: SoundnessRule, experiments: list[Experiment]) -> l
             sentence += " (a warning; this rule fails on warnings only with `warnings: fail`)"
         if verdict == PASS and status == VerdictStatus.INCONCLUSIVE:
             sentence += " (no violation, but too little power to find one; this rule fails on it with `require_power: true`)"
+        untested = f"{experiment.key}: {status}" if status in UNTESTED else ""
         outcomes.append(Outcome(rule.name, rule.kind, experiment.key, verdict, status, " or ".join(failing), "not",
-                                sentence))
+                                sentence, cannot_fail=untested))
     return outcomes
 
 
@@ -130,24 +148,115 @@ def evaluate_rule(rule: Rule, results: Results, baseline: Results | None = None)
     return evaluate_regression(rule, experiments, baseline)
 
 
-def evaluate_policy(policy: Policy, results: Results, baseline: Results | None = None) -> list[Outcome]:
+def _marked(outcome: Outcome) -> Outcome:
+    """A measured max/min/no-regression outcome with ``cannot_fail`` set when its threshold lies at
+    or beyond the end of its metric's range (after Holm has fixed the regression thresholds)."""
+    if (outcome.verdict == SKIP or not outcome.metric or outcome.value is None or outcome.relation not in ("≤", "≥")
+            or isinstance(outcome.threshold, (bool, str)) or outcome.threshold is None):
+        return outcome
+    use = outcome.value_basis if outcome.kind in ("max", "min") else "value"
+    return replace(outcome, cannot_fail=cannot_fail(outcome.metric, outcome.relation, float(outcome.threshold),
+                                                    use or "value"))
+
+
+def evaluate_policy(policy: Policy, results: Results, baseline: Results | None = None,
+                    strict: bool = False) -> list[Outcome]:
     """Every rule's outcomes, in policy order (then experiment, attack and metric order of the
-    results); the regressions of all rules decided as one family (:func:`decide_regressions`)."""
-    return decide_regressions([outcome for rule in policy.rules for outcome in evaluate_rule(rule, results, baseline)])
+    results); the regressions of all rules decided as one family (:func:`decide_regressions`);
+    each outcome that holds whatever was measured marked (``cannot_fail``). With ``strict``, the
+    outcomes behind each of :func:`rule_warnings` fail."""
+    outcomes = decide_regressions([outcome for rule in policy.rules for outcome in evaluate_rule(rule, results, baseline)])
+    outcomes = [_marked(outcome) for outcome in outcomes]
+    return strict_outcomes(outcomes, rule_warnings(policy, outcomes)) if strict else outcomes
+
+
+# --------------------------------------------------------------------------- rules that cannot fail
+
+
+@dataclass(frozen=True)
+class RuleWarning:
+    """A rule that cannot fail, wholly or in part: its place in the policy (``rules[index]``, as the
+    policy's error messages count), name, and why; ``targets``: the outcomes it concerns."""
+
+    index: int
+    rule: str
+    text: str
+    targets: tuple[str, ...]
+
+    @property
+    def line(self) -> str:
+        return f"warning: rules[{self.index}] ({self.rule}): {self.text}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "targets": list(self.targets)}
+
+
+def _listed(items: list[str], most: int = 3) -> str:
+    shown = ", ".join(items[:most])
+    return shown + (f" and {len(items) - most} more" if len(items) > most else "")
+
+
+def _warning(index: int, rule: Rule, outcomes: list[Outcome]) -> RuleWarning | None:
+    checked = [o for o in outcomes if o.verdict != SKIP]
+    untested = [o for o in checked if o.cannot_fail]
+    if not checked:
+        why = ", ".join(dict.fromkeys(o.threshold_basis or "missing data" for o in outcomes))
+        return RuleWarning(index, rule.name, f"cannot fail: it checked nothing, every comparison was skipped ({why})",
+                           tuple(o.target for o in outcomes))
+    reasons = list(dict.fromkeys(o.cannot_fail for o in untested))
+    if untested and len(untested) == len(checked):
+        if isinstance(rule, SoundnessRule):
+            text = f"cannot fail: no ε figure meets a finite claim ({_listed(reasons)})"
+        else:
+            text = f"cannot fail, {_listed(reasons)}"
+        return RuleWarning(index, rule.name, text, tuple(o.target for o in untested))
+    if untested and not isinstance(rule, SoundnessRule):  # a no-claim reference beside claimed experiments is expected
+        thresholds = [f"{o.target} {o.relation} {format_number(o.threshold)}" for o in untested]  # type: ignore[arg-type]
+        return RuleWarning(index, rule.name, f"{len(untested)} of {len(checked)} checks cannot fail: "
+                                             f"{_listed(thresholds)} ({_listed(reasons)})", tuple(o.target for o in untested))
+    return None
+
+
+def rule_warnings(policy: Policy, outcomes: list[Outcome]) -> list[RuleWarning]:
+    """The rules of ``policy`` that cannot fail on these outcomes, in policy order: every outcome
+    (or, for max, min and no-regression, some) holds whatever the audit measures — a threshold at or
+    beyond the end of the metric's range (``auc ≤ 1``), a no-violation rule on experiments without a
+    finite claim — or the rule checked nothing (every comparison skipped). A rule that matches
+    nothing at all is not among them: it fails outright."""
+    by_rule: dict[str, list[Outcome]] = {}
+    for outcome in outcomes:
+        by_rule.setdefault(outcome.rule, []).append(outcome)
+    found = [_warning(index, rule, by_rule[rule.name]) for index, rule in enumerate(policy.rules) if rule.name in by_rule]
+    return [warning for warning in found if warning is not None]
+
+
+def strict_outcomes(outcomes: list[Outcome], warnings: list[RuleWarning]) -> list[Outcome]:
+    """``--strict``: each outcome one of ``warnings`` concerns fails, its sentence saying why."""
+    concerned = {(w.rule, target): w for w in warnings for target in w.targets}
+    failed = []
+    for outcome in outcomes:
+        warning = concerned.get((outcome.rule, outcome.target))
+        if warning is not None and outcome.verdict != FAIL:
+            why = f"it cannot fail ({outcome.cannot_fail})" if outcome.cannot_fail else "its rule checked nothing"
+            outcome = replace(outcome, verdict=FAIL, sentence=f"{outcome.sentence} — fails under --strict: {why}")
+        failed.append(outcome)
+    return failed
 
 
 # --------------------------------------------------------------------------- output
 
 
 def check(results: str | Path | Results, policy: str | Path | Policy,
-          baseline: str | Path | Results | None = None) -> list[Outcome]:
+          baseline: str | Path | Results | None = None, strict: bool = False) -> list[Outcome]:
     """The outcomes of a policy on an audit's results (public API; ``dpfl-audit check`` without
     printing): ``results``/``baseline`` a results folder, its results.json, or the document;
-    ``policy`` a policy file or a parsed :class:`Policy`. The gate passes when no outcome is FAIL."""
+    ``policy`` a policy file or a parsed :class:`Policy`. The gate passes when no outcome is FAIL.
+    An outcome that holds whatever was measured carries the reason in ``cannot_fail``
+    (:func:`rule_warnings` names the rules); with ``strict`` it fails instead."""
     document = results if isinstance(results, Results) else load_results(results)
     old = baseline if baseline is None or isinstance(baseline, Results) else load_results(baseline, "--baseline")
     rules = policy if isinstance(policy, Policy) else load_policy(policy)
-    return evaluate_policy(rules, document, old)
+    return evaluate_policy(rules, document, old, strict=strict)
 
 
 def _cell(number: float | str | None, basis: str) -> str:
@@ -177,14 +286,16 @@ def failing_rules(outcomes: list[Outcome]) -> list[str]:
     return list(dict.fromkeys(o.rule for o in outcomes if o.verdict == FAIL))
 
 
-def summary_line(outcomes: list[Outcome]) -> str:
+def summary_line(outcomes: list[Outcome], warnings: list[RuleWarning] | None = None) -> str:
     tally = counts(outcomes)
     skipped = f" ({tally[SKIP]} skipped)" if tally[SKIP] else ""
     failed = failing_rules(outcomes)
+    toothless = (f"; {len(warnings)} rule{'s' if len(warnings) > 1 else ''} cannot fail (warnings above)"
+                 if warnings else "")
     if failed:
         return (f"check FAILED: {tally[FAIL]} of {len(outcomes)} checks fail{skipped}; failing rules: "
-                + "; ".join(f"'{name}'" for name in failed))
-    return f"check passed: all {tally[PASS]} checks hold{skipped}"
+                + "; ".join(f"'{name}'" for name in failed) + toothless)
+    return f"check passed: all {tally[PASS]} checks hold{skipped}{toothless}"
 
 
 def _check_junit_path(path: Path) -> None:
@@ -200,24 +311,31 @@ def _check_junit_path(path: Path) -> None:
 
 
 def check_command(results_path: str, policy_path: str, baseline_path: str | None = None,
-                  junit_path: str | None = None, as_json: bool = False) -> bool:
+                  junit_path: str | None = None, as_json: bool = False, strict: bool = False) -> bool:
     """``dpfl-audit check``: load and validate everything first (a :class:`UserInputError` leaves
-    nothing written), evaluate, print a table or JSON, write JUnit XML if asked; True when every
-    rule holds (skipped outcomes do not fail)."""
+    nothing written), evaluate, print a table or JSON — with a warning for each rule that cannot
+    fail —, write JUnit XML if asked; True when every rule holds (skipped outcomes do not fail;
+    with ``strict``, a rule that cannot fail does)."""
     if junit_path is not None:
         _check_junit_path(Path(junit_path))
     policy = load_policy(policy_path)
     results = load_results(results_path, "RESULTS")
     baseline = load_results(baseline_path, "--baseline") if baseline_path is not None else None
     outcomes = evaluate_policy(policy, results, baseline)
+    warnings = rule_warnings(policy, outcomes)
+    if strict:
+        outcomes = strict_outcomes(outcomes, warnings)
     passed = not failing_rules(outcomes)
     if junit_path is not None:
         write_text(junit_path, junit_xml(outcomes))
     if as_json:
-        print(dumps({"passed": passed, "policy": str(policy_path), "results": str(results_path),
+        print(dumps({"passed": passed, "strict": strict, "policy": str(policy_path), "results": str(results_path),
                      "baseline": None if baseline_path is None else str(baseline_path), "counts": counts(outcomes),
-                     "failing_rules": failing_rules(outcomes), "outcomes": [o.as_dict() for o in outcomes]}))
+                     "failing_rules": failing_rules(outcomes), "warnings": [w.as_dict() for w in warnings],
+                     "outcomes": [o.as_dict() for o in outcomes]}))
     else:
         print(format_table(outcomes))
-        print(summary_line(outcomes))
+        for warning in warnings:
+            print(warning.line)
+        print(summary_line(outcomes, warnings))
     return passed

@@ -3,8 +3,10 @@
 One ``<testsuite name="dpfl-audit check">`` holds one ``<testcase>`` per outcome: its
 ``classname`` is the rule's name, its ``name`` the target (experiment/attack/metric), a failing
 outcome carries ``<failure message="...">`` and a skipped one ``<skipped message="...">``, each
-with the outcome's sentence. There are no timestamps, durations or host names, so the same
-results and policy give the same bytes — the file can be diffed and cached.
+with the outcome's sentence; one that holds whatever was measured (a threshold beyond its
+metric's range, :func:`reports.gate.rule_warnings`) says so in its ``<system-out>``. There are no
+timestamps, durations or host names, so the same results and policy give the same bytes — the
+file can be diffed and cached.
 """
 
 from __future__ import annotations
@@ -40,5 +42,7 @@ def junit_xml(outcomes: list[Outcome], suite_name: str = SUITE_NAME) -> str:
             ET.SubElement(case, "failure", {"message": outcome.sentence, "type": outcome.kind}).text = _details(outcome)
         elif outcome.verdict == "skip":
             ET.SubElement(case, "skipped", {"message": outcome.sentence})
+        elif outcome.cannot_fail:
+            ET.SubElement(case, "system-out").text = f"warning: this check cannot fail: {outcome.cannot_fail}"
     ET.indent(suite)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"

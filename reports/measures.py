@@ -3,6 +3,10 @@ figures of a results document it matches, each with its 95 % interval (:mod:`rep
 
 A rule names an attack entry of ``results.json``, or :data:`reports.policy.UTILITY` for an
 experiment's utility block; a value that is null, NaN or infinite is "no measurement".
+
+Each metric's range — the values it can take (:data:`METRIC_RANGES`) — is defined here, beside
+:class:`Measure`: a threshold at or beyond an end of the range cannot be crossed, so a rule
+holding a metric to it cannot fail (:func:`cannot_fail`).
 """
 
 from __future__ import annotations
@@ -51,6 +55,59 @@ class Measure:
         return self.ci_low is not None and self.ci_high is not None
 
 
+@dataclass(frozen=True)
+class MetricRange:
+    """The values a metric can take, ``low`` ≤ value ≤ ``high``. ``interval``: its 95 % interval
+    stays in the range too (clipped, or exact by construction: Clopper–Pearson, a percentile
+    bootstrap); otherwise only the point estimate does (a Student-t interval of a mean of
+    accuracies may reach beyond 1)."""
+
+    low: float = -math.inf
+    high: float = math.inf
+    interval: bool = False
+
+
+_SHARE = MetricRange(0.0, 1.0, interval=True)  # a probability, an AUC, a rate: intervals clipped to [0, 1]
+_EPSILON = MetricRange(0.0, math.inf, interval=True)  # ε figures: bounds and estimates are never negative
+_MEAN_SHARE = MetricRange(0.0, 1.0)  # a mean over runs or images of shares (Student-t interval)
+_MEAN_NON_NEGATIVE = MetricRange(0.0, math.inf)
+
+#: metric name (or the last dotted part of one: ``black_box.advantage``) → the values it can take;
+#: a metric not listed can take any number (no rule on it is called one that cannot fail)
+METRIC_RANGES: dict[str, MetricRange] = {
+    # membership, canary and property attacks (attacks.membership_metrics, attacks.inference.property_inference)
+    "auc": _SHARE, "tpr_at_fpr_0.1%": _SHARE, "tpr_at_fpr_1%": _SHARE, "balanced_accuracy": _SHARE, "accuracy": _SHARE,
+    "epsilon_one_run": _EPSILON, "epsilon_one_run_fdp": _EPSILON, "epsilon_gaussian_fit": _EPSILON,
+    # attribute inference (attacks.inference.attribute_scores): accuracy above, macro-F1, advantage over the baseline
+    "macro_f1": _SHARE, "advantage": MetricRange(-1.0, 1.0, interval=True),
+    # utility and diagnostics (reports.document.Utility): means over the membership runs
+    "test_accuracy": _MEAN_SHARE, "train_accuracy": _MEAN_SHARE, "test_loss": _MEAN_NON_NEGATIVE,
+    # reconstruction (attacks.reconstruction): means over the reconstructed images
+    "label_accuracy": _MEAN_SHARE, "mse": _MEAN_NON_NEGATIVE, "mae": _MEAN_NON_NEGATIVE,
+    "baseline_mse": _MEAN_NON_NEGATIVE, "baseline_mae": _MEAN_NON_NEGATIVE, "ssim": MetricRange(-1.0, 1.0),
+}
+
+
+def metric_range(metric: str, use: str = "value") -> MetricRange:
+    """The range of ``metric``'s point estimate, or of its interval bound ``use`` (``ci_low``,
+    ``ci_high``) where the interval keeps to it; unbounded for a metric not in :data:`METRIC_RANGES`."""
+    found = METRIC_RANGES.get(metric) or METRIC_RANGES.get(metric.rsplit(".", 1)[-1]) or MetricRange()
+    return found if use == "value" or found.interval else MetricRange()
+
+
+def cannot_fail(metric: str, relation: str, threshold: float, use: str = "value") -> str:
+    """Why ``number relation threshold`` holds for every number ``metric`` can take — e.g.
+    ``auc ≤ 1`` for a maximum of 1.082 or exactly 1 — or '' when a measurement can fail it.
+    ``relation`` is ``≤`` (the figure fails above the threshold) or ``≥`` (below it)."""
+    bounds = metric_range(metric, use)
+    what = metric if use in ("", "value") else f"{metric} {use}"
+    if relation == "≤" and threshold >= bounds.high:
+        return f"{what} ≤ {bounds.high:g}"
+    if relation == "≥" and threshold <= bounds.low:
+        return f"{what} ≥ {bounds.low:g}"
+    return ""
+
+
 def blocks(experiment: Experiment) -> Iterator[tuple[str, dict[str, Estimate]]]:
     """(attack name, {metric: estimate}) for the utility block, then every attack entry, in file order."""
     yield UTILITY, {f.name: getattr(experiment.utility, f.name) for f in fields(experiment.utility)}
@@ -87,7 +144,7 @@ def selected_measures(rule: ThresholdRule | RegressionRule,
     for experiment in experiments:
         for name, metrics in blocks(experiment):
             names.add(name)
-            if rule.attack is not None and name != rule.attack:
+            if (rule.attack is not None and name != rule.attack) or name in rule.exclude_attacks:
                 continue
             attack_matched = True
             measures += [measure_of(experiment, name, m, metrics[m]) for m in rule.metrics if m in metrics]

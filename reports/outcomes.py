@@ -15,7 +15,11 @@ class Outcome:
 
     ``value`` is the number (or soundness status) that was compared, ``threshold`` what it was
     compared with by ``relation``; ``value_basis``/``threshold_basis`` say which number each is
-    (``ci_low``, ``baseline ci_high``, ...) where that is not obvious; ``sentence`` explains."""
+    (``ci_low``, ``baseline ci_high``, ...) where that is not obvious; ``sentence`` explains.
+    ``metric`` names the metric compared (max, min, no-regression); ``cannot_fail`` says why the
+    outcome would hold whatever was measured — its threshold lies at or beyond the end of the
+    metric's range (``auc ≤ 1``), or no figure of the experiment meets a finite claim — and is
+    empty when a measurement could fail it (:func:`reports.gate.rule_warnings`)."""
 
     rule: str
     kind: str
@@ -32,6 +36,8 @@ class Outcome:
     p_value: float | None = None
     level: float | None = None
     se: float | None = None
+    metric: str = ""
+    cannot_fail: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -23,7 +23,9 @@ or ``label``); without either a rule applies to every experiment. Where a rule t
 ``attack``, it names an attack entry of results.json (``lira-online``,
 ``attribute-inference-sex``, ...), ``none`` for the experiment's utility block
 (``test_accuracy``, ``test_loss``; as in results.csv), and, when omitted, means every attack
-entry and the utility block — whichever carry the metric.
+entry and the utility block — whichever carry the metric, less those listed in
+``exclude_attacks`` (e.g. ``[dirac-canaries-each-upload]``: a figure at the end of its range,
+which no rule on it can fail).
 
 * ``max`` / ``min`` (:class:`ThresholdRule`): ``metric`` and ``value`` required; ``use: value |
   ci_low | ci_high`` (default ``value``) picks which number of the estimate is compared —
@@ -84,6 +86,7 @@ class _Rule:
 
 
 _ATTACK_HELP = "an attack entry of results.json, `none` for utility; default: every attack and utility"
+_EXCLUDE_HELP = "attack entries left out where `attack` is omitted (e.g. one whose figure is at the end of its range)"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,6 +95,7 @@ class ThresholdRule(_Rule):
 
     kind: Literal["max", "min"]
     attack: str | None = field(default=None, metadata={"help": _ATTACK_HELP})
+    exclude_attacks: tuple[str, ...] = field(default=(), metadata={"help": _EXCLUDE_HELP})
     metric: str = field(metadata={"help": "a metric name of results.json, e.g. auc, test_accuracy"})
     value: float = field(metadata={"help": "the threshold"})
     use: Literal["value", "ci_low", "ci_high"] = field(default="value", metadata={
@@ -120,6 +124,7 @@ class RegressionRule(_Rule):
 
     kind: Literal["no-regression"]
     attack: str | None = field(default=None, metadata={"help": _ATTACK_HELP})
+    exclude_attacks: tuple[str, ...] = field(default=(), metadata={"help": _EXCLUDE_HELP})
     metric: str | None = field(default=None, metadata={"help": "one metric (or give metrics)"})
     metrics: tuple[str, ...] = field(default=DEFAULT_REGRESSION_METRICS, metadata={
         "min_length": 1, "help": "the metrics compared (after parsing: also a lone `metric`)"})
@@ -153,6 +158,8 @@ def _derived_name(rule: Rule) -> str:
     scope = f" on {rule.defense or rule.experiment}" if (rule.defense or rule.experiment) else ""
     if rule.defense and rule.experiment:
         scope = f" on {rule.experiment} ({rule.defense})"
+    if not isinstance(rule, SoundnessRule) and rule.exclude_attacks:
+        scope = f"{scope} except {', '.join(rule.exclude_attacks)}"
     if isinstance(rule, ThresholdRule):
         attack = "utility" if rule.attack == UTILITY else rule.attack
         measure = " ".join(p for p in (attack, rule.metric, None if rule.use == "value" else rule.use) if p)
@@ -179,6 +186,8 @@ def _parse_rule(entry: dict[str, Any], index: int) -> Rule:
         raise UserInputError(f"{path}.kind: required field is missing; allowed: {', '.join(get_args(RuleKind))}")
     rule = from_mapping(_RULE_TYPES[coerce(RuleKind, entry["kind"], f"{path}.kind")], entry, path)
     _check_names(entry, path)
+    if isinstance(rule, (ThresholdRule, RegressionRule)) and rule.exclude_attacks and rule.attack is not None:
+        raise UserInputError(f"{path}.exclude_attacks: give either attack (one) or exclude_attacks (every other), not both")
     if isinstance(rule, RegressionRule):
         if "metric" in entry and "metrics" in entry:
             raise UserInputError(f"{path}.metrics: give either metric (one) or metrics (a list), not both")

@@ -76,7 +76,7 @@ def _compare_with_baseline(rule: RegressionRule, new: Measure, old: Measure) -> 
         comparison = (f"{new.described}: {format_interval(new)} vs baseline {format_interval(old)} ({direction}; worse by "
                       f"{format_number(worse_by)}, SE of the difference {format_number(se)}, one-sided p = {p_value:.2g})")
         return Outcome(rule.name, rule.kind, new.target, PASS, new.value, old.value, "≥" if lower_worse else "≤",
-                       comparison, "", "baseline", p_value=p_value, se=se)
+                       comparison, "", "baseline", p_value=p_value, se=se, metric=new.metric)
     tolerance = rule.tolerance
     if lower_worse:
         threshold, relation, regressed = old.value - tolerance, "≥", new.value < old.value - tolerance
@@ -91,7 +91,7 @@ def _compare_with_baseline(rule: RegressionRule, new: Measure, old: Measure) -> 
                     else f"no regression beyond the tolerance {tolerance:g}")
     sign = "-" if lower_worse else "+"
     return Outcome(rule.name, rule.kind, new.target, FAIL if regressed else PASS, new.value, threshold, relation,
-                   f"{comparison}: {verdict_text}", "", f"baseline {sign} tolerance {tolerance:g}")
+                   f"{comparison}: {verdict_text}", "", f"baseline {sign} tolerance {tolerance:g}", metric=new.metric)
 
 
 def decide_regressions(outcomes: list[Outcome], alpha: float = FAMILY_ALPHA) -> list[Outcome]:
@@ -135,7 +135,8 @@ def evaluate_regression(rule: RegressionRule, experiments: list[Experiment], bas
                   else "no measurement in the new results" if new.value is None else "")
         if reason:
             outcomes.append(Outcome(rule.name, rule.kind, new.target, missing_verdict, new.value, None, "",
-                                    f"{new.described}: {reason}; {consequence}", "", reason.split(":")[0]))
+                                    f"{new.described}: {reason}; {consequence}", "", reason.split(":")[0],
+                                    metric=new.metric))
             continue
         assert old is not None
         outcomes.append(_compare_with_baseline(rule, new, old))

@@ -62,7 +62,9 @@ class SweepPoint:
     trained_runs: int = 0
 
 
-def _fingerprint(experiment: Experiment) -> str:
+def fingerprint(experiment: Experiment) -> str:
+    """What makes two points' experiments one configuration: the same entry of results.json, byte
+    for byte (a run two points share is trained once, so its figures are the same)."""
     return json.dumps(to_json(experiment), sort_keys=True)
 
 
@@ -76,7 +78,7 @@ def combined_experiments(points: list[SweepPoint]) -> list[tuple[SweepPoint, Exp
     by_key: dict[str, dict[str, tuple[SweepPoint, Experiment]]] = {}  # key → fingerprint → first
     for point in points:
         for experiment in point.results.experiments:
-            by_key.setdefault(experiment.key, {}).setdefault(_fingerprint(experiment), (point, experiment))
+            by_key.setdefault(experiment.key, {}).setdefault(fingerprint(experiment), (point, experiment))
     combined = []
     for group in (list(distinct.values()) for distinct in by_key.values()):
         varying = [path for path in group[0][0].values if len({_value_text(p.values[path]) for p, _ in group}) > 1]
@@ -105,12 +107,12 @@ def sweep_family(points: list[SweepPoint]) -> dict[str, Any]:
     distinct: dict[str, Experiment] = {}
     for point in points:
         for experiment in point.results.experiments:
-            distinct.setdefault(_fingerprint(experiment), experiment)
-    tested = [(fingerprint, verdict) for fingerprint, e in distinct.items() for _, verdict in _lower_bounds(e)]
+            distinct.setdefault(fingerprint(experiment), experiment)
+    tested = [(key, verdict) for key, e in distinct.items() for _, verdict in _lower_bounds(e)]
     decisions = holm([float(v.p_value or 0.0) for _, v in tested], FAMILY_ALPHA)
     standing: dict[str, bool] = {}
-    for (fingerprint, _), (rejected, _) in zip(tested, decisions):
-        standing[fingerprint] = standing.get(fingerprint, False) or rejected
+    for (key, _), (rejected, _) in zip(tested, decisions):
+        standing[key] = standing.get(key, False) or rejected
     return {"figures": len(tested), "alpha": FAMILY_ALPHA, "standing": standing}
 
 
@@ -143,7 +145,7 @@ def summary_rows(points: list[SweepPoint], family: dict[str, Any] | None = None)
     """One row per (point, configuration), in point order (:func:`summary_row`); ``family``: the
     sweep's :func:`sweep_family`, computed here when not given."""
     standing = (family or sweep_family(points))["standing"]
-    return [summary_row(point, experiment, headline, standing.get(_fingerprint(experiment), False))
+    return [summary_row(point, experiment, headline, standing.get(fingerprint(experiment), False))
             for point in points for experiment, headline in zip(point.results.experiments, headline_rows(point.results))]
 
 

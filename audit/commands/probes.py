@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -103,9 +102,9 @@ def command_conformance(args: argparse.Namespace) -> int:
     chosen, shown = _conformance_defenses(args)
     bar = None
     if not args.quiet:
-        from tqdm import tqdm
+        from audit.logs import progress_bar
 
-        bar = tqdm(total=0, unit="trial", file=sys.stderr, leave=False)
+        bar = progress_bar(0, "conformance", args.quiet, unit="trial", leave=False)
 
     def progress(name: str, done: int, total: int) -> None:
         if bar is not None:

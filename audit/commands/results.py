@@ -38,4 +38,5 @@ def command_report(args: argparse.Namespace) -> int:
 def command_check(args: argparse.Namespace) -> int:
     from reports.gate import check_command
 
-    return EXIT_OK if check_command(args.results, args.policy, args.baseline, args.junit, args.json) else EXIT_FAILURE
+    passed = check_command(args.results, args.policy, args.baseline, args.junit, args.json, args.strict)
+    return EXIT_OK if passed else EXIT_FAILURE

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from audit.commands import EXIT_OK
+from audit.commands import EXIT_FAILURE, EXIT_OK
 from audit.commands.run import load_run_config, track
 from audit.core.errors import UserInputError
 from audit.core.vocabulary import VerdictStatus
@@ -62,13 +62,18 @@ def command_sweep(args: argparse.Namespace) -> int:
     paths = result["paths"]
     print(f"sweep page: {paths['sweep_html']}")
     print(f"table: {paths['sweep_csv']}; figures: {paths['figures']}")
-    for point in result["points"]:  # every point into one MLflow store; TensorBoard: a log directory per point
-        folder = Path(args.out) / point.folder
-        uris = {"mlflow": str(Path(args.out) / "mlruns"), "tensorboard": str(Path(args.out) / "tensorboard" / point.name)}
-        uri = args.track_uri
-        if uri is not None and trackers == ["tensorboard"]:  # a log directory given: a folder per point in it
-            uri = str(Path(uri) / point.name)
-        code = track(trackers, folder, uri, uris)
+    if "mlflow" in trackers:  # one parent run for the sweep, a child per point (audit.tracking.track_sweep)
+        from audit.tracking import TrackingError, track_sweep
+
+        try:
+            print(f"tracked: mlflow → {track_sweep(args.out, args.track_uri)}")
+        except TrackingError as exc:
+            print(f"dpfl-audit: error: {exc}", file=sys.stderr)
+            return EXIT_FAILURE
+    for point in result["points"] if "tensorboard" in trackers else []:  # TensorBoard: a log directory per point
+        uri = None if args.track_uri is None else str(Path(args.track_uri) / point.name)
+        code = track(["tensorboard"], Path(args.out) / point.folder, uri,
+                     {"tensorboard": str(Path(args.out) / "tensorboard" / point.name)})
         if code != EXIT_OK:
             return code
     return EXIT_OK

@@ -86,3 +86,50 @@ def test_library_code_prints_nothing():
                           if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "print"
                           and id(node) not in main_blocks]
     assert offenders == [], offenders
+
+
+# --------------------------------------------------------------------------- progress bars only on a terminal
+
+
+def test_progress_bars_are_drawn_on_a_terminal_only_and_never_with_quiet():
+    """:func:`audit.logs.bars_on` is asked by every progress bar: a pseudo-terminal gets bars
+    (unless --quiet), a pipe or a file does not."""
+    import io
+    import os
+
+    from audit.logs import bars_on, progress_bar
+
+    controller, terminal = os.openpty()
+    try:
+        with os.fdopen(terminal, "w", closefd=False) as stream:
+            assert bars_on(False, stream) and not bars_on(True, stream)
+        read, write = os.pipe()
+        with os.fdopen(write, "w") as pipe:
+            assert not bars_on(False, pipe)
+        os.close(read)
+    finally:
+        os.close(controller)
+        os.close(terminal)
+    assert not bars_on(False, io.StringIO())
+    closed = io.StringIO()
+    closed.close()
+    assert not bars_on(False, closed)
+    assert not bars_on(False, object())  # type: ignore[arg-type]  # no isatty at all
+    # pytest captures stderr: not a terminal, so the bar is disabled even without --quiet
+    assert progress_bar(3, "x", quiet=False).disable
+
+
+def test_a_run_without_a_terminal_writes_no_carriage_returns(tmp_path):
+    """A command whose stderr is a pipe (a CI log, `2> file`) and that is not --quiet: its bars are
+    off, so the log holds whole lines, no `\\r` redraws."""
+    import os
+    import subprocess
+    import sys
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text(tiny_config())
+    result = subprocess.run([sys.executable, "-m", "audit", "run", str(config), "--out", str(tmp_path / "out"), "-v"],
+                            capture_output=True, cwd=ROOT, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr.decode()
+    assert b"dpfl-audit: plan:" in result.stderr  # -v: the log records do reach the pipe
+    assert b"\r" not in result.stderr and b"\r" not in result.stdout

@@ -5,6 +5,7 @@ client and TensorBoard's own reader; expectations come from results.json, not fr
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -58,6 +59,19 @@ def _key(*parts: str) -> str:
     return "/".join(part.replace("%", "pct") for part in parts)
 
 
+def _attack_metrics(experiment: dict) -> dict[str, float]:
+    """Every attack figure of a results.json experiment and the bounds of its 95 % interval, as
+    tracked: ``<attack>/<metric>``, ``<attack>/<metric>_ci_low``, ``<attack>/<metric>_ci_high``."""
+    return {_key(a["attack"], m + suffix): v[field] for a in experiment["attacks"] for m, v in a["metrics"].items()
+            for suffix, field in (("", "value"), ("_ci_low", "ci_low"), ("_ci_high", "ci_high")) if v[field] is not None}
+
+
+def _head() -> str | None:
+    """The commit of the repository the tests run in (None in a copy without git history)."""
+    done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
 def test_mlflow_holds_one_finished_run_per_experiment_with_the_results_values(audit_out):
     out, results = audit_out
     runs = _runs(out / "mlruns")
@@ -87,9 +101,12 @@ def test_mlflow_holds_one_finished_run_per_experiment_with_the_results_values(au
         else:
             assert params["epsilon"] == "null" and "claim/epsilon" not in metrics
         tracked = {k for k in metrics if not k.startswith(("utility/", "claim/", "round/"))}
-        expected = {_key(a["attack"], m): v["value"] for a in experiment["attacks"]
-                    for m, v in a["metrics"].items() if v["value"] is not None}
-        assert {k: metrics[k] for k in tracked} == expected and _key("loss-threshold", "auc") in expected
+        assert {k: metrics[k] for k in tracked} == _attack_metrics(experiment)
+        assert _key("loss-threshold", "auc") in tracked and _key("loss-threshold", "auc_ci_high") in tracked
+        accuracy = experiment["utility"]["test_accuracy"]
+        assert (metrics["utility/test_accuracy_ci_low"], metrics["utility/test_accuracy_ci_high"]) == (
+            accuracy["ci_low"], accuracy["ci_high"])
+        assert tags.get("mlflow.source.git.commit") == _head()  # the tests run inside the repository
         assert tags["verdict"] == experiment["soundness"] and tags["status"] == experiment["status"]
         for attack in experiment["attacks"]:
             for verdict in attack["verdicts"]:
@@ -253,3 +270,99 @@ def test_bad_tracking_options_are_one_line_before_training(arguments, environmen
     assert main(["run", str(config), "--out", str(out), *arguments]) == 2
     assert capsys.readouterr().err == f"dpfl-audit: error: {message.replace('{config}', str(config))}\n"
     assert not out.exists()
+
+
+# --------------------------------------------------------------------------- MLflow: a sweep
+
+SWEEP_NAME = "tiny tracked sweep"
+
+
+@pytest.fixture(scope="module")
+def tracked_sweep(tmp_path_factory):
+    """A real tiny sweep (fedavg beside dp-fedavg at ε = 1 and ε = 16: two points sharing the fedavg
+    runs) tracked to MLflow's default store in its output folder; its runs read back by kind."""
+    base = tmp_path_factory.mktemp("tracked-sweep")
+    config = base / "sweep.yaml"
+    config.write_text(tiny_config(name=SWEEP_NAME, training={"rounds": ROUNDS, "local_steps": 1, "batch_size": 10,
+                                                             "lr": 0.05},
+                                  defenses=[{"name": "fedavg"}, {"name": "dp-fedavg", "epsilons": [8]}]))
+    out = base / "out"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("MLFLOW_TRACKING_URI", raising=False)
+        assert main(["sweep", str(config), "--over", "defenses.1.epsilons=1,16", "--out", str(out), "--quiet",
+                     "--track", "mlflow"]) == 0
+    return out
+
+
+def _sweep_runs(out: Path) -> dict[str, list]:
+    client = _client(out / "mlruns")
+    experiment = client.get_experiment_by_name(SWEEP_NAME)
+    runs: dict[str, list] = {}
+    for run in client.search_runs([experiment.experiment_id]):
+        runs.setdefault(run.data.tags["dpfl-audit.run"], []).append(run)
+    return runs
+
+
+def test_an_mlflow_sweep_is_one_parent_with_a_child_per_point(tracked_sweep):
+    out = tracked_sweep
+    runs = _sweep_runs(out)
+    assert sorted(runs) == ["configuration", "point", "sweep"]
+    (sweep,) = runs["sweep"]
+    assert "mlflow.parentRunId" not in sweep.data.tags and sweep.info.run_name == "out"
+    assert sweep.data.params["axis/defenses.1.epsilons"] == "[1, 16]" and sweep.data.tags["dpfl-audit.axes"] == (
+        "defenses.1.epsilons")
+    assert sweep.data.tags.get("mlflow.source.git.commit") == _head()
+    manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    points = sorted(runs["point"], key=lambda run: run.data.tags["dpfl-audit.point"])
+    assert [p.data.tags["dpfl-audit.point"] for p in points] == sorted(manifest["points"]) == ["p01", "p02"]
+    for run, value in zip(points, ("1", "16")):
+        assert run.data.tags["mlflow.parentRunId"] == sweep.info.run_id and run.info.status == "FINISHED"
+        assert run.data.tags["axis/defenses.1.epsilons"] == value == run.data.params["axis/defenses.1.epsilons"]
+        assert run.data.tags.get("mlflow.source.git.commit") == _head()
+    client = _client(out / "mlruns")
+    assert {"sweep.html", "sweep.csv", "sweep.json", "figures"} <= {a.path for a in client.list_artifacts(sweep.info.run_id)}
+    for run in points:
+        assert {"results.json", "report.html", "figures"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
+
+
+def test_an_mlflow_sweep_tracks_each_configuration_once_with_its_intervals(tracked_sweep):
+    """fedavg is the same configuration at both points (its runs are shared): one run, a child of
+    the sweep, tagged with both points; each dp-fedavg is a child of its point's run."""
+    out = tracked_sweep
+    runs = _sweep_runs(out)
+    (sweep,) = runs["sweep"]
+    point_ids = {run.data.tags["dpfl-audit.point"]: run.info.run_id for run in runs["point"]}
+    configurations = runs["configuration"]
+    keys = sorted(run.data.tags["dpfl-audit.experiment"] for run in configurations)
+    assert keys == ["dp-fedavg-eps1", "dp-fedavg-eps16", "fedavg"]  # fedavg once
+    for run in configurations:
+        tags, metrics = run.data.tags, run.data.metrics
+        key = tags["dpfl-audit.experiment"]
+        if key == "fedavg":
+            assert tags["dpfl-audit.points"] == "p01, p02" and tags["mlflow.parentRunId"] == sweep.info.run_id
+            assert "axis/defenses.1.epsilons" not in tags  # the points differ there
+        else:
+            point = "p01" if key == "dp-fedavg-eps1" else "p02"
+            assert tags["dpfl-audit.points"] == point and tags["mlflow.parentRunId"] == point_ids[point]
+            assert tags["axis/defenses.1.epsilons"] == ("1" if point == "p01" else "16")
+        point = "p01" if key != "dp-fedavg-eps16" else "p02"
+        results = json.loads((out / "points" / point / "results.json").read_text(encoding="utf-8"))
+        experiment = next(e for e in results["experiments"] if e["key"] == key)
+        tracked = {k: v for k, v in metrics.items() if not k.startswith(("utility/", "claim/", "round/"))}
+        assert tracked == _attack_metrics(experiment) and _key("loss-threshold", "auc_ci_low") in tracked
+        assert tags["verdict"] == experiment["soundness"] and run.info.status == "FINISHED"
+
+
+def test_tracking_the_same_sweep_again_adds_nothing(tracked_sweep):
+    from audit.tracking import track_sweep
+
+    before = sorted(run.info.run_id for kind in _sweep_runs(tracked_sweep).values() for run in kind)
+    track_sweep(tracked_sweep)
+    assert sorted(run.info.run_id for kind in _sweep_runs(tracked_sweep).values() for run in kind) == before
+
+
+def test_no_git_commit_outside_a_repository(tmp_path):
+    from audit.tracking import git_commit
+
+    assert git_commit(tmp_path) is None
+    assert git_commit() == _head()

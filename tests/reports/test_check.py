@@ -19,12 +19,14 @@ import pytest
 import yaml
 from scipy.stats import norm
 
+import audit
 from audit.cli import main
 from audit.core.errors import UserInputError
 from audit.core.typed_json import from_json
 from reports.document import Results, results_schema
-from reports.gate import FAIL, PASS, SKIP, evaluate_policy, load_results
+from reports.gate import FAIL, PASS, SKIP, evaluate_policy, load_results, rule_warnings
 from reports.junit import junit_xml
+from reports.measures import cannot_fail
 from reports.policy import load_policy, parse_policy
 
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -185,7 +187,7 @@ def test_json_output_matches_the_exit_code(tmp_path, capsys):
     ("rules:\n  - {kind: max, metric: auc, value: 0.6, use: median}\n",
      "rules[0].use: 'median' is not allowed; allowed: value, ci_low, ci_high"),
     ("rules:\n  - {kind: min, metirc: auc, metric: auc, value: 0.6}\n",
-     "rules[0].metirc: unknown field; allowed: kind, name, defense, experiment, attack, metric, value, use"),
+     "rules[0].metirc: unknown field; allowed: kind, name, defense, experiment, attack, exclude_attacks, metric, value, use"),
     ("rules:\n  - {kind: no-regression, require: 'yes'}\n", "rules[0].require: must be true or false"),
     ("rules:\n  - {kind: no-regression, tolerance: -1}\n", "rules[0].tolerance: must be >= 0"),
     ("rules:\n  - {kind: no-violation, warnings: loud}\n", "rules[0].warnings: 'loud' is not allowed; allowed: ignore, fail"),
@@ -203,6 +205,8 @@ def test_json_output_matches_the_exit_code(tmp_path, capsys):
     ("rules:\n  - {kind: no-regression, metrics: [auc, auc]}\n", "rules[0].metrics: a metric is listed twice"),
     ("rules:\n  - {kind: no-regression, metrics: [auc, ' ']}\n", "rules[0].metrics[1]: must be a non-empty string"),
     ("rules:\n  - {kind: max, metric: auc, value: 0.6, defense: ''}\n", "rules[0].defense: must be a non-empty string"),
+    ("rules:\n  - {kind: no-regression, attack: shokri, exclude_attacks: [lira-online]}\n",
+     "rules[0].exclude_attacks: give either attack (one) or exclude_attacks (every other), not both"),
 ])
 def test_malformed_policy_exits_2_with_one_line_and_writes_nothing(tmp_path, capsys, policy_text, expected):
     results = write_results(tmp_path / "out", default_experiments())
@@ -445,3 +449,156 @@ def test_example_policy_is_valid():
 def test_parse_policy_rejects_a_non_mapping():
     with pytest.raises(UserInputError, match="expected a mapping"):
         parse_policy(["kind: max"])
+
+
+# --------------------------------------------------------------------------- rules that cannot fail
+
+
+@pytest.mark.parametrize("rule, reason", [
+    ({"kind": "max", "attack": "lira-online", "metric": "auc", "value": 1.082}, "cannot fail, auc ≤ 1"),
+    ({"kind": "max", "attack": "lira-online", "metric": "auc", "value": 1.0}, "cannot fail, auc ≤ 1"),  # the end itself
+    ({"kind": "min", "attack": "lira-online", "metric": "auc", "value": 0.0}, "cannot fail, auc ≥ 0"),
+    ({"kind": "max", "metric": "tpr_at_fpr_1%", "value": 1.5}, "cannot fail, tpr_at_fpr_1% ≤ 1"),
+    ({"kind": "max", "attack": "lira-online", "metric": "auc", "value": 1.0, "use": "ci_high"},
+     "cannot fail, auc ci_high ≤ 1"),  # AUC intervals are clipped to [0, 1]
+    ({"kind": "min", "attack": "none", "metric": "test_accuracy", "value": -0.1}, "cannot fail, test_accuracy ≥ 0"),
+    ({"kind": "min", "attack": "lira-online", "metric": "epsilon_one_run", "value": 0.0}, "cannot fail, epsilon_one_run ≥ 0"),
+    ({"kind": "no-violation", "defense": "fedavg"},  # ε = ∞: no ε lower bound can exceed the claim
+     "cannot fail: no ε figure meets a finite claim (fedavg: no claim)"),
+])
+def test_a_rule_that_cannot_fail_is_a_warning_and_fails_under_strict(rule, reason):
+    policy = parse_policy({"rules": [HOLDING_RULES[1], rule]})
+    results = results_of(default_experiments())
+    outcomes = evaluate_policy(policy, results)
+    warnings = rule_warnings(policy, outcomes)
+    assert [w.line for w in warnings] == [f"warning: rules[1] ({policy.rules[1].name}): {reason}"]
+    assert all(o.verdict == PASS for o in outcomes)  # a warning, not a failure
+    strict = evaluate_policy(policy, results, strict=True)
+    assert [o.verdict for o in strict if o.rule == policy.rules[1].name] == [FAIL] * len(warnings[0].targets)
+    assert [o.verdict for o in strict if o.rule == policy.rules[0].name] == [PASS]  # the rule that can fail holds
+
+
+@pytest.mark.parametrize("rule", [
+    {"kind": "max", "attack": "lira-online", "metric": "auc", "value": 0.999},
+    {"kind": "min", "attack": "lira-online", "metric": "auc", "value": 0.001},
+    {"kind": "max", "metric": "epsilon_one_run", "value": 1e30},  # ε lower bounds have no upper end
+    {"kind": "max", "attack": "none", "metric": "test_accuracy", "value": 1.0, "use": "ci_high"},  # a t interval passes 1
+    {"kind": "min", "attack": "none", "metric": "test_accuracy", "value": 0.0, "use": "ci_low"},  # ... and 0
+    {"kind": "max", "attack": "none", "metric": "test_loss", "value": 1e6},
+    {"kind": "no-violation"},  # fedavg has no claim, the DP experiments do
+])
+def test_a_rule_that_can_fail_gets_no_warning(rule):
+    policy = parse_policy({"rules": [rule]})
+    outcomes = evaluate_policy(policy, results_of(default_experiments()))
+    assert rule_warnings(policy, outcomes) == []
+    assert evaluate_policy(policy, results_of(default_experiments()), strict=True) == outcomes
+
+
+def test_exclude_attacks_leaves_an_attack_out():
+    outcomes = outcomes_of([{"kind": "max", "metric": "auc", "value": 0.9, "exclude_attacks": ["shokri"]}],
+                           default_experiments())
+    assert [o.target for o in outcomes] == [f"{key}/lira-online/auc" for key in ("fedavg", "dp-fedavg-eps1", "dp-fedavg-eps4")]
+    assert outcomes[0].rule == "auc ≤ 0.9 except shokri"
+
+
+def test_the_range_of_a_dotted_metric_is_that_of_its_last_part():
+    assert cannot_fail("black_box.advantage", "≤", 1.0) == "black_box.advantage ≤ 1"
+    assert cannot_fail("black_box.advantage", "≥", -1.0) == "black_box.advantage ≥ -1"
+    assert cannot_fail("black_box.advantage", "≥", 0.0) == ""
+    assert cannot_fail("psnr", "≤", 1e30) == ""  # not bounded: never called toothless
+
+
+def test_a_regression_threshold_beyond_the_range_cannot_fail():
+    """A baseline this noisy (AUC 0.9 [0.7, 1]) puts the regression threshold above 1: no new AUC
+    can be a regression. A comparison with a threshold inside the range can fail; a warning
+    names the rule, how many of its checks cannot fail, and which."""
+    old = [experiment("e", "dp-fedavg", epsilon=1.0, attacks=[
+        membership_attack("lira-online", (0.9, 0.7, 1.0)), membership_attack("shokri", (0.55, 0.52, 0.58))])]
+    new = [experiment("e", "dp-fedavg", epsilon=1.0, attacks=[
+        membership_attack("lira-online", (0.92, 0.8, 1.0)), membership_attack("shokri", (0.56, 0.53, 0.59))])]
+    policy = parse_policy({"rules": [{"kind": "no-regression", "metric": "auc"}]})
+    outcomes = evaluate_policy(policy, results_of(new), results_of(old))
+    assert [(o.target, o.verdict, o.cannot_fail) for o in outcomes] == [
+        ("e/lira-online/auc", PASS, "auc ≤ 1"), ("e/shokri/auc", PASS, "")]
+    assert outcomes[0].threshold > 1 > outcomes[1].threshold
+    (warning,) = rule_warnings(policy, outcomes)
+    assert warning.text == f"1 of 2 checks cannot fail: e/lira-online/auc ≤ {outcomes[0].threshold:.4g} (auc ≤ 1)"
+    strict = evaluate_policy(policy, results_of(new), results_of(old), strict=True)
+    assert [o.verdict for o in strict] == [FAIL, PASS] and "fails under --strict: it cannot fail (auc ≤ 1)" in strict[0].sentence
+
+
+def test_a_rule_that_checked_nothing_cannot_fail():
+    policy = parse_policy({"rules": [{"kind": "no-regression", "name": "leakage"}]})
+    outcomes = evaluate_policy(policy, results_of(default_experiments()))  # no baseline: nothing compared
+    (warning,) = rule_warnings(policy, outcomes)
+    assert warning.line == ("warning: rules[0] (leakage): cannot fail: it checked nothing, every comparison was skipped "
+                            "(no --baseline given)")
+    assert [o.verdict for o in evaluate_policy(policy, results_of(default_experiments()), strict=True)] == [FAIL]
+
+
+def test_check_prints_the_warning_carries_it_in_json_and_junit_and_strict_exits_1(tmp_path, capsys):
+    results = write_results(tmp_path / "out", default_experiments())
+    rules = HOLDING_RULES + [{"kind": "max", "name": "max-auc", "attack": "lira-online", "metric": "auc", "value": 1.082}]
+    policy = write_policy(tmp_path / "policy.yaml", rules)
+    junit = tmp_path / "junit.xml"
+    assert main(["check", str(results), "--policy", str(policy), "--junit", str(junit)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-2] == "warning: rules[3] (max-auc): cannot fail, auc ≤ 1"
+    assert lines[-1] == "check passed: all 8 checks hold; 1 rule cannot fail (warnings above)"
+    cases = [c for c in ET.parse(junit).getroot().findall("testcase") if c.get("classname") == "max-auc"]
+    assert len(cases) == 3 and all(c.find("system-out").text == "warning: this check cannot fail: auc ≤ 1" for c in cases)
+    assert main(["check", str(results), "--policy", str(policy), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["passed"] is True and report["strict"] is False
+    assert report["warnings"] == [{"index": 3, "rule": "max-auc", "text": "cannot fail, auc ≤ 1",
+                                   "targets": ["fedavg/lira-online/auc", "dp-fedavg-eps1/lira-online/auc",
+                                               "dp-fedavg-eps4/lira-online/auc"]}]
+    assert {o["cannot_fail"] for o in report["outcomes"] if o["rule"] == "max-auc"} == {"auc ≤ 1"}
+    assert main(["check", str(results), "--policy", str(policy), "--strict", "--junit", str(junit)]) == 1
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1].startswith("check FAILED: 3 of 8 checks fail; failing rules: 'max-auc'")
+    assert int(ET.parse(junit).getroot().get("failures")) == 3
+    # the Python API alike
+    assert not [o for o in audit.check(results, policy) if o.verdict == FAIL]
+    assert [o.target for o in audit.check(results, policy, strict=True) if o.verdict == FAIL] == report["warnings"][0]["targets"]
+
+
+def _smoke_policy(path: Path) -> Path:
+    """The rules of examples/policy.yaml that apply to the smoke preset (it has fedavg and
+    dp-fedavg at ε = 8, not the default audit's ε = 1 and 4), the regression rule on the attack
+    the example leaves out, and a rule that can fail."""
+    document = yaml.safe_load((REPOSITORY / "examples" / "policy.yaml").read_text(encoding="utf-8"))
+    rules = [rule for rule in document["rules"] if "experiment" not in rule]
+    rules += [{"kind": "no-regression", "name": "each-upload canaries", "attack": "dirac-canaries-each-upload"},
+              {"kind": "max", "name": "lira-online near chance on dp-fedavg", "defense": "dp-fedavg",
+               "attack": "lira-online", "metric": "auc", "value": 0.99}]
+    return write_policy(path, rules)
+
+
+def test_on_the_smoke_preset_a_rule_that_cannot_fail_is_reported_and_strict_exits_1(smoke_runs, tmp_path, capsys):
+    """The smoke preset's real output, its first run as the baseline. The Dirac canaries read in
+    each upload find every canary (AUC 1 [1, 1], TPR 1 [1, 1]: the server sees an upload before
+    the aggregate's noise), so a regression rule on them compares with thresholds AUC ≤ 1 and
+    TPR ≤ 1: it cannot fail — the warning says so, and --strict exits 1. Every comparison the
+    warnings name has its threshold at or beyond 1, and every one that has is named (the smoke
+    preset's 5 clients give intervals wide enough to put some of the leakage rule's there too,
+    the issue's "AUC ≤ 1.082"); the rules that can fail get no warning."""
+    _, (baseline, new) = smoke_runs
+    policy = _smoke_policy(tmp_path / "policy.yaml")
+    arguments = ["check", str(new), "--policy", str(policy), "--baseline", str(baseline)]
+    assert main(arguments) == 0
+    out = capsys.readouterr().out
+    warnings = [line for line in out.splitlines() if line.startswith("warning: ")]
+    assert "warning: rules[5] (each-upload canaries): cannot fail, auc ≤ 1, tpr_at_fpr_1% ≤ 1" in warnings, warnings
+    assert not [w for w in warnings if "near chance" in w or " still " in w or "soundness" in w]  # rules that can fail
+    assert out.strip().splitlines()[-1].startswith("check passed: all ")
+    assert main([*arguments, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    beyond = {(o["rule"], o["target"]) for o in report["outcomes"] if o["metric"] in ("auc", "tpr_at_fpr_1%")
+              and o["verdict"] == PASS and o["threshold"] >= 1}
+    assert beyond == {(w["rule"], t) for w in report["warnings"] for t in w["targets"]}
+    assert main([*arguments, "--strict"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL each-upload canaries — dp-fedavg-eps8/dirac-canaries-each-upload/auc" in out
+    assert "fails under --strict: it cannot fail (auc ≤ 1)" in out
+    assert out.strip().splitlines()[-1].startswith("check FAILED: ") and "'each-upload canaries'" in out
