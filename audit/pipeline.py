@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from audit import __version__, provenance
 from audit.attacking import AttackResults, attack_runs
 from audit.budget import remember_flop_counts
@@ -67,10 +69,20 @@ class AuditOutcome:
         return results_frame(self)
 
 
-def _write_pages(summary: Results, out: Path, cache: StageCache) -> dict[str, str]:
+def chance_level(plan: Plan) -> dict[str, float | int]:
+    """The accuracy of always predicting the test set's most common class, and the number of
+    classes: what a model's test accuracy must clearly beat before the report speaks of a
+    privacy–utility trade-off (kept in manifest.json, so ``dpfl-audit report`` finds it again)."""
+    labels = np.asarray(plan.task.test.labels).astype(np.int64).ravel()
+    counts = np.bincount(labels) if labels.size else np.zeros(1, dtype=np.int64)
+    classes = int(plan.task.dataset.num_classes)
+    return {"accuracy": float(counts.max() / labels.size) if labels.size else 1.0 / max(classes, 1), "classes": classes}
+
+
+def _write_pages(summary: Results, out: Path, cache: StageCache, chance: dict[str, float | int]) -> dict[str, str]:
     """report.html and the figures of ``summary``, each skipped where the cache holds them for these
     exact results and this code (the files' bytes checked); returns their paths."""
-    extra = {"versions": provenance.versions(), "machine": provenance.machine()}
+    extra = {"versions": provenance.versions(), "machine": provenance.machine(), "chance": chance}
     report, figures = out / "report.html", out / "figures"
     try:
         results_key = key_of({"code": cache.code, "results": summary}) if cache.enabled else None
@@ -131,7 +143,7 @@ def run_audit(config: AuditConfig, out: str | Path, *, attack: bool = True, quie
     if attacked is not None:
         summary = build_results(plan, trained, attacked, diagnose_runs(plan, trained, out, quiet, stages), stages)
         paths.update(write_results(summary, out))
-        paths.update(_write_pages(summary, out, stages))
+        paths.update(_write_pages(summary, out, stages, chance_level(plan)))
         for experiment in summary.experiments:
             LOG.info("%s: %s", experiment.label, experiment.soundness_text)
         LOG.info("wrote %s", ", ".join(str(p) for k, p in paths.items() if k not in ("out", "runs")))
@@ -145,6 +157,7 @@ def run_audit(config: AuditConfig, out: str | Path, *, attack: bool = True, quie
                     "total_seconds": time.perf_counter() - started},
         "versions": provenance.versions(),
         "machine": provenance.machine(),
+        "chance": chance_level(plan),
     })
     paths["manifest"] = str(out / "manifest.json")
     return AuditOutcome(out, paths, trained, attacked, summary)

@@ -9,7 +9,9 @@
 * ``leakage-auc`` / ``leakage-tpr-at-1pct`` — membership leakage against the claimed ε;
 * ``claimed-vs-measured`` — every ε lower bound against what the claim allows, with the diagonal;
 * ``reconstruction-<configuration>-<attack>-<n>`` — the reconstruction grids of gradient
-  inversion and model inversion, drawn large with sharp pixels.
+  inversion and model inversion, drawn large with sharp pixels, rows labelled and records numbered.
+
+Every figure that shows attacks gives each attack one colour (:func:`reports.plots.attack_colors`).
 
 Files are written atomically and carry no timestamps or software versions, so the same results
 give the same bytes; figures with nothing to draw are left out.
@@ -46,10 +48,7 @@ def _drawings(results: Results) -> Iterator[tuple[str, Any]]:
     yield "leakage-auc", plots.leakage_vs_epsilon.figure(experiments, "auc")
     yield "leakage-tpr-at-1pct", plots.leakage_vs_epsilon.figure(experiments, "tpr_at_fpr_1%")
     yield "claimed-vs-measured", plots.empirical_vs_claimed.figure(experiments)
-    names: list[str] = []
-    for experiment in experiments:
-        names += [a.attack for a in experiment.attacks if a.roc.fpr and a.attack not in names]
-    for name in names:
+    for name in plots.roc_attacks(experiments):  # an attack without scores gets no file
         yield f"roc-{slug(name)}", plots.roc_plot.figure(experiments, name)
 
 
@@ -83,23 +82,6 @@ def save_figure(figure: Any, folder: Path, stem: str) -> list[Path]:
     return written
 
 
-def _grid_figure(png: bytes, title: str) -> Any:
-    """A reconstruction grid (the attack's PNG, a few pixels per image) drawn large, pixels kept
-    sharp, with its title."""
-    import matplotlib.image
-    import matplotlib.pyplot as plt
-
-    image = matplotlib.image.imread(io.BytesIO(png), format="png")
-    height, width = image.shape[:2]
-    scale = 6.0 / max(height, width)
-    # at least 2 inches tall: a one-row grid of many images is a thin strip, with its title above it
-    figure, axis = plt.subplots(figsize=(max(width * scale, 3.0), max(height * scale + 0.5, 2.0)))
-    axis.imshow(image, interpolation="nearest", cmap="gray" if image.ndim == 2 else None)
-    axis.set_axis_off()
-    axis.set_title(plots.plain(title), fontsize=8)
-    return figure
-
-
 def write_figures(results: Results, folder: str | Path) -> list[Path]:
     """Write every figure of ``results`` as PNG and PDF into ``folder`` (created if needed);
     returns the files written."""
@@ -112,6 +94,6 @@ def write_figures(results: Results, folder: str | Path) -> list[Path]:
     for experiment in results.experiments:
         for attack in experiment.attacks:
             for n, grid in enumerate(attack.figures, 1):
-                figure = _grid_figure(base64.b64decode(grid.png), grid.title)
+                figure = plots.reconstruction_grid.figure(base64.b64decode(grid.png), grid.title, plots.grid_rows(attack.attack))
                 written += save_figure(figure, folder, f"reconstruction-{slug(experiment.label)}-{slug(attack.attack)}-{n}")
     return written

@@ -13,6 +13,7 @@ notes) is shown, never interpreted.
 
 from __future__ import annotations
 
+import base64
 import math
 import typing
 from pathlib import Path
@@ -26,7 +27,7 @@ from audit.core.audit_power import POWER_TARGET
 from audit.core.lazy_modules import lazy_module
 from audit.core.vocabulary import EpsilonKind, Observer, Unit, VerdictKind, VerdictStatus
 from defenses.privacy.claims import PrivacyClaim
-from reports.document import Experiment, Power, Results, Verdict
+from reports.document import AttackRecord, Experiment, Power, Results, Verdict
 
 if TYPE_CHECKING:
     from reports import plots
@@ -38,6 +39,15 @@ MAIN_ATTACK_ORDER = ("lira-online", "lira-offline")
 #: short names of the ε figures in the attack tables
 EPSILON_NAMES = {"epsilon_one_run": "one-run", "epsilon_one_run_fdp": "one-run f-DP", "epsilon_gaussian_fit": "Gaussian fit",
                  "upload_conformance": "uploads' mechanism"}
+#: what each ε figure is, in words: the statistic and its paper (a verdict names its bound with it)
+EPSILON_DESCRIPTIONS = {
+    "epsilon_one_run": "the one-run count's ε lower bound (Steinke, Nasr & Jagielski 2023)",
+    "epsilon_one_run_fdp": "the f-DP ε lower bound from the same one-run counts (Mahloujifar, Melis & Chaudhuri 2024)",
+    "epsilon_gaussian_fit": "the Gaussian-fit ε estimate (Andrew et al. 2024)",
+    "upload_conformance": "the test of the canary uploads' clip and noise against the claimed mechanism",
+}
+#: every status a verdict cell can show, as its badge says it (the status itself where not listed)
+BADGE_TEXT = {VerdictStatus.VIOLATION: "VIOLATION"}
 #: the observers a claim speaks of, in words
 OBSERVER_NAMES = {Observer.RELEASED: "released models", Observer.SERVER: "the server", Observer.LOCAL: "one upload alone"}
 
@@ -66,6 +76,8 @@ def template_environment() -> jinja2.Environment:
     environment.filters["sig"] = _significant
     environment.filters["power"] = power_percent
     environment.filters["short"] = short_verdict
+    environment.filters["parts"] = verdict_parts
+    environment.globals["badge_text"] = lambda status: BADGE_TEXT.get(status, str(status))
     return environment
 
 
@@ -77,35 +89,126 @@ def _leak_metric(experiment: Experiment) -> tuple[str, float] | None:
     return None
 
 
-def _best_trade_off(experiments: list[Experiment]) -> str | None:
+def accuracy_interval(accuracy: float, test_size: int, confidence: float = 0.95) -> tuple[float, float]:
+    """The Clopper–Pearson interval of a test accuracy measured on ``test_size`` records
+    (:func:`audit.core.metrics.clopper_pearson` of round(accuracy · n) correct of n): how far from
+    the accuracy the model's true accuracy may lie, from the test set's size alone."""
+    from audit.core.metrics import clopper_pearson
+
+    trials = max(int(test_size), 0)
+    return clopper_pearson(min(max(round(accuracy * trials), 0), trials), trials, confidence)
+
+
+def chance_text(chance: dict[str, Any] | None) -> str:
+    """The chance level in words, e.g. ``chance 10.1 % (the most common of 10 classes in the test set)``."""
+    if not chance:
+        return "chance level not recorded"
+    classes = f"the most common of {chance['classes']} classes" if chance.get("classes") else "the most common class"
+    return f"chance {100 * chance['accuracy']:.1f} % (always predicting {classes} in the test set)"
+
+
+def _best_trade_off(experiments: list[Experiment], test_size: int, chance: dict[str, Any] | None) -> str | None:
     """The private configuration with the best accuracy among those whose claim no measurement
-    contradicts, and the smallest claimed ε that reaches within 1 point of it."""
-    private = [e for e in experiments if e.claim.is_private and e.utility.test_accuracy.value is not None
-               and e.soundness != VerdictStatus.VIOLATION]
+    contradicts and whose accuracy is clearly above chance (the lower end of its Clopper–Pearson
+    interval over the ``test_size`` test records above the chance accuracy), and the smallest
+    claimed ε that reaches within 1 point of it. When no private configuration is distinguishable
+    from chance, the sentence says so; without a recorded chance level it claims no trade-off."""
+    private = [e for e in experiments if e.claim.is_private and _finite(e.utility.test_accuracy.value)
+               and e.soundness != VerdictStatus.VIOLATION and e.diverged is None]
     if not private:
         return None
+    if not chance or not _finite(chance.get("accuracy")) or test_size <= 0:
+        highest = max(private, key=lambda e: float(typing.cast(float, e.utility.test_accuracy.value)))
+        return (f"Highest private test accuracy: {highest.label}, "
+                f"{100 * typing.cast(float, highest.utility.test_accuracy.value):.1f} % ({chance_text(chance)}, so no "
+                "privacy–utility trade-off is claimed: compare it with the accuracy of always predicting the most common "
+                "class).")
+    level = float(chance["accuracy"])
+    above = []
+    for e in private:
+        accuracy = float(typing.cast(float, e.utility.test_accuracy.value))
+        if accuracy_interval(accuracy, test_size)[0] > level:
+            above.append(e)
+    if not above:
+        shown = []
+        for e in private[:4]:
+            accuracy = float(typing.cast(float, e.utility.test_accuracy.value))
+            low, high = accuracy_interval(accuracy, test_size)
+            shown.append(f"{e.label} {100 * accuracy:.1f} % [{100 * low:.1f} %, {100 * high:.1f} %]")
+        more = f" and {len(private) - 4} more" if len(private) > 4 else ""
+        return (f"No private configuration is distinguishable from chance: {'; '.join(shown)}{more} — each 95 % "
+                f"Clopper–Pearson interval (over {test_size} test records) reaches down to {chance_text(chance)}. So no "
+                "privacy–utility trade-off is reported: at these settings the private models learned nothing "
+                "measurable.")
     # compared as floats: an integer accuracy from a hand-edited results.json (2⁶⁴ − 1) rounds up
     # when 0.01 is subtracted, and the best itself would no longer be "near" the best
-    best = max(float(typing.cast(float, e.utility.test_accuracy.value)) for e in private)
-    near = [e for e in private if float(typing.cast(float, e.utility.test_accuracy.value)) >= best - 0.01]
+    best = max(float(typing.cast(float, e.utility.test_accuracy.value)) for e in above)
+    near = [e for e in above if float(typing.cast(float, e.utility.test_accuracy.value)) >= best - 0.01]
     choice = min(near, key=lambda e: e.claim.epsilon)
-    return (f"Best privacy–utility trade-off: {choice.label} — test accuracy "
-            f"{100 * typing.cast(float, choice.utility.test_accuracy.value):.1f} % at claimed ε = {choice.claim.epsilon:.3g} "
-            f"per {choice.claim.unit} (the smallest ε within 1 point of the best private accuracy, "
-            "among claims no measurement contradicts).")
+    accuracy = float(typing.cast(float, choice.utility.test_accuracy.value))
+    low, high = accuracy_interval(accuracy, test_size)
+    return (f"Best privacy–utility trade-off: {choice.label} — test accuracy {100 * accuracy:.1f} % "
+            f"[{100 * low:.1f} %, {100 * high:.1f} %] at claimed ε = {choice.claim.epsilon:.3g} per {choice.claim.unit} "
+            f"({chance_text(chance)}; the smallest ε within 1 point of the best private accuracy, among claims no "
+            "measurement contradicts and accuracies clearly above chance).")
 
 
-def finding_lines(results: Results) -> list[str]:
-    """The findings across configurations, most important first: violations, warnings, divergence,
-    how many configurations are consistent or inconclusive, the most leaky one, the best trade-off."""
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def named_figure(attack: AttackRecord, verdict: Verdict) -> str:
+    """Which bound a verdict is about, in words: the attack, what it observes and which ε figure,
+    e.g. ``flower-client-canaries (observes the final model), the one-run count's ε lower bound
+    (Steinke, Nasr & Jagielski 2023)``."""
+    observes = f" (observes {_observation_words(attack.observation)})" if attack.observation else ""
+    return f"{attack.attack}{observes}, {EPSILON_DESCRIPTIONS.get(verdict.metric, verdict.metric)}"
+
+
+def _observation_words(observation: str) -> str:
+    return {"final model": "the final model", "all iterates": "every round's global model",
+            "each upload": "each upload the server receives"}.get(str(observation), str(observation))
+
+
+def violation_lines(experiment: Experiment, status: VerdictStatus = VerdictStatus.VIOLATION) -> list[str]:
+    """One sentence per verdict of ``status`` (a VIOLATION, or an estimate above its claim) of
+    ``experiment``, each naming its bound (:func:`named_figure`): the same ε_LB read by two
+    analyses, or seen by two observers, is never the same sentence twice."""
     lines = []
+    for attack in experiment.attacks:
+        for v in attack.verdicts:
+            if v.status != status:
+                continue
+            if status == VerdictStatus.VIOLATION and v.measured is not None and v.bound is not None:
+                test = (f"; p = {v.p_value:.2g} < Holm level {v.level:.2g}"
+                        if v.p_value is not None and v.level is not None else "")
+                lines.append(f"{named_figure(attack, v)}: ε_LB = {v.measured:.3g} > ε = {v.bound:.3g} the claim allows "
+                             f"per {v.unit}{test}.")
+            elif status == VerdictStatus.ESTIMATE_ABOVE:
+                lines.append(f"{named_figure(attack, v)}: {v.text}.")
+            else:
+                lines.append(f"{named_figure(attack, v)}: {v.text}.")
+    return lines
+
+
+def finding_entries(results: Results, chance: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The findings across configurations, most important first, each ``{"text", "items"}`` (items:
+    the sentences under it, e.g. one per violating bound, each named): violations, warnings,
+    divergence, how many configurations are consistent or inconclusive, the most leaky one, the
+    best trade-off — claimed only for accuracies clearly above ``chance`` (``{"accuracy",
+    "classes"}``: the accuracy of always predicting the test set's most common class; None: not
+    recorded, and no trade-off is claimed)."""
+    lines: list[Any] = []
     experiments = results.experiments
     violated = [e for e in experiments if e.soundness == VerdictStatus.VIOLATION]
     warned = [e for e in experiments if e.soundness == VerdictStatus.ESTIMATE_ABOVE]
     for experiment in violated:
-        lines.append(f"Soundness VIOLATION — {experiment.label}: {experiment.soundness_text}.")
+        named = violation_lines(experiment)
+        lines.append({"text": f"Soundness VIOLATION — {experiment.label}: {len(named)} test(s) reject the claim after "
+                              "Holm's correction over the configuration's family of tests:", "items": named})
     for experiment in warned:
-        lines.append(f"Soundness warning — {experiment.label}: {experiment.soundness_text}.")
+        lines.append({"text": f"Soundness warning — {experiment.label}: an estimate lies above the claim (a warning, "
+                              "not a proof):", "items": violation_lines(experiment, VerdictStatus.ESTIMATE_ABOVE)})
     for experiment in experiments:
         if experiment.diverged is not None:
             where = experiment.diverged
@@ -125,10 +228,15 @@ def finding_lines(results: Results) -> list[str]:
     if leaks:
         worst, (attack, value) = max(leaks, key=lambda item: item[1][1])
         lines.append(f"Most leaky configuration: {worst.label} ({attack} AUC {value:.3f}; 0.5 is chance).")
-    trade_off = _best_trade_off(experiments)
+    trade_off = _best_trade_off(experiments, results.audit.test_size, chance)
     if trade_off:
         lines.append(trade_off)
-    return lines
+    return [line if isinstance(line, dict) else {"text": line, "items": []} for line in lines]
+
+
+def finding_lines(results: Results, chance: dict[str, Any] | None = None) -> list[str]:
+    """:func:`finding_entries` as sentences, each with the sentences under it."""
+    return [" ".join([entry["text"], *entry["items"]]) for entry in finding_entries(results, chance)]
 
 
 def configuration_lines(results: Results) -> list[str]:
@@ -152,10 +260,10 @@ def configuration_lines(results: Results) -> list[str]:
     return lines
 
 
-def summary_lines(results: Results) -> list[str]:
+def summary_lines(results: Results, chance: dict[str, Any] | None = None) -> list[str]:
     """The verdicts in words, most important first: :func:`finding_lines`, then
     :func:`configuration_lines`."""
-    return finding_lines(results) + configuration_lines(results)
+    return finding_lines(results, chance) + configuration_lines(results)
 
 
 def _observers_text(claim: PrivacyClaim) -> str:
@@ -176,30 +284,98 @@ def power_percent(detection: float) -> str:
     return f"{100 * detection:.0f} %"
 
 
-def short_verdict(verdict: Verdict) -> str:
-    """One ε figure's verdict in a few words, e.g. ``VIOLATION (p = 0.0004 < 0.013)`` or
-    ``inconclusive (below claim, power 12 %)``; the full sentence is ``verdict.text``."""
+def verdict_parts(verdict: Verdict) -> tuple[str, str]:
+    """One ε figure's verdict as its badge's word and a few words after it, e.g. ``("VIOLATION",
+    "p = 0.0004 < 0.013")`` or ``("inconclusive", "below claim, power 12 %")``; the detail is "" where
+    the status says it all. Power is given only where no violation was found: there it says how
+    likely the audit was to find one (against twice the claimed ε); beside a violation it would
+    read as a contradiction."""
     status = verdict.status
+    word = BADGE_TEXT.get(status, str(status))
     if status == VerdictStatus.VIOLATION:
         if verdict.p_value is not None and verdict.level is not None:
-            return f"VIOLATION (p = {verdict.p_value:.2g} < {verdict.level:.2g})"
-        return f"VIOLATION (ε_LB = {plots.format_number(verdict.measured, 2)} > {plots.format_number(verdict.bound, 2)})"
+            return word, f"p = {verdict.p_value:.2g} < {verdict.level:.2g}"
+        return word, f"ε_LB = {plots.format_number(verdict.measured, 2)} > {plots.format_number(verdict.bound, 2)}"
     if status in (VerdictStatus.CONSISTENT, VerdictStatus.INCONCLUSIVE):
         if verdict.kind == VerdictKind.CONFORMANCE:
-            return "consistent (clip and noise as claimed)" if status == VerdictStatus.CONSISTENT else \
-                "inconclusive (no departure found, power < 80 %)"
+            return word, ("clip and noise as claimed" if status == VerdictStatus.CONSISTENT else
+                          "no departure found, power < 80 %")
         if verdict.kind == VerdictKind.ESTIMATE:
-            return f"{status} (estimate within claim, not a test)"
+            return word, "estimate within claim, not a test"
         below = ("below claim" if verdict.measured is None or verdict.bound is None or verdict.measured <= verdict.bound
                  else "above claim, not significant after Holm")
         if verdict.power is None:
-            return f"{status} ({below}, no counts: power unknown)"
-        return f"{status} ({below}, power {power_percent(verdict.power.detection)})"
+            return word, f"{below}, no counts: power unknown"
+        return word, f"{below}, power {power_percent(verdict.power.detection)}"
     if status == VerdictStatus.ESTIMATE_ABOVE:
-        return "estimate above claim (a warning, not a proof)"
+        return word, "a warning, not a proof"
     if status == VerdictStatus.VACUOUS:
-        return "vacuous (δ′ ≥ 1 rules out nothing)"
-    return status  # not covered, no claim, no measurement: the status says it all
+        return word, "δ′ ≥ 1 rules out nothing"
+    return word, ""  # not covered, no claim, no measurement: the status says it all
+
+
+def short_verdict(verdict: Verdict) -> str:
+    """One ε figure's verdict in a few words, e.g. ``VIOLATION (p = 0.0004 < 0.013)`` or
+    ``inconclusive (below claim, power 12 %)`` (:func:`verdict_parts`); the full sentence is
+    ``verdict.text``."""
+    word, detail = verdict_parts(verdict)
+    return f"{word} ({detail})" if detail else word
+
+
+#: the metrics of the attack tables' columns, with the FPR a TPR column is read at
+TPR_COLUMNS = {"tpr_at_fpr_0.1%": 0.001, "tpr_at_fpr_1%": 0.01}
+
+
+def missing_reason(attack: AttackRecord, metric: str) -> tuple[str, str] | None:
+    """Why ``attack`` has no value for ``metric`` in its table (None: it has one), read from the
+    attack's own record, as (the reason, shared by every cell it applies to; what this attack's
+    record shows of it, "" where nothing more): the metric it does not report, the ROC it has not
+    (every score a member's, or every one a non-member's), or the non-member scores too few to
+    reach the FPR of a TPR (each member's FPR moves in steps of 1/(non-members it is compared
+    with): below 1/FPR of them, "TPR at that FPR" would be the TPR at FPR 0)."""
+    estimate = attack.metrics.get(metric)
+    if estimate is not None and _finite(estimate.value):
+        return None
+    if estimate is None:
+        if metric == "accuracy" and attack.kind == "canary":
+            return ("a canary audit reports no accuracy at a fitted threshold: its measures are the ROC figures and "
+                    "its ε figures", "")
+        return f"{attack.attack} does not report this metric", ""
+    curve = list(zip(attack.roc.fpr, attack.roc.tpr))
+    if len(curve) < 2:
+        return ("no ROC: the scores hold members only or non-members only (for canaries: every canary was inserted, "
+                "or none was), so there is no rate to read", "")
+    if metric in TPR_COLUMNS:
+        fpr = TPR_COLUMNS[metric]
+        steps = [f for f, _ in curve if f > 0]
+        return (f"TPR at {100 * fpr:g} % FPR is not estimable here: it needs each member compared with at least "
+                f"{round(1 / fpr):,} non-member scores, and these members are compared with fewer — with fewer, the "
+                f"lowest FPR above 0 lies above {100 * fpr:g} % and the figure would be the TPR at FPR 0",
+                f"finest FPR here: {100 * min(steps):.2g} %" if steps else "")
+    return "not computed: the scores give no finite value", ""
+
+
+def metric_cells(experiment: Experiment, columns: tuple[str, ...] = ("auc", *TPR_COLUMNS, "accuracy")
+                 ) -> tuple[list[dict[str, Any]], list[str]]:
+    """The attack table's metric cells of ``experiment``'s scored attacks and the table's notes:
+    per attack a dict metric → ``{"estimate" (or None), "note" (1-based number of the note that
+    says why there is none, or None), "detail" (what this attack's record shows of it)}``, and the
+    distinct reasons (:func:`missing_reason`) the numbers point to."""
+    notes: list[str] = []
+    rows = []
+    for attack in experiment.attacks:
+        if attack.kind == "run":
+            continue
+        row = {}
+        for metric in columns:
+            missing = missing_reason(attack, metric)
+            if missing is not None and missing[0] not in notes:
+                notes.append(missing[0])
+            row[metric] = {"estimate": attack.metrics.get(metric) if missing is None else None,
+                           "note": None if missing is None else notes.index(missing[0]) + 1,
+                           "detail": "" if missing is None else missing[1]}
+        rows.append(row)
+    return rows, notes
 
 
 def _verdicts(experiment: Experiment) -> list[tuple[str, Verdict]]:
@@ -302,34 +478,43 @@ def headline_rows(results: Results) -> list[dict[str, Any]]:
     return rows
 
 
-def _figure(title: str, png: str | None, caption: str) -> list[dict[str, str]]:
-    return [] if png is None else [{"title": title, "png": png, "caption": caption}]
+def _figure(title: str, png: str | None, caption: str, wide: bool = False) -> list[dict[str, Any]]:
+    return [] if png is None else [{"title": title, "png": png, "caption": caption, "wide": wide}]
 
 
-def report_figures(results: Results) -> list[dict[str, str]]:
-    """The report's figures in reading order, each ``{"title", "png" (base64), "caption"}``: the
-    privacy–utility picture, leakage against ε, claimed against measured ε, the ROC curve of every
-    scored attack, the reconstructions of every configuration, then the training diagnostics."""
+def report_figures(results: Results) -> list[dict[str, Any]]:
+    """The report's figures in reading order, each ``{"id", "title", "png" (base64), "caption",
+    "wide" (spans the page)}``: the privacy–utility picture, leakage against ε, claimed against
+    measured ε, the ROC panels of every scored attack in one grid (an attack without scores gets
+    no panel), the reconstructions of every configuration (rows labelled), then the training
+    diagnostics. Every figure that shows attacks gives each attack one colour
+    (:func:`reports.plots.attack_colors`)."""
     experiments = results.experiments
     figures = _figure("Accuracy vs claimed ε", plots.accuracy_vs_epsilon(experiments),
                       "Mean test accuracy over the membership runs with 95 % intervals; dashed lines: non-private defenses.")
     for metric in ("auc", "tpr_at_fpr_1%"):
         figures += _figure(f"Membership leakage vs claimed ε ({'AUC' if metric == 'auc' else 'TPR at 1 % FPR'})",
                            plots.leakage_vs_epsilon(experiments, metric),
-                           "Each membership attack per defense, 95 % intervals; dashed: non-private.")
+                           "Each membership attack in its colour, one marker per defense, 95 % intervals; hollow markers "
+                           "at “no DP”: non-private configurations. Attacks at one ε are set slightly apart so that "
+                           "equal values stay visible.")
     figures += _figure("Empirical vs claimed ε", plots.empirical_vs_claimed(experiments),
-                       "Every ε figure against what the claim allows for its unit; above the diagonal (red) is a violation.")
-    attack_names: list[str] = []
-    for experiment in experiments:
-        attack_names += [a.attack for a in experiment.attacks if a.roc.fpr and a.attack not in attack_names]
-    for name in attack_names:
-        figures += _figure(f"ROC of {name}", plots.roc_plot(experiments, name),
-                           "Every (target run, unit) score, leave-one-out; a member is ranked among the non-members of "
-                           "other units (for Shokri, of its fold); log–log axes show the low-FPR regime.")
+                       "Every ε figure against what the claim allows for its unit, one colour per attack; ● a lower bound, "
+                       "■ the lower end of a Gaussian-fit estimate's interval; above the diagonal is a violation (ringed "
+                       "in red) or, for an estimate, a warning.")
+    attacks = plots.roc_attacks(experiments)
+    figures += _figure("ROC curves" if len(attacks) != 1 else f"ROC of {attacks[0]}", plots.roc_grid(experiments),
+                       "One panel per scored attack, in the attack's colour; one line style per configuration. Every "
+                       "(target run, unit) score, leave-one-out; a member is ranked among the non-members of other units "
+                       "(for Shokri, of its fold); log–log axes show the low-FPR regime, from the finest rate the scores "
+                       "resolve; an FPR of 0 is drawn on the left edge.", wide=len(attacks) > 1)
     for experiment in experiments:
         for attack in experiment.attacks:
-            figures += [{"title": f"{experiment.label}: {grid.title}", "png": grid.png, "caption": grid.caption}
-                        for grid in attack.figures]
+            rows = plots.grid_rows(attack.attack)
+            for grid in attack.figures:
+                png = plots.reconstruction_grid(base64.b64decode(grid.png), f"{experiment.label}: {grid.title}", rows)
+                figures += _figure(f"{experiment.label}: {grid.title}", png,
+                                   f"{grid.caption} Rows: {rows[0]} (top), {rows[1]} (bottom); one column per record.")
     figures += _figure("Training curves", plots.round_curves(experiments, "test_accuracy", "Test accuracy per round",
                                                              "test accuracy"),
                        "Global model's test accuracy per evaluated round, mean over runs.")
@@ -338,24 +523,52 @@ def report_figures(results: Results) -> list[dict[str, str]]:
                                           "ℓ2 norm of client updates", band=("update_norm_q25", "update_norm_q75"), log=True),
                        "Median (line) and interquartile range (band) over the round's clients, mean over runs; "
                        "for LUS and Fed-SMP, the norm of the sparsified update that is clipped.")
+    for number, figure in enumerate(figures, 1):
+        figure["id"] = f"fig-{number}"
     return figures
 
 
+def contents(results: Results, figures: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The table of contents: ``{"href", "text", "children"}`` for every section of the page, with
+    the configurations under the details and the figures under the figures."""
+    return [
+        {"href": "#headline", "text": "Headline", "children": [{"href": "#summary", "text": "Findings", "children": []}]},
+        {"href": "#plots", "text": "Figures",
+         "children": [{"href": f"#{f['id']}", "text": f["title"], "children": []} for f in figures]},
+        {"href": "#results", "text": "Details by configuration",
+         "children": [{"href": f"#exp-{i}", "text": e.label, "children": []} for i, e in enumerate(results.experiments, 1)]},
+        {"href": "#diagnostics", "text": "Diagnostics", "children": []},
+        {"href": "#definitions", "text": "How to read the numbers", "children": []},
+        {"href": "#provenance", "text": "Provenance", "children": []},
+    ]
+
+
 def render_report(results: Results, manifest_extra: dict[str, Any] | None = None) -> str:
-    """report.html of ``results``: the header, the headline (:func:`headline_rows`, then the findings
-    in words), the figures (:func:`report_figures`), the detail tables per configuration with one
-    short phrase per ε figure (its full sentence behind a disclosure element), diagnostics,
-    definitions and provenance. ``manifest_extra`` adds package versions and the machine."""
+    """report.html of ``results``: the header and a table of contents, the headline
+    (:func:`headline_rows`, then the findings in words), the figures (:func:`report_figures`), the
+    detail tables per configuration with one short phrase per ε figure (its full sentence behind a
+    disclosure element) and every empty cell's reason (:func:`metric_cells`), diagnostics,
+    definitions and provenance. ``manifest_extra`` adds package versions, the machine and
+    ``chance`` (``{"accuracy", "classes"}``: the accuracy of always predicting the test set's most
+    common class, which a trade-off must clearly beat; :func:`finding_lines`)."""
     extra = manifest_extra or {}
+    chance = extra.get("chance") or None
+    figures = report_figures(results)
+    cells = [metric_cells(e) for e in results.experiments]
     return template_environment().get_template("report.html.j2").render(
         doc=results,
         audit=results.audit,
         experiments=results.experiments,
         headline=headline_rows(results),
-        findings=finding_lines(results),
+        findings=finding_entries(results, chance),
         configuration_lines=configuration_lines(results),
         epsilon_names=EPSILON_NAMES,
-        figures=report_figures(results),
+        figures=figures,
+        contents=contents(results, figures),
+        cells=cells,
+        violations=[violation_lines(e) if e.soundness == VerdictStatus.VIOLATION else
+                    violation_lines(e, VerdictStatus.ESTIMATE_ABOVE) for e in results.experiments],
+        chance=chance,
         config_yaml=yaml.safe_dump(results.config, sort_keys=False, allow_unicode=True),
         versions=extra.get("versions", results.versions),
         machine=extra.get("machine", {}),

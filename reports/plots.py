@@ -23,6 +23,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.colors  # noqa: E402
+import matplotlib.lines  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
@@ -94,44 +95,151 @@ def _closing_on_error(draw: Callable[..., Any]) -> Callable[..., Any]:
     return closing
 
 
-@Plot
-def roc_plot(experiments: list[Experiment], attack: str) -> Any:
-    """Log–log ROC curves of one attack, one line per experiment, with the chance diagonal."""
-    figure, axis = plt.subplots(figsize=(5.2, 4.4))
-    drawn = False
+#: the colours of attacks: tab10 without its red (kept for violations) and grey (kept for chance and
+#: reference lines), then darker tones of tab20b; an attack's colour is the same in every figure
+ATTACK_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf",
+                  "#393b79", "#637939", "#8c6d31", "#7b4173", "#5254a3", "#8ca252", "#bd9e39", "#a55194")
+#: line styles and markers that tell configurations apart where the colour is the attack's
+LINE_STYLES = ("-", "--", "-.", ":")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">")
+#: horizontal dodge between attacks drawn at the same ε, in decades of the log ε axis
+DODGE_DECADES = 0.035
+
+
+def attack_colors(experiments: list[Experiment]) -> dict[str, str]:
+    """attack name → colour, one per attack throughout a report's figures: in the order the
+    attacks first appear in the document (the order the audit ran them: the attack catalog's, as
+    configured), so the same results always give the same colours, and no two attacks of a
+    document share one (up to :data:`ATTACK_PALETTE`'s 16; beyond, the palette repeats)."""
+    names: list[str] = []
+    for experiment in experiments:
+        names += [a.attack for a in experiment.attacks if a.attack not in names]
+    return {name: ATTACK_PALETTE[i % len(ATTACK_PALETTE)] for i, name in enumerate(names)}
+
+
+def _dodge(index: int, count: int, decades: float = DODGE_DECADES) -> float:
+    """The factor that moves the ``index``-th of ``count`` attacks sideways on a log axis, by
+    ``decades`` between neighbours: centred, deterministic, so points of different attacks at one
+    value stay apart."""
+    return float(10.0 ** ((index - (count - 1) / 2.0) * decades))
+
+
+def _legend_below(axis, columns: int = 2, fontsize: float = 7, **kwargs: Any) -> Any:
+    """The legend under the axes, outside them: it never covers a data point. ``columns`` at most."""
+    handles, _ = axis.get_legend_handles_labels()
+    extra = kwargs.pop("handles", None)
+    count = len(extra) if extra is not None else len(handles)
+    if not count:
+        return None
+    if extra is not None:
+        kwargs["handles"] = extra
+    return axis.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=max(1, min(columns, count)),
+                       fontsize=fontsize, frameon=False, **kwargs)
+
+
+def _roc_limit(curves: list[tuple[list[float], list[float]]]) -> float:
+    """The lowest rate a log–log ROC panel shows: a power of ten just below the smallest non-zero
+    FPR or TPR of its curves (the finest step the scores resolve), between 10⁻⁵ and 10⁻²; an FPR of
+    0 is drawn on it. A panel of 16 non-member scores thus starts at 0.01, not at 10⁻⁴."""
+    positive = [v for fpr, tpr in curves for v in (*fpr, *tpr) if 0.0 < v <= 1.0]
+    smallest = min(positive, default=1e-4)
+    return min(max(10.0 ** math.floor(math.log10(smallest) - 1e-9), 1e-5), 0.01)
+
+
+def _roc_curves(experiments: list[Experiment], attack: str) -> list[tuple[int, Experiment, list[float], list[float]]]:
+    """(configuration index, experiment, FPR, TPR) of every configuration that scored ``attack``
+    (a curve of at least two points); none when nothing was scored."""
+    curves = []
     for i, experiment in enumerate(experiments):
         for result in experiment.attacks:
             if result.attack != attack:
                 continue
-            fpr, tpr = result.roc.fpr, result.roc.tpr
-            points = [(f, t) for f, t in zip(fpr, tpr) if f > 0 and t > 0]
-            if not points:
-                continue
-            auc = result.metrics["auc"].value if "auc" in result.metrics else None
-            axis.plot([p[0] for p in points], [p[1] for p in points], color=COLORS[i % len(COLORS)],
-                      label=plain(f"{experiment.label} (AUC {format_number(auc)})"))
-            drawn = True
-    if not drawn:
-        plt.close(figure)
-        return None
-    axis.plot([1e-5, 1], [1e-5, 1], color="grey", linestyle="--", linewidth=1, label="chance")
-    axis.set(xscale="log", yscale="log", xlim=(1e-4, 1), ylim=(1e-4, 1.02), xlabel="false positive rate",
-             ylabel="true positive rate", title=plain(f"{attack}: ROC (log–log)"))
+            points = [(f, t) for f, t in zip(result.roc.fpr, result.roc.tpr)
+                      if f is not None and t is not None and 0.0 <= f <= 1.0 and 0.0 <= t <= 1.0]
+            if len(points) >= 2:
+                curves.append((i, experiment, [p[0] for p in points], [p[1] for p in points]))
+    return curves
+
+
+def draw_roc(axis, experiments: list[Experiment], attack: str, color: str, legend_columns: int = 1) -> bool:
+    """One log–log ROC panel of ``attack`` on ``axis``: a line per configuration in the attack's
+    colour (configurations told apart by line style), the chance diagonal, and margins round the
+    unit square, so that a perfect attack's curve (TPR 1 from the smallest FPR on) is seen, not
+    hidden under the top border. False (nothing drawn) when no configuration scored the attack."""
+    curves = _roc_curves(experiments, attack)
+    if not curves:
+        return False
+    low = _roc_limit([(fpr, tpr) for _, _, fpr, tpr in curves])
+    for i, experiment, fpr, tpr in curves:
+        auc = next((r.metrics["auc"].value for r in experiment.attacks if r.attack == attack and "auc" in r.metrics), None)
+        # a point of TPR 0 detects nothing and has no place on log axes; one of FPR 0 (a perfect
+        # attack's TPR at FPR 0) is drawn on the left edge
+        kept = [(max(f, low), t) for f, t in zip(fpr, tpr) if t > 0]
+        axis.plot([p[0] for p in kept], [p[1] for p in kept], color=color, linewidth=1.8,
+                  linestyle=LINE_STYLES[i % len(LINE_STYLES)], clip_on=False, zorder=3, solid_capstyle="butt",
+                  label=plain(f"{experiment.label} (AUC {format_number(auc)})"))
+    axis.plot([low, 1], [low, 1], color="grey", linestyle=(0, (2, 2)), linewidth=1, label="chance", zorder=2)
+    margin = 1.6  # a factor: on log axes the margin round [low, 1] is multiplicative
+    axis.set(xscale="log", yscale="log", xlim=(low / margin, margin), ylim=(low / margin, margin),
+             xlabel="false positive rate", ylabel="true positive rate", title=plain(attack))
+    ticks = [10.0 ** k for k in range(round(math.log10(low)), 1)]
     for scale in (axis.xaxis, axis.yaxis):
         # plain decimals and no minor ticks: mathtext labels (10⁻⁴) and minor log ticks made saving
         # a ROC plot four times slower, and an audit draws one per attack for the report and its files
+        scale.set_major_locator(matplotlib.ticker.FixedLocator(ticks))
         scale.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}"))
         scale.set_minor_locator(matplotlib.ticker.NullLocator())
-    axis.legend(fontsize=7, loc="lower right")
     axis.grid(True, which="major", alpha=0.3)
+    _legend_below(axis, columns=legend_columns, fontsize=7)
+    return True
+
+
+def roc_attacks(experiments: list[Experiment]) -> list[str]:
+    """The attacks with a ROC curve to draw, in document order: an attack without scores (no
+    curve in any configuration) gets no panel."""
+    names: list[str] = []
+    for experiment in experiments:
+        names += [a.attack for a in experiment.attacks if a.roc.fpr and a.attack not in names]
+    return [name for name in names if _roc_curves(experiments, name)]
+
+
+@Plot
+def roc_plot(experiments: list[Experiment], attack: str) -> Any:
+    """Log–log ROC curves of one attack, one line per configuration, with the chance diagonal
+    (:func:`draw_roc`); None when no configuration scored it."""
+    figure, axis = plt.subplots(figsize=(5.2, 5.6))
+    if not draw_roc(axis, experiments, attack, attack_colors(experiments).get(attack, ATTACK_PALETTE[0])):
+        plt.close(figure)
+        return None
+    return figure
+
+
+@Plot
+def roc_grid(experiments: list[Experiment], columns: int = 3) -> Any:
+    """Every scored attack's ROC panel (:func:`draw_roc`) in one figure, ``columns`` panels a row:
+    only attacks with curves get a panel, and the grid has exactly the rows they fill."""
+    names = roc_attacks(experiments)
+    if not names:
+        return None
+    columns = max(1, min(columns, len(names)))
+    rows = math.ceil(len(names) / columns)
+    legend_lines = len(experiments) + 1
+    figure, axes = plt.subplots(rows, columns, figsize=(3.7 * columns, (3.5 + 0.16 * legend_lines) * rows), squeeze=False)
+    colors = attack_colors(experiments)
+    for axis, name in zip(axes.flat, names):
+        draw_roc(axis, experiments, name, colors[name])
+    for axis in list(axes.flat)[len(names):]:
+        figure.delaxes(axis)  # the last row's empty places: no empty panel
+    with glyphs_may_be_missing():
+        figure.tight_layout(h_pad=1.2, w_pad=1.0)
     return figure
 
 
 @Plot
 def accuracy_vs_epsilon(experiments: list[Experiment]) -> Any:
     """Test accuracy (mean and 95 % interval over runs) against the claimed ε; non-private
-    defenses are drawn as horizontal reference lines."""
-    figure, axis = plt.subplots(figsize=(5.2, 4.0))
+    defenses are drawn as horizontal reference lines. The legend sits under the axes."""
+    figure, axis = plt.subplots(figsize=(5.2, 4.6))
     by_defense: dict[str, list[tuple[float, Estimate]]] = {}
     baselines = []
     for experiment in experiments:
@@ -150,16 +258,14 @@ def accuracy_vs_epsilon(experiments: list[Experiment]) -> Any:
         points.sort(key=lambda p: p[0])
         xs = [p[0] for p in points]
         ys, lows, highs = _error_bars([p[1] for p in points])
-        axis.errorbar(xs, ys, yerr=[lows, highs], marker="o", capsize=3, color=COLORS[i % len(COLORS)], label=plain(defense))
+        axis.errorbar(xs, ys, yerr=[lows, highs], marker=MARKERS[i % len(MARKERS)], capsize=3,
+                      color=COLORS[i % len(COLORS)], label=plain(defense))
     for j, (label, value) in enumerate(baselines):
         axis.axhline(value, linestyle="--", color=COLORS[(len(by_defense) + j) % len(COLORS)], label=plain(f"{label} (no DP)"))
     if by_defense:
-        axis.set_xscale("log")
-        ticks = sorted({p[0] for points in by_defense.values() for p in points})
-        axis.set_xticks(ticks, [f"{t:.3g}" for t in ticks])
-        axis.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        _epsilon_ticks(axis, [p[0] for points in by_defense.values() for p in points])
     axis.set(xlabel="claimed ε", ylabel="test accuracy", title="privacy–utility", ylim=(0, 1.02))
-    axis.legend(fontsize=7, loc="lower right")
+    _legend_below(axis)
     axis.grid(True, alpha=0.3)
     return figure
 
@@ -203,7 +309,7 @@ def format_number(value: Any, digits: int = 3) -> str:
 def round_curves(experiments: list[Experiment], metric: str, title: str, ylabel: str, band: tuple[str, str] | None = None,
                  log: bool = False) -> Any:
     """A per-round curve (mean over runs) for each experiment, with an optional band (e.g. the IQR)."""
-    figure, axis = plt.subplots(figsize=(5.2, 4.0))
+    figure, axis = plt.subplots(figsize=(5.2, 4.6))
     drawn = False
     for i, experiment in enumerate(experiments):
         rows = [r for r in experiment.rounds if r.get(metric) is not None]
@@ -221,7 +327,7 @@ def round_curves(experiments: list[Experiment], metric: str, title: str, ylabel:
     if log:
         axis.set_yscale("log")
     axis.set(xlabel="round", ylabel=ylabel, title=title)
-    axis.legend(fontsize=6, loc="best")
+    _legend_below(axis, fontsize=6)
     axis.grid(True, alpha=0.3)
     return figure
 
@@ -235,11 +341,15 @@ def _epsilon_ticks(axis, epsilons: list[float]) -> None:
 
 @Plot
 def leakage_vs_epsilon(experiments: list[Experiment], metric: str = "auc") -> Any:
-    """An attack metric (AUC or TPR at 1 % FPR, with 95 % intervals) against the claimed ε, one line
-    per (defense, attack) for the membership attacks; non-private defenses as dashed lines."""
-    figure, axis = plt.subplots(figsize=(5.2, 4.0))
-    lines: dict[tuple[str, str], list[tuple[float, Estimate]]] = {}
-    baselines = []
+    """An attack metric (AUC or TPR at 1 % FPR, with 95 % intervals) of the membership attacks
+    against the claimed ε: one colour per attack (:func:`attack_colors`), one marker per defense;
+    non-private configurations as hollow markers at "no DP" on the right. The attacks at one ε are
+    dodged sideways (deterministically, in the attacks' order) so that equal values — several
+    attacks at AUC 1.0 — stay visible side by side."""
+    figure, axis = plt.subplots(figsize=(5.6, 5.2))
+    colors = attack_colors(experiments)
+    private: dict[tuple[str, str], list[tuple[float, Estimate]]] = {}
+    baselines: dict[tuple[str, str], Estimate] = {}
     for experiment in experiments:
         for attack in experiment.attacks:
             if attack.kind != "membership" or metric not in attack.metrics:
@@ -248,58 +358,141 @@ def leakage_vs_epsilon(experiments: list[Experiment], metric: str = "auc") -> An
             if not _probability(estimate.value):
                 continue
             if not experiment.claim.is_private:
-                baselines.append((f"{experiment.label}: {attack.attack}", estimate.value))
+                baselines[(experiment.label, attack.attack)] = estimate
             elif experiment.claim.epsilon > 0:  # the ε axis is logarithmic
-                lines.setdefault((experiment.defense, attack.attack), []).append((experiment.claim.epsilon, estimate))
-    if not lines:
+                private.setdefault((experiment.defense, attack.attack), []).append((experiment.claim.epsilon, estimate))
+    if not private:
         plt.close(figure)
         return None
-    for i, ((defense, name), points) in enumerate(sorted(lines.items())):
+    attacks = [name for name in colors if any(name == a for _, a in (*private, *baselines))]
+    groups = list(dict.fromkeys([d for d, _ in private] + [label for label, _ in baselines]))  # defenses, then baselines
+    marker = {group: MARKERS[i % len(MARKERS)] for i, group in enumerate(groups)}
+    epsilons = sorted({p[0] for points in private.values() for p in points})
+    span = max(math.log10(epsilons[-1] / epsilons[0]), 1.0)
+    no_dp = epsilons[-1] * 10.0 ** (0.3 * span)  # where the non-private values sit, right of every ε
+    order = sorted(private.items(), key=lambda item: (groups.index(item[0][0]), attacks.index(item[0][1])))
+    for (defense, name), points in order:
         points.sort(key=lambda p: p[0])
+        shift = _dodge(attacks.index(name), len(attacks))
         values, lows, highs = _error_bars([p[1] for p in points])
-        axis.errorbar([p[0] for p in points], values, yerr=[lows, highs], marker="o", capsize=3,
-                      color=COLORS[i % len(COLORS)], label=plain(f"{defense}: {name}"))
-    for j, (label, value) in enumerate(baselines):
-        axis.axhline(value, linestyle="--", linewidth=1, color=COLORS[(len(lines) + j) % len(COLORS)],
-                     label=plain(f"{label} (no DP)"))
+        axis.errorbar([p[0] * shift for p in points], values, yerr=[lows, highs], marker=marker[defense], capsize=2,
+                      color=colors[name], markersize=5, linewidth=1, clip_on=False)
+    for (label, name), estimate in baselines.items():
+        values, lows, highs = _error_bars([estimate])
+        axis.errorbar([no_dp * _dodge(attacks.index(name), len(attacks))], values, yerr=[lows, highs], marker=marker[label],
+                      markerfacecolor="white", capsize=2, color=colors[name], markersize=5, linewidth=1, clip_on=False)
     if metric == "auc":
-        axis.axhline(0.5, color="grey", linewidth=1, linestyle=":", label="chance")
-    _epsilon_ticks(axis, [p[0] for points in lines.values() for p in points])
+        axis.axhline(0.5, color="grey", linewidth=1, linestyle=":")
+    if baselines:
+        axis.axvline(math.sqrt(epsilons[-1] * no_dp), color="#bbbbbb", linewidth=0.8)
+    ticks = epsilons + ([no_dp] if baselines else [])
+    _epsilon_ticks(axis, ticks)
+    axis.set_xticks(ticks, [f"{t:.3g}" for t in epsilons] + (["no DP"] if baselines else []))
+    axis.set_xlim(epsilons[0] / 10.0 ** (0.25 * span), (no_dp if baselines else epsilons[-1]) * 10.0 ** (0.25 * span))
     name = "AUC" if metric == "auc" else "TPR at 1 % FPR"
     axis.set(xlabel="claimed ε", ylabel=name, title=f"membership leakage ({name}) vs claimed ε")
-    axis.legend(fontsize=6, loc="best")
+    handles = [matplotlib.lines.Line2D([], [], color=colors[a], marker="o", linewidth=1, label=plain(a)) for a in attacks]
+    dp_groups = {defense for defense, _ in private}
+    handles += [matplotlib.lines.Line2D([], [], color="#555555", marker=marker[g], linestyle="none",
+                                        markerfacecolor="#555555" if g in dp_groups else "white",
+                                        label=plain(g if g in dp_groups else f"{g} (no DP)")) for g in groups]
+    if metric == "auc":
+        handles.append(matplotlib.lines.Line2D([], [], color="grey", linewidth=1, linestyle=":", label="chance"))
+    _legend_below(axis, columns=2, fontsize=6.5, handles=handles)
     axis.grid(True, alpha=0.3)
     return figure
 
 
 @Plot
 def empirical_vs_claimed(experiments: list[Experiment]) -> Any:
-    """Every measured ε lower bound (and Gaussian-fit interval) against what the claim allows for
-    its unit, with the diagonal: a point above the diagonal is a violation (or, for an estimate,
-    a warning)."""
-    figure, axis = plt.subplots(figsize=(5.2, 4.4))
+    """Every measured ε lower bound (●) and Gaussian-fit interval's lower end (■) against what the
+    claim allows for its unit, one colour per attack (:func:`attack_colors`), a violation ringed in
+    red, with the diagonal: a point above it is a violation (or, for an estimate, a warning). Where
+    the values span more than two decades the axes are linear up to 1 and logarithmic beyond."""
+    figure, axis = plt.subplots(figsize=(5.6, 5.6))
     markers = {VerdictKind.LOWER_BOUND: "o", VerdictKind.ESTIMATE: "s"}
-    labelled: set[int] = set()  # one legend entry per experiment
-    largest = 0.0
-    for i, experiment in enumerate(experiments):
+    colors = attack_colors(experiments)
+    points: list[tuple[str, float, float, str, bool]] = []
+    for experiment in experiments:
         for attack in experiment.attacks:
             for verdict in attack.verdicts:
                 bound, measured = verdict.bound, verdict.measured
                 # beyond 1e300 the axis's tick arithmetic overflows (only a hand-edited file holds such ε)
                 if bound is None or measured is None or not (abs(bound) <= 1e300 and abs(measured) <= 1e300):
                     continue
-                color = VIOLATION_COLOR if verdict.status == VerdictStatus.VIOLATION else NOT_RED[i % len(NOT_RED)]
-                axis.scatter([bound], [measured], marker=markers.get(verdict.kind, "D"), color=color, s=22,
-                             label=None if i in labelled else plain(experiment.label))
-                labelled.add(i)
-                largest = max(largest, bound, measured)
-    if not labelled:
+                points.append((attack.attack, bound, measured, markers.get(verdict.kind, "D"),
+                               verdict.status == VerdictStatus.VIOLATION))
+    if not points:
         plt.close(figure)
         return None
-    top = largest * 1.1 + 0.1
-    axis.plot([0, top], [0, top], color="grey", linestyle="--", linewidth=1, label="measured = claimed")
-    axis.set(xlim=(0, top), ylim=(0, top), xlabel="ε the claim allows (2ε for a record under a client claim)",
-             ylabel="measured ε (lower bound ●, lower end of the estimate ■)", title="empirical vs claimed ε")
-    axis.legend(fontsize=6, loc="upper left")
+    attacks = [name for name in colors if any(p[0] == name for p in points)]
+    largest = max(max(p[1], p[2]) for p in points)
+    smallest = min((v for p in points for v in p[1:3] if v > 0), default=1.0)
+    wide = largest > 0 and largest / max(smallest, 1e-300) > 100
+    for name, bound, measured, shape, violation in points:
+        # a slight dodge on the log part (a few per cent of the bound: the value stays readable)
+        x = bound * _dodge(attacks.index(name), len(attacks), 0.006) if wide and bound > 1 else bound
+        axis.scatter([x], [measured], marker=shape, color=colors[name], s=26, zorder=3, clip_on=False,
+                     edgecolors=VIOLATION_COLOR if violation else "none", linewidths=1.6 if violation else 0)
+    top = largest * (2.5 if wide else 1.1) + 0.1
+    floor = -0.05 * (1.0 if wide else top)
+    axis.plot([0, top], [0, top], color="grey", linestyle="--", linewidth=1)
+    if wide:
+        axis.set_xscale("symlog", linthresh=1.0, linscale=0.6)
+        axis.set_yscale("symlog", linthresh=1.0, linscale=0.6)
+        for direction in (axis.xaxis, axis.yaxis):
+            direction.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}"))
+            direction.set_minor_locator(matplotlib.ticker.NullLocator())
+    axis.set(xlim=(floor, top), ylim=(floor, top), xlabel="ε the claim allows (for the unit measured)",
+             ylabel="measured ε", title="empirical vs claimed ε")
+    handles = [matplotlib.lines.Line2D([], [], color=colors[a], marker="o", linestyle="none", label=plain(a)) for a in attacks]
+    shapes = {p[3] for p in points}
+    if "o" in shapes:
+        handles.append(matplotlib.lines.Line2D([], [], color="#555555", marker="o", linestyle="none", label="ε lower bound"))
+    if "s" in shapes:
+        handles.append(matplotlib.lines.Line2D([], [], color="#555555", marker="s", linestyle="none",
+                                               label="lower end of a Gaussian-fit estimate's 95 % interval"))
+    if any(p[4] for p in points):
+        handles.append(matplotlib.lines.Line2D([], [], color="white", marker="o", markeredgecolor=VIOLATION_COLOR,
+                                               markeredgewidth=1.6, linestyle="none", label="red ring: VIOLATION"))
+    handles.append(matplotlib.lines.Line2D([], [], color="grey", linestyle="--", linewidth=1,
+                                           label="measured = allowed (above: the claim is exceeded)"))
+    _legend_below(axis, columns=2, fontsize=6.5, handles=handles)
     axis.grid(True, alpha=0.3)
+    return figure
+
+
+#: row labels of a reconstruction grid (top row, bottom row), by the attack's kind of picture
+GRID_ROWS = {"model-inversion": ("training record", "inversion")}
+DEFAULT_GRID_ROWS = ("original", "reconstruction")
+
+
+def grid_rows(attack: str) -> tuple[str, str]:
+    """What the two rows of ``attack``'s reconstruction grid show (top, bottom)."""
+    return next((rows for prefix, rows in GRID_ROWS.items() if attack.startswith(prefix)), DEFAULT_GRID_ROWS)
+
+
+@Plot
+def reconstruction_grid(png: bytes, title: str, rows: tuple[str, str] = DEFAULT_GRID_ROWS, gap: int = 2) -> Any:
+    """A reconstruction grid (the attack's PNG: the originals in the top row, the reconstructions
+    below, one column per record, tiles separated by ``gap`` white pixels) drawn large with sharp
+    pixels, its rows labelled with ``rows`` and its columns numbered."""
+    import matplotlib.image
+
+    image = matplotlib.image.imread(io.BytesIO(png), format="png")
+    height, width = image.shape[:2]
+    tile = max((height - 3 * gap) / 2.0, 1.0)
+    columns = max(1, round((width - gap) / (tile + gap)))
+    scale = 6.0 / max(height, width)
+    figure, axis = plt.subplots(figsize=(max(width * scale + 1.3, 3.6), max(height * scale + 1.0, 2.6)))
+    axis.imshow(image, interpolation="nearest", cmap="gray" if image.ndim == 2 else None, vmin=0.0, vmax=1.0)
+    axis.set_yticks([gap + tile / 2.0, 2 * gap + 1.5 * tile], [plain(rows[0]), plain(rows[1])])
+    step = max(1, math.ceil(columns / 16))
+    centres = [gap + c * (tile + gap) + tile / 2.0 for c in range(0, columns, step)]
+    axis.set_xticks(centres, [str(c + 1) for c in range(0, columns, step)])
+    axis.tick_params(length=0, labelsize=8)
+    for side in axis.spines.values():
+        side.set_visible(False)
+    axis.set_xlabel("record", fontsize=8)
+    axis.set_title(plain(title), fontsize=8)
     return figure

@@ -24,7 +24,8 @@ def command_report(args: argparse.Namespace) -> int:
     into_folder = ([] if args.out is not None else ["report.html"]) + (["figures"] if args.figures else [])
     if into_folder:  # checked, then locked while report.html and figures/ are rewritten
         claim(folder, "RESULTS_DIR", entries=into_folder)
-    extra = {"versions": manifest.get("versions", {}), "machine": manifest.get("machine", {})}
+    extra = {"versions": manifest.get("versions", {}), "machine": manifest.get("machine", {}),
+             "chance": manifest.get("chance")}
     path = write_report(document, report, manifest_extra=extra)
     print(f"report: {path}")
     if args.figures:
