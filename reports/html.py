@@ -137,7 +137,7 @@ def _best_trade_off(experiments: list[Experiment], test_size: int, chance: dict[
             shown.append(f"{e.label} {100 * accuracy:.1f} % [{100 * low:.1f} %, {100 * high:.1f} %]")
         more = f" and {len(private) - 4} more" if len(private) > 4 else ""
         return (f"No private configuration is distinguishable from chance: {'; '.join(shown)}{more} — each 95 % "
-                f"Clopper–Pearson interval (over {test_size} test records) reaches down to {chance_text(chance)}. So no "
+                f"Clopper–Pearson interval (over {test_size} test records) includes {chance_text(chance)}. So no "
                 "privacy–utility trade-off is reported: at these settings the private models learned nothing "
                 "measurable.")
     # compared as floats: an integer accuracy from a hand-edited results.json (2⁶⁴ − 1) rounds up

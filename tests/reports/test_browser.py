@@ -3,6 +3,13 @@ console error, fetches nothing but the page and its data: URIs, shows (does not 
 run's name, and lays the page out top-down — the headline, then the figures, then the detail
 tables, whose full verdict sentences stay folded until a click opens them.
 
+The structure a reader relies on: every link of the table of contents leads to an element of the
+page; every verdict is a badge with its status in words (one style for all, a colour each, none
+in italics); every image has alt text, loads, and is shown at least 200 pixels wide; the print
+stylesheet takes effect when the page is printed (nothing sticky, figures kept whole, major
+sections on new pages). examples/screenshots.py makes the documentation's screenshots with the
+same browser.
+
 `.ci/run` installs Debian's `chromium` and `chromium-driver` when they are missing; elsewhere
 the test skips when they are not on the PATH.
 """
@@ -16,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import HOSTILE
+from tests.helpers import HOSTILE, load_script
 
 SECTIONS = ("headline", "summary", "plots", "results", "diagnostics", "definitions", "provenance")
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
@@ -38,6 +45,32 @@ return nodes.slice(1).map((n, i) => !!(nodes[i].compareDocumentPosition(n) & Nod
 DETAILS = """
 return Array.from(document.querySelectorAll('details')).map(d => [d.open,
   Array.from(d.children).filter(c => c.tagName !== 'SUMMARY').some(c => c.checkVisibility())]);
+"""
+
+
+#: the table of contents' links, and whether each leads to an element of the page
+CONTENTS = """
+return Array.from(document.querySelectorAll('nav#contents a')).map(a => [a.getAttribute('href'),
+  !!document.getElementById(a.getAttribute('href').slice(1))]);
+"""
+#: every verdict place (headline cells, detail summaries, soundness lines): its badge's text, classes,
+#: font style and background colour (null: no badge)
+BADGES = """
+const places = Array.from(document.querySelectorAll('td.verdict-cell, details.verdict-detail > summary, p.soundness'));
+return places.map(p => { const b = p.querySelector('.badge'); if (!b) return null;
+  const s = getComputedStyle(b); return [b.textContent.trim(), b.className, s.fontStyle, s.backgroundColor, s.color]; });
+"""
+#: every figure image: alt text, loaded, natural and shown width
+IMAGES = """
+return Array.from(document.querySelectorAll('#plots figure img')).map(i => [i.alt, i.complete, i.naturalWidth,
+  i.getBoundingClientRect().width]);
+"""
+#: under print media: positions used, the figures' and sections' page-break rules
+PRINTED = """
+const positions = new Set(Array.from(document.querySelectorAll('*')).map(e => getComputedStyle(e).position));
+const figure = document.querySelector('#plots figure');
+return [Array.from(positions), getComputedStyle(figure).breakInside, getComputedStyle(document.getElementById('plots')).breakBefore,
+        getComputedStyle(document.getElementById('results')).breakBefore];
 """
 
 
@@ -82,6 +115,10 @@ def render(report: Path, screenshot: Path) -> dict:
         title = driver.find_element("tag name", "h1").text
         headline = driver.find_element("id", "headline").text
         positions, in_order = driver.execute_script(POSITIONS), driver.execute_script(IN_ORDER)
+        contents, badges, figures = driver.execute_script(CONTENTS), driver.execute_script(BADGES), driver.execute_script(IMAGES)
+        driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"media": "print"})
+        printed = driver.execute_script(PRINTED)
+        driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"media": ""})
         details_before = driver.execute_script(DETAILS)
         first = driver.find_element("css selector", "#results details.verdict-detail")
         folded_text = first.find_element("css selector", "p.full").text  # not rendered: Selenium gives ""
@@ -97,7 +134,8 @@ def render(report: Path, screenshot: Path) -> dict:
     return {"sections": sections, "images": images, "title": title, "console": console, "alert": alert,
             "headline": headline, "positions": positions, "in_order": in_order, "details": details_before,
             "folded_text": folded_text, "opened": opened, "opened_text": opened_text, "requests": requests,
-            "url": report.resolve().as_uri()}
+            "url": report.resolve().as_uri(), "contents": contents, "badges": badges, "figures": figures,
+            "printed": printed}
 
 
 @pytest.fixture(scope="module")
@@ -148,3 +186,56 @@ def test_verdict_sentences_are_folded_until_clicked(page):
     assert page["folded_text"] == ""  # the full sentence is not on screen ...
     first = verdicts[0]["text"]
     assert page["opened"] is True and page["opened_text"] == " ".join(first.split())  # ... until its summary is clicked
+
+
+def test_contents_links_lead_to_the_page_s_elements(page):
+    assert len(page["contents"]) >= 7 + len(page["results"]["experiments"])
+    assert all(found for _, found in page["contents"]), [href for href, found in page["contents"] if not found]
+
+
+def test_every_verdict_is_a_badge_in_words_and_none_is_italic(page):
+    badges = page["badges"]
+    assert badges and None not in badges  # every verdict place has its badge
+    statuses = {"VIOLATION", "estimate above claim", "consistent", "inconclusive", "not covered", "vacuous", "no claim",
+                "no measurement", "diverged"}
+    assert all(text in statuses and "badge" in classes.split() for text, classes, *_ in badges)
+    assert all(style == "normal" for _, _, style, *_ in badges)
+    # one colour per status, and differing statuses look different
+    looks = {}
+    for text, _, _, background, color in badges:
+        looks.setdefault(text, set()).add((background, color))
+    assert all(len(seen) == 1 for seen in looks.values()), looks
+    assert len({next(iter(seen)) for seen in looks.values()}) == len(looks)
+
+
+def test_every_figure_has_alt_text_loads_and_is_readable_in_size(page):
+    figures = page["figures"]
+    assert figures
+    for alt, complete, natural, shown in figures:
+        assert alt.strip() and complete and natural > 0, alt
+        assert shown >= 200, (alt, shown)
+
+
+def test_the_print_stylesheet_takes_effect(page):
+    positions, figure_break, plots_break, results_break = page["printed"]
+    assert not {"sticky", "fixed"} & set(positions)
+    assert figure_break == "avoid" and plots_break == "page" and results_break == "page"
+
+
+def test_screenshots_script_makes_small_wide_pngs(smoke_runs, tmp_path):
+    """examples/screenshots.py, which makes the documentation's screenshots: a PNG of the window,
+    1200 CSS pixels wide, well under 400 KB."""
+    pytest.importorskip("selenium.webdriver")
+    if not (shutil.which("chromium") or shutil.which("chromium-browser")) or not shutil.which("chromedriver"):
+        pytest.skip("headless Chromium not installed")
+    _, (out, _) = smoke_runs
+    script = load_script(Path(__file__).resolve().parents[2] / "examples" / "screenshots.py", "report_screenshots")
+    for at in ("top", "figures"):
+        png = tmp_path / f"{at}.png"
+        assert script.main([str(out / "report.html"), str(png), "--at", at]) == 0
+        data = png.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and 10_000 < len(data) < 400_000
+        width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+        assert (width, height) == (1200, 900)
+    with pytest.raises(ValueError, match="nothing matches"):
+        script.main([str(out / "report.html"), str(tmp_path / "x.png"), "--at", "#no-such-element"])
