@@ -92,11 +92,11 @@ def _write_pages(summary: Results, out: Path, cache: StageCache, chance: dict[st
         write_report(summary, report, manifest_extra=extra)
         if results_key is not None:
             cache.store("report", key_of({"results": results_key, "extra": extra}), "report.html", [report])
-    if results_key is None or cache.lookup("figures", results_key, {}) is None:
-        written = write_figures(summary, figures)
+    if results_key is None or cache.lookup("figures", key_of({"results": results_key, "chance": chance}), {}) is None:
+        written = write_figures(summary, figures, float(chance["accuracy"]))
         LOG.debug("figures: %s", ", ".join(p.name for p in written))
         if results_key is not None:
-            cache.store("figures", results_key, sorted(p.name for p in written), written)
+            cache.store("figures", key_of({"results": results_key, "chance": chance}), sorted(p.name for p in written), written)
     return {"report": str(report), "figures": str(figures)}
 
 

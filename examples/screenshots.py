@@ -5,8 +5,8 @@
 ``--at top`` (the default) shows the page from its top: the title, the table of contents and the
 headline; ``--at figures`` scrolls to the Figures section; any other value is a CSS selector
 scrolled to the top of the window (e.g. ``'#exp-2'``). The PNG is the browser window, ``--width``
-CSS pixels wide and ``--height`` tall, saved with as few colours as keep it sharp (a report is
-text and flat plots), so that a screenshot stays well under 400 KB.
+CSS pixels wide and ``--height`` tall, compressed losslessly (or, past 380 KB, to 256 colours), so
+that a screenshot stays under 400 KB.
 
 Needs Selenium and Chromium with its driver (Debian: ``apt-get install chromium chromium-driver``).
 The browser starts with a fresh profile and without background networking; the report itself
@@ -60,15 +60,20 @@ def chromium(width: int = 1200, height: int = 900) -> Iterator[Any]:
         shutil.rmtree(profile, ignore_errors=True)
 
 
-def compact_png(png: bytes) -> bytes:
-    """``png`` with a palette of at most 256 colours, optimised: a page of text and flat figures
-    loses nothing visible, and the file shrinks several times."""
+def compact_png(png: bytes, budget: int = 380_000) -> bytes:
+    """``png`` re-encoded with PNG's best compression, colours kept exactly; only when that is
+    still over ``budget`` bytes, reduced to a palette of 256 colours (a page of text and flat
+    figures loses little, and the file shrinks several times)."""
     from PIL import Image
 
     image = Image.open(io.BytesIO(png)).convert("RGB")
     buffer = io.BytesIO()
-    image.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(buffer, format="PNG",
-                                                                                                  optimize=True)
+    image.save(buffer, format="PNG", optimize=True)
+    if buffer.tell() <= budget:
+        return buffer.getvalue()
+    buffer = io.BytesIO()
+    image.quantize(colors=256, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE).save(buffer, format="PNG",
+                                                                                                   optimize=True)
     return buffer.getvalue()
 
 

@@ -41,10 +41,10 @@ PDF_METADATA = {"CreationDate": None, "ModDate": None, "Producer": None, "Creato
 FORMATS = ("png", "pdf")
 
 
-def _drawings(results: Results) -> Iterator[tuple[str, Any]]:
+def _drawings(results: Results, chance: float | None = None) -> Iterator[tuple[str, Any]]:
     """(file stem, matplotlib figure or None) of every plot the figure files hold."""
     experiments = results.experiments
-    yield "privacy-utility", plots.accuracy_vs_epsilon.figure(experiments)
+    yield "privacy-utility", plots.accuracy_vs_epsilon.figure(experiments, chance)
     yield "leakage-auc", plots.leakage_vs_epsilon.figure(experiments, "auc")
     yield "leakage-tpr-at-1pct", plots.leakage_vs_epsilon.figure(experiments, "tpr_at_fpr_1%")
     yield "claimed-vs-measured", plots.empirical_vs_claimed.figure(experiments)
@@ -82,13 +82,14 @@ def save_figure(figure: Any, folder: Path, stem: str) -> list[Path]:
     return written
 
 
-def write_figures(results: Results, folder: str | Path) -> list[Path]:
+def write_figures(results: Results, folder: str | Path, chance: float | None = None) -> list[Path]:
     """Write every figure of ``results`` as PNG and PDF into ``folder`` (created if needed);
-    returns the files written."""
+    returns the files written. ``chance``: the accuracy of always predicting the test set's most
+    common class, drawn in the privacy–utility figure (None: not known, not drawn)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    for stem, figure in _drawings(results):
+    for stem, figure in _drawings(results, chance):
         if figure is not None:
             written += save_figure(figure, folder, stem)
     for experiment in results.experiments:

@@ -482,16 +482,20 @@ def _figure(title: str, png: str | None, caption: str, wide: bool = False) -> li
     return [] if png is None else [{"title": title, "png": png, "caption": caption, "wide": wide}]
 
 
-def report_figures(results: Results) -> list[dict[str, Any]]:
+def report_figures(results: Results, chance: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The report's figures in reading order, each ``{"id", "title", "png" (base64), "caption",
     "wide" (spans the page)}``: the privacy–utility picture, leakage against ε, claimed against
     measured ε, the ROC panels of every scored attack in one grid (an attack without scores gets
     no panel), the reconstructions of every configuration (rows labelled), then the training
     diagnostics. Every figure that shows attacks gives each attack one colour
-    (:func:`reports.plots.attack_colors`)."""
+    (:func:`reports.plots.attack_colors`). ``chance`` (``{"accuracy", ...}``) draws the chance
+    accuracy into the privacy–utility figure."""
     experiments = results.experiments
-    figures = _figure("Accuracy vs claimed ε", plots.accuracy_vs_epsilon(experiments),
-                      "Mean test accuracy over the membership runs with 95 % intervals; dashed lines: non-private defenses.")
+    level = chance.get("accuracy") if chance else None
+    figures = _figure("Accuracy vs claimed ε", plots.accuracy_vs_epsilon(experiments, level if _finite(level) else None),
+                      "Mean test accuracy over the membership runs with 95 % intervals; dashed lines: non-private defenses"
+                      + ("; dotted grey: chance, the accuracy of always predicting the most common class." if _finite(level)
+                         else "."))
     for metric in ("auc", "tpr_at_fpr_1%"):
         figures += _figure(f"Membership leakage vs claimed ε ({'AUC' if metric == 'auc' else 'TPR at 1 % FPR'})",
                            plots.leakage_vs_epsilon(experiments, metric),
@@ -553,7 +557,7 @@ def render_report(results: Results, manifest_extra: dict[str, Any] | None = None
     common class, which a trade-off must clearly beat; :func:`finding_lines`)."""
     extra = manifest_extra or {}
     chance = extra.get("chance") or None
-    figures = report_figures(results)
+    figures = report_figures(results, chance)
     cells = [metric_cells(e) for e in results.experiments]
     return template_environment().get_template("report.html.j2").render(
         doc=results,

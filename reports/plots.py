@@ -236,9 +236,11 @@ def roc_grid(experiments: list[Experiment], columns: int = 3) -> Any:
 
 
 @Plot
-def accuracy_vs_epsilon(experiments: list[Experiment]) -> Any:
+def accuracy_vs_epsilon(experiments: list[Experiment], chance: float | None = None) -> Any:
     """Test accuracy (mean and 95 % interval over runs) against the claimed ε; non-private
-    defenses are drawn as horizontal reference lines. The legend sits under the axes."""
+    defenses are drawn as horizontal reference lines, and ``chance`` (the accuracy of always
+    predicting the test set's most common class; None: not known) as a dotted grey one. The legend
+    sits under the axes."""
     figure, axis = plt.subplots(figsize=(5.2, 4.6))
     by_defense: dict[str, list[tuple[float, Estimate]]] = {}
     baselines = []
@@ -262,6 +264,8 @@ def accuracy_vs_epsilon(experiments: list[Experiment]) -> Any:
                       color=COLORS[i % len(COLORS)], label=plain(defense))
     for j, (label, value) in enumerate(baselines):
         axis.axhline(value, linestyle="--", color=COLORS[(len(by_defense) + j) % len(COLORS)], label=plain(f"{label} (no DP)"))
+    if chance is not None and _probability(chance):
+        axis.axhline(chance, linestyle=":", color="grey", linewidth=1.2, label="chance (most common class)")
     if by_defense:
         _epsilon_ticks(axis, [p[0] for points in by_defense.values() for p in points])
     axis.set(xlabel="claimed ε", ylabel="test accuracy", title="privacy–utility", ylim=(0, 1.02))

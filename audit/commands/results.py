@@ -31,7 +31,8 @@ def command_report(args: argparse.Namespace) -> int:
     if args.figures:
         from reports.figures import write_figures
 
-        written = write_figures(document, folder / "figures")
+        chance = (manifest.get("chance") or {}).get("accuracy")
+        written = write_figures(document, folder / "figures", chance if isinstance(chance, (int, float)) else None)
         print(f"figures: {len(written)} files in {folder / 'figures'}")
     return EXIT_OK
 

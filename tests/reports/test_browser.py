@@ -69,8 +69,8 @@ return Array.from(document.querySelectorAll('#plots figure img')).map(i => [i.al
 PRINTED = """
 const positions = new Set(Array.from(document.querySelectorAll('*')).map(e => getComputedStyle(e).position));
 const figure = document.querySelector('#plots figure');
-return [Array.from(positions), getComputedStyle(figure).breakInside, getComputedStyle(document.getElementById('plots')).breakBefore,
-        getComputedStyle(document.getElementById('results')).breakBefore];
+const before = id => getComputedStyle(document.getElementById(id)).breakBefore;
+return [Array.from(positions), getComputedStyle(figure).breakInside, before('plots'), before('results')];
 """
 
 

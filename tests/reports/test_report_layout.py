@@ -244,7 +244,8 @@ def test_the_smoke_report_judges_its_accuracy_against_the_recorded_chance(audits
     assert chance["classes"] == 10 and 0.1 <= chance["accuracy"] < 0.2  # digits: ten balanced classes
     findings = page.find("div", id="summary").find("ul", cls="summary").text
     private = [e for e in results.experiments if e.claim.is_private]
-    clear = [e for e in private if _binomial_low(e.utility.test_accuracy.value or 0.0, results.audit.test_size) > chance["accuracy"]]
+    clear = [e for e in private
+             if _binomial_low(e.utility.test_accuracy.value or 0.0, results.audit.test_size) > chance["accuracy"]]
     assert ("Best privacy–utility trade-off" in findings) == bool(clear)
     assert ("No private configuration is distinguishable from chance" in findings) == (bool(private) and not clear)
 
