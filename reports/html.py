@@ -1,11 +1,17 @@
 """The self-contained HTML report: inline CSS, plots embedded as base64 PNG, no network access.
 
-The page reads top-down: the header; the headline — one row per configuration
-(:func:`headline_rows`: utility, the claim per adversary, one verdict with its power, the strongest
-leakage), then the findings in words; the figures (:func:`report_figures`); the detail tables,
-where each ε figure gets one short phrase (:func:`short_verdict`) and its full sentence sits in a
-``<details>`` element, closed until clicked (native HTML: no script needed); diagnostics,
-definitions, provenance. The stylesheet is ``templates/style.css.j2``, shared with the sweep page.
+The page reads top-down: the header and a table of contents (:func:`contents`); the headline —
+one row per configuration (:func:`headline_rows`: utility, the claim per adversary, one verdict
+with its power where no violation was found, the strongest leakage), then the findings in words
+(:func:`finding_entries`: each violating bound named, a privacy–utility trade-off only for
+accuracies clearly above chance); the figures (:func:`report_figures`: one colour per attack
+throughout); the detail tables, where each ε figure gets one short phrase (:func:`verdict_parts`)
+and its full sentence sits in a ``<details>`` element, closed until clicked (native HTML: no
+script needed), and every empty cell points to the reason it is empty (:func:`metric_cells`);
+diagnostics, definitions, provenance. Every verdict is a badge: one style for every status, a
+colour each, and always the status in words. The stylesheet is ``templates/style.css.j2``, shared
+with the sweep page; its print rules make "print to PDF" from a browser work (nothing folded away,
+figures kept whole, major sections on new pages).
 
 Rendered by jinja2 with autoescaping on, so any text that comes from a config (names, labels,
 notes) is shown, never interpreted.
