@@ -136,6 +136,7 @@ train = make_train()
 def main(argv: list[str] | None = None) -> int:
     from audit.external import stated_claim
     from audit.own_training import audit_training, dataset_pool
+    from reports.html import verdict_lines
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="opacus-audit-out", help="results folder (default: %(default)s)")
@@ -181,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         figures += [f"{metric} {record.metrics[metric].value:.3f}" for metric in ("epsilon_one_run", "epsilon_one_run_fdp")
                     if metric in record.metrics]
         print(f"{record.attack:<16} " + ", ".join(figures))
-    print(f"verdict: {experiment.soundness} — {experiment.soundness_text}")
+    print("\n".join(verdict_lines(experiment)))
     print(f"written: {args.out}/results.json, {args.out}/report.html")
     return 0
 

@@ -197,6 +197,17 @@ def violation_lines(experiment: Experiment, status: VerdictStatus = VerdictStatu
     return lines
 
 
+def verdict_lines(experiment: Experiment) -> list[str]:
+    """The verdict for a console: ``verdict: STATUS — sentence``, or for a VIOLATION the status and
+    then one line per rejected test naming its bound (:func:`violation_lines`), so that two bounds
+    that both reject are never printed as the same unnamed sentence."""
+    named = violation_lines(experiment) if experiment.soundness == VerdictStatus.VIOLATION else []
+    if not named:
+        return [f"verdict: {experiment.soundness} — {experiment.soundness_text}"]
+    return [f"verdict: {experiment.soundness} — {len(named)} test(s) reject the claim after Holm's correction:",
+            *(f"  {line}" for line in named)]
+
+
 def finding_entries(results: Results, chance: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The findings across configurations, most important first, each ``{"text", "items"}`` (items:
     the sentences under it, e.g. one per violating bound, each named): violations, warnings,

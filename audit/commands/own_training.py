@@ -20,6 +20,7 @@ def command_audit_training(args: argparse.Namespace) -> int:
     from audit.core.vocabulary import Observer, Relation, Unit
     from audit.external import stated_claim
     from audit.own_training import audit_training, dataset_pool
+    from reports.html import verdict_lines
 
     if not is_reference(args.train):
         raise UserInputError(f"train: '{args.train}' is not of the form 'SCRIPT.py:FUNCTION' or 'module:function'")
@@ -41,6 +42,6 @@ def command_audit_training(args: argparse.Namespace) -> int:
         bounds = ", ".join(f"{metric} {record.metrics[metric].value:.3f}" for metric in ("epsilon_one_run", "epsilon_one_run_fdp")
                            if metric in record.metrics and record.metrics[metric].value is not None)
         print(f"  {record.attack:<16} AUC {record.metrics['auc'].value:.3f}" + (f", {bounds}" if bounds else ""))
-    print(f"verdict: {experiment.soundness} — {experiment.soundness_text}")
+    print("\n".join(verdict_lines(experiment)))
     print(f"results: {args.out}/results.json, report: {args.out}/report.html")
     return EXIT_OK

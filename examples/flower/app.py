@@ -37,6 +37,7 @@ from audit.core.seeding import numpy_rng, torch_generator  # noqa: E402
 from audit.flower_audit import audit_flower, claim_of_view, flower_claim, summary  # noqa: E402
 from audit.flower_canaries import CanaryClients, canary_mod  # noqa: E402
 from audit.flower_view import FlowerRecorder  # noqa: E402
+from reports.html import verdict_lines  # noqa: E402
 
 
 def make_model() -> torch.nn.Module:
@@ -207,7 +208,7 @@ def report_lines(args, results) -> list[str]:
     accuracy = results.experiments[0].utility.test_accuracy.value
     if accuracy is not None:
         lines.append(f"final test accuracy {accuracy:.3f}")
-    lines.append(f"verdict: {figures['verdict']} — {figures['verdict_text']}")
+    lines += verdict_lines(results.experiments[0])
     if args.out:
         lines.append(f"wrote {os.path.join(args.out, 'report.html')}")
     return lines

@@ -26,6 +26,7 @@ from reports.html import (
     finding_lines,
     headline_rows,
     render_report,
+    verdict_lines,
     violation_lines,
 )
 from reports.results import load_results
@@ -317,6 +318,11 @@ def test_each_violating_bound_is_named_once(audits):
         assert f"ε_LB = {verdict.measured:.3g}" in item and f"p = {verdict.p_value:.2g}" in item
     findings = page.find("div", id="summary").find("ul", cls="summary")
     assert [" ".join(i.split()) for i in entry["items"]] == [li.text for li in findings.find_all("li")[1:1 + len(violating)]]
+    # the console says the same: the status, then one named line per rejected test
+    console = verdict_lines(experiment)
+    assert console[0].startswith("verdict: violation") and console[1:] == [f"  {item}" for item in entry["items"]]
+    (smoke,) = [e for e in _page(audits["smoke"])[0].experiments if e.soundness != "violation"][:1]
+    assert verdict_lines(smoke) == [f"verdict: {smoke.soundness} — {smoke.soundness_text}"]
 
 
 def test_the_contents_link_every_section_and_the_page_prints(audits):
