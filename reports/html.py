@@ -533,8 +533,11 @@ def report_figures(results: Results, chance: dict[str, Any] | None = None) -> li
         for attack in experiment.attacks:
             rows = plots.grid_rows(attack.attack)
             for grid in attack.figures:
-                png = plots.reconstruction_grid(base64.b64decode(grid.png), f"{experiment.label}: {grid.title}", rows)
-                figures += _figure(f"{experiment.label}: {grid.title}", png,
+                # the attack's own title names the run's key ("gradient-inversion: dp-fedavg-eps1"), which
+                # repeats the configuration; a reader wants the configuration and the attack, once each
+                title = f"{attack.attack} reconstructions: {experiment.label}"
+                png = plots.reconstruction_grid(base64.b64decode(grid.png), title, rows)
+                figures += _figure(title, png,
                                    f"{grid.caption} Rows: {rows[0]} (top), {rows[1]} (bottom); one column per record.")
     figures += _figure("Training curves", plots.round_curves(experiments, "test_accuracy", "Test accuracy per round",
                                                              "test accuracy"),
