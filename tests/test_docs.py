@@ -99,6 +99,60 @@ def command_lines(block: Block) -> list[tuple[int, str]]:
     return out
 
 
+#: marks a plain fence as the output of the page's last runnable block before it: checked against what that
+#: block printed, so the figures a page shows are the ones the code prints
+OUTPUT = "<!-- output -->"
+
+
+def output_blocks(page: Path) -> list[tuple[int, str]]:
+    """(line of the opening fence, text) of every fence right after an ``<!-- output -->`` line."""
+    lines = page.read_text(encoding="utf-8").splitlines()
+    found = []
+    for i, line in enumerate(lines[:-1]):
+        if line.strip() == OUTPUT and lines[i + 1].strip().startswith("```"):
+            end = next(j for j in range(i + 2, len(lines)) if lines[j].strip().startswith("```"))
+            found.append((i + 2, "\n".join(lines[i + 2:end])))
+    return found
+
+
+def missing_lines(shown: str, printed: str) -> list[str]:
+    """The lines of ``shown`` that no line of ``printed`` matches. Runs of blanks count as one, and
+    "…" stands for anything (a shortened line): the pieces between must appear in order in one
+    printed line."""
+    printed_lines = [" ".join(line.split()) for line in printed.splitlines()]
+
+    def matches(pieces: list[str], line: str) -> bool:
+        at = 0
+        for piece in pieces:
+            at = line.find(piece, at)
+            if at < 0:
+                return False
+            at += len(piece)
+        return True
+
+    missing = []
+    for line in shown.splitlines():
+        pieces = [" ".join(piece.split()) for piece in line.split("…") if piece.strip()]
+        if pieces and not any(matches(pieces, printed_line) for printed_line in printed_lines):
+            missing.append(line)
+    return missing
+
+
+def test_missing_lines_finds_what_was_not_printed():
+    printed = "fedavg    92.0%   ∞  –  none  lira AUC 1.000, shokri AUC 0.9\nreport: out/report.html"
+    assert missing_lines("fedavg 92.0% ∞ – none  lira AUC 1.000 …", printed) == []
+    assert missing_lines("fedavg 92.0% … shokri AUC 0.9\n\nreport: out/report.html", printed) == []
+    assert missing_lines("fedavg 91.0% … shokri", printed) == ["fedavg 91.0% … shokri"]
+    assert missing_lines("shokri … fedavg", printed) == ["shokri … fedavg"]  # pieces in order
+
+
+def test_every_output_block_follows_a_runnable_block():
+    for page in doc_pages():
+        runnable_lines = [b.line for b in bash_blocks(page) if b.runnable]
+        for line, _ in output_blocks(page):
+            assert any(r < line for r in runnable_lines), f"{relative(page)}:{line}: an output block with no runnable block before it"
+
+
 def runnable_pages() -> list[Path]:
     return [page for page in doc_pages() if any(b.runnable for b in bash_blocks(page))]
 
@@ -118,11 +172,19 @@ def test_runnable_blocks_run(page: Path, tmp_path: Path):
     (tmp_path / "examples").symlink_to(ROOT / "examples", target_is_directory=True)
     env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
            "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"}
-    for block in (b for b in bash_blocks(page) if b.runnable):
+    runnable = [b for b in bash_blocks(page) if b.runnable]
+    shown = output_blocks(page)
+    for k, block in enumerate(runnable):
         result = subprocess.run(["bash", "-euo", "pipefail", "-c", block.code], cwd=tmp_path, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
         assert result.returncode == 0, (f"{relative(page)}:{block.line}: the runnable block exited with "
                                         f"{result.returncode}:\n{block.code}\n--- output ---\n{result.stdout[-4000:]}")
+        following = runnable[k + 1].line if k + 1 < len(runnable) else float("inf")
+        for line, text in shown:
+            if block.line < line < following:
+                missing = missing_lines(text, result.stdout)
+                assert not missing, (f"{relative(page)}:{line}: the output shown is not what the block above printed; "
+                                     "lines not printed:\n" + "\n".join(missing) + f"\n--- printed ---\n{result.stdout[-4000:]}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ import inspect
 import json
 import re
 import sys
+import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -501,7 +502,9 @@ def api_markdown() -> str:
            "```python", _tour(audit.__doc__ or ""), "```"]
     for name in api_names():
         try:
-            obj = getattr(audit, name)
+            with warnings.catch_warnings():  # Flower's CLI libraries warn on import; the site's build log is not the place
+                warnings.simplefilter("ignore", DeprecationWarning)
+                obj = getattr(audit, name)
         except ImportError as error:  # e.g. audit.audit_flower needs flwr
             raise ImportError(f"audit.{name} cannot be imported ({error}): build the docs in an environment with "
                               "the dev extra, pip install -e '.[dev]'") from error
