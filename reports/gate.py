@@ -293,7 +293,8 @@ def summary_line(outcomes: list[Outcome], warnings: list[RuleWarning] | None = N
     toothless = (f"; {len(warnings)} rule{'s' if len(warnings) > 1 else ''} cannot fail (warnings above)"
                  if warnings else "")
     if failed:
-        return (f"check FAILED: {tally[FAIL]} of {len(outcomes)} checks fail{skipped}; failing rules: "
+        # the total counts the checks that were decided, as "all N checks hold" does: a skipped one is neither
+        return (f"check FAILED: {tally[FAIL]} of {tally[PASS] + tally[FAIL]} checks fail{skipped}; failing rules: "
                 + "; ".join(f"'{name}'" for name in failed) + toothless)
     return f"check passed: all {tally[PASS]} checks hold{skipped}{toothless}"
 

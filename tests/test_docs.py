@@ -150,7 +150,8 @@ def test_every_output_block_follows_a_runnable_block():
     for page in doc_pages():
         runnable_lines = [b.line for b in bash_blocks(page) if b.runnable]
         for line, _ in output_blocks(page):
-            assert any(r < line for r in runnable_lines), f"{relative(page)}:{line}: an output block with no runnable block before it"
+            assert any(r < line for r in runnable_lines), \
+                f"{relative(page)}:{line}: an output block with no runnable block before it"
 
 
 def runnable_pages() -> list[Path]:

@@ -602,3 +602,17 @@ def test_on_the_smoke_preset_a_rule_that_cannot_fail_is_reported_and_strict_exit
     assert "FAIL each-upload canaries — dp-fedavg-eps8/dirac-canaries-each-upload/auc" in out
     assert "fails under --strict: it cannot fail (auc ≤ 1)" in out
     assert out.strip().splitlines()[-1].startswith("check FAILED: ") and "'each-upload canaries'" in out
+
+
+def test_the_summary_counts_decided_checks_alike_when_passing_and_failing():
+    """A skipped check is neither held nor failed: "k of N checks fail" and "all N checks hold"
+    count the same N, the decided checks, whatever the verdicts."""
+    from reports.gate import summary_line
+    from reports.outcomes import FAIL, PASS, SKIP, Outcome
+
+    def outcome(verdict: str, rule: str = "r") -> Outcome:
+        return Outcome(rule, "max", "t", verdict, 0.5, 0.6, "≤", "")
+
+    assert summary_line([outcome(PASS)] * 3 + [outcome(SKIP)] * 2) == "check passed: all 3 checks hold (2 skipped)"
+    failed = summary_line([outcome(PASS)] * 2 + [outcome(FAIL)] + [outcome(SKIP)] * 2)
+    assert failed.startswith("check FAILED: 1 of 3 checks fail (2 skipped); failing rules: 'r'")
