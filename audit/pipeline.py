@@ -88,15 +88,17 @@ def _write_pages(summary: Results, out: Path, cache: StageCache, chance: dict[st
         results_key = key_of({"code": cache.code, "results": summary}) if cache.enabled else None
     except NotExact:
         results_key = None
-    if results_key is None or cache.lookup("report", key_of({"results": results_key, "extra": extra}), {}) is None:
+    report_key = None if results_key is None else key_of({"results": results_key, "extra": extra})
+    if report_key is None or cache.lookup("report", report_key, {}) is None:
         write_report(summary, report, manifest_extra=extra)
-        if results_key is not None:
-            cache.store("report", key_of({"results": results_key, "extra": extra}), "report.html", [report])
-    if results_key is None or cache.lookup("figures", key_of({"results": results_key, "chance": chance}), {}) is None:
+        if report_key is not None:
+            cache.store("report", report_key, "report.html", [report])
+    figures_key = None if results_key is None else key_of({"results": results_key, "chance": chance})
+    if figures_key is None or cache.lookup("figures", figures_key, {}) is None:
         written = write_figures(summary, figures, float(chance["accuracy"]))
         LOG.debug("figures: %s", ", ".join(p.name for p in written))
-        if results_key is not None:
-            cache.store("figures", key_of({"results": results_key, "chance": chance}), sorted(p.name for p in written), written)
+        if figures_key is not None:
+            cache.store("figures", figures_key, sorted(p.name for p in written), written)
     return {"report": str(report), "figures": str(figures)}
 
 
@@ -139,11 +141,12 @@ def run_audit(config: AuditConfig, out: str | Path, *, attack: bool = True, quie
     remember_flop_counts(stages)  # the budget check's, for the next command on this folder
     attacked = attack_runs(plan, trained, out, quiet, stages) if attack else None
     paths: dict[str, str] = {"out": str(out), "runs": str(store.runs)}
+    chance = chance_level(plan)
     summary = None
     if attacked is not None:
         summary = build_results(plan, trained, attacked, diagnose_runs(plan, trained, out, quiet, stages), stages)
         paths.update(write_results(summary, out))
-        paths.update(_write_pages(summary, out, stages, chance_level(plan)))
+        paths.update(_write_pages(summary, out, stages, chance))
         for experiment in summary.experiments:
             LOG.info("%s: %s", experiment.label, experiment.soundness_text)
         LOG.info("wrote %s", ", ".join(str(p) for k, p in paths.items() if k not in ("out", "runs")))
@@ -157,7 +160,7 @@ def run_audit(config: AuditConfig, out: str | Path, *, attack: bool = True, quie
                     "total_seconds": time.perf_counter() - started},
         "versions": provenance.versions(),
         "machine": provenance.machine(),
-        "chance": chance_level(plan),
+        "chance": chance,
     })
     paths["manifest"] = str(out / "manifest.json")
     return AuditOutcome(out, paths, trained, attacked, summary)

@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
+from audit.core.atomic import file_sha256
 from audit.core.errors import UserInputError, check_choice
 from audit.core.safe_names import inside, slug
 from audit.integrations import importable
@@ -181,20 +182,28 @@ def track_results(kind: str, results: str | Path, uri: str | None = None) -> str
 
     check_tracking([kind], uri)
     document, _, folder = load_results(results, "results")
-    digest = hashlib.sha256((folder / "results.json").read_bytes()).hexdigest()
+    digest = file_sha256(folder / "results.json")
     send = _track_mlflow if kind == "mlflow" else _track_tensorboard
-    try:
+    with _failures_reported(kind, "the results", f"they are written in '{folder}'", "finished runs are not trained again"):
         if kind == "mlflow":
             import mlflow  # noqa: F401  (first: importing it sets its loggers' levels, which we then lower)
         with _chatter_hidden():
             return send(document, folder, uri, digest)
+
+
+@contextmanager
+def _failures_reported(kind: str, what: str, where: str, kept: str) -> Iterator[None]:
+    """The tracker's own failures (an unreachable server, a locked database, a full disk) as one
+    :class:`TrackingError` saying ``what`` could not be recorded, ``where`` the results are and what
+    a rerun keeps (``kept``); bad input and an interrupt pass through as they are."""
+    try:
+        yield
     except (UserInputError, TrackingError, KeyboardInterrupt):
         raise
-    except Exception as exc:  # the tracker's own failure (an unreachable server, a locked database, a full disk)
+    except Exception as exc:
         text = " ".join(str(exc).split())[:300]
-        raise TrackingError(f"--track {kind}: could not record the results ({type(exc).__name__}: {text}); "
-                            f"they are written in '{folder}': rerun the same command to track them "
-                            "(finished runs are not trained again)") from exc
+        raise TrackingError(f"--track {kind}: could not record {what} ({type(exc).__name__}: {text}); {where}: "
+                            f"rerun the same command to track them ({kept})") from exc
 
 
 @contextmanager
@@ -473,20 +482,14 @@ def track_sweep(out: str | Path, uri: str | None = None) -> str:
     check_tracking(["mlflow"], uri)
     out = Path(out)
     axes, points = _sweep_points(out)
-    digests = {p.name: hashlib.sha256((out / p.folder / "results.json").read_bytes()).hexdigest() for p in points}
+    digests = {p.name: file_sha256(out / p.folder / "results.json") for p in points}
     digest = hashlib.sha256(json.dumps({"axes": axes, "points": {p.name: [p.values, digests[p.name]] for p in points}},
                                        sort_keys=True).encode()).hexdigest()
-    try:
+    with _failures_reported("mlflow", "the sweep", f"its results are written in '{out}'",
+                            "finished points are not audited again"):
         import mlflow  # noqa: F401  (first: importing it sets its loggers' levels, which we then lower)
         with _chatter_hidden():
             return _track_sweep_mlflow(out, uri, axes, points, digest, digests)
-    except (UserInputError, TrackingError, KeyboardInterrupt):
-        raise
-    except Exception as exc:  # the tracker's own failure (an unreachable server, a locked database, a full disk)
-        text = " ".join(str(exc).split())[:300]
-        raise TrackingError(f"--track mlflow: could not record the sweep ({type(exc).__name__}: {text}); its results "
-                            f"are written in '{out}': rerun the same command to track them (finished points are "
-                            "not audited again)") from exc
 
 
 def _track_sweep_mlflow(out: Path, uri: str | None, axes: dict[str, list[Any]], points: list[Any], digest: str,

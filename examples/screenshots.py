@@ -31,6 +31,17 @@ FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--dis
 PLACES = {"top": None, "figures": "#plots"}
 
 
+#: how to get the browser and its driver
+INSTALL = "Debian: apt-get install chromium chromium-driver"
+
+
+def chromium_paths() -> tuple[str, str] | None:
+    """(Chromium, its driver) found on the PATH, or None when either is missing."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver_path = shutil.which("chromedriver")
+    return (browser, driver_path) if browser and driver_path else None
+
+
 @contextlib.contextmanager
 def chromium(width: int = 1200, height: int = 900) -> Iterator[Any]:
     """A Selenium driver of headless Chromium with a fresh profile, its window ``width`` × ``height``
@@ -38,10 +49,10 @@ def chromium(width: int = 1200, height: int = 900) -> Iterator[Any]:
     driver is not installed."""
     from selenium import webdriver
 
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver_path = shutil.which("chromedriver")
-    if not browser or not driver_path:
-        raise RuntimeError("headless Chromium not installed (Debian: apt-get install chromium chromium-driver)")
+    found = chromium_paths()
+    if found is None:
+        raise RuntimeError(f"headless Chromium not installed ({INSTALL})")
+    browser, driver_path = found
     options = webdriver.ChromeOptions()
     options.binary_location = browser
     profile = tempfile.mkdtemp(prefix="dpfl-audit-chromium-")

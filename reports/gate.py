@@ -165,9 +165,17 @@ def evaluate_policy(policy: Policy, results: Results, baseline: Results | None =
     results); the regressions of all rules decided as one family (:func:`decide_regressions`);
     each outcome that holds whatever was measured marked (``cannot_fail``). With ``strict``, the
     outcomes behind each of :func:`rule_warnings` fail."""
+    return judge_policy(policy, results, baseline, strict)[0]
+
+
+def judge_policy(policy: Policy, results: Results, baseline: Results | None = None,
+                 strict: bool = False) -> tuple[list[Outcome], list[RuleWarning]]:
+    """:func:`evaluate_policy`'s outcomes and the :func:`rule_warnings` they give (read before
+    ``strict`` turns the outcomes behind them into failures)."""
     outcomes = decide_regressions([outcome for rule in policy.rules for outcome in evaluate_rule(rule, results, baseline)])
     outcomes = [_marked(outcome) for outcome in outcomes]
-    return strict_outcomes(outcomes, rule_warnings(policy, outcomes)) if strict else outcomes
+    warnings = rule_warnings(policy, outcomes)
+    return (strict_outcomes(outcomes, warnings) if strict else outcomes), warnings
 
 
 # --------------------------------------------------------------------------- rules that cannot fail
@@ -322,10 +330,7 @@ def check_command(results_path: str, policy_path: str, baseline_path: str | None
     policy = load_policy(policy_path)
     results = load_results(results_path, "RESULTS")
     baseline = load_results(baseline_path, "--baseline") if baseline_path is not None else None
-    outcomes = evaluate_policy(policy, results, baseline)
-    warnings = rule_warnings(policy, outcomes)
-    if strict:
-        outcomes = strict_outcomes(outcomes, warnings)
+    outcomes, warnings = judge_policy(policy, results, baseline, strict)
     passed = not failing_rules(outcomes)
     if junit_path is not None:
         write_text(junit_path, junit_xml(outcomes))

@@ -53,7 +53,14 @@ EPSILON_DESCRIPTIONS = {
     "upload_conformance": "the test of the canary uploads' clip and noise against the claimed mechanism",
 }
 #: every status a verdict cell can show, as its badge says it (the status itself where not listed)
-BADGE_TEXT = {VerdictStatus.VIOLATION: "VIOLATION"}
+BADGE_TEXT: dict[str, str] = {VerdictStatus.VIOLATION: "VIOLATION"}
+
+
+def badge_text(status: str) -> str:
+    """What a verdict's badge says: :data:`BADGE_TEXT`, else the status itself."""
+    return BADGE_TEXT.get(status, str(status))
+
+
 #: the observers a claim speaks of, in words
 OBSERVER_NAMES = {Observer.RELEASED: "released models", Observer.SERVER: "the server", Observer.LOCAL: "one upload alone"}
 
@@ -83,7 +90,7 @@ def template_environment() -> jinja2.Environment:
     environment.filters["power"] = power_percent
     environment.filters["short"] = short_verdict
     environment.filters["parts"] = verdict_parts
-    environment.globals["badge_text"] = lambda status: BADGE_TEXT.get(status, str(status))
+    environment.globals["badge_text"] = badge_text
     return environment
 
 
@@ -119,41 +126,33 @@ def _best_trade_off(experiments: list[Experiment], test_size: int, chance: dict[
     interval over the ``test_size`` test records above the chance accuracy), and the smallest
     claimed ε that reaches within 1 point of it. When no private configuration is distinguishable
     from chance, the sentence says so; without a recorded chance level it claims no trade-off."""
-    private = [e for e in experiments if e.claim.is_private and _finite(e.utility.test_accuracy.value)
-               and e.soundness != VerdictStatus.VIOLATION and e.diverged is None]
+    # compared as floats: an integer accuracy from a hand-edited results.json (2⁶⁴ − 1) rounds up
+    # when 0.01 is subtracted, and the best itself would no longer be "near" the best
+    accuracy = {e.key: float(typing.cast(float, e.utility.test_accuracy.value)) for e in experiments
+                if e.claim.is_private and _finite(e.utility.test_accuracy.value)
+                and e.soundness != VerdictStatus.VIOLATION and e.diverged is None}
+    private = [e for e in experiments if e.key in accuracy]
     if not private:
         return None
     if not chance or not _finite(chance.get("accuracy")) or test_size <= 0:
-        highest = max(private, key=lambda e: float(typing.cast(float, e.utility.test_accuracy.value)))
-        return (f"Highest private test accuracy: {highest.label}, "
-                f"{100 * typing.cast(float, highest.utility.test_accuracy.value):.1f} % ({chance_text(chance)}, so no "
-                "privacy–utility trade-off is claimed: compare it with the accuracy of always predicting the most common "
-                "class).")
-    level = float(chance["accuracy"])
-    above = []
-    for e in private:
-        accuracy = float(typing.cast(float, e.utility.test_accuracy.value))
-        if accuracy_interval(accuracy, test_size)[0] > level:
-            above.append(e)
+        highest = max(private, key=lambda e: accuracy[e.key])
+        return (f"Highest private test accuracy: {highest.label}, {100 * accuracy[highest.key]:.1f} % "
+                f"({chance_text(chance)}, so no privacy–utility trade-off is claimed: compare it with the accuracy of "
+                "always predicting the most common class).")
+    interval = {key: accuracy_interval(value, test_size) for key, value in accuracy.items()}
+    above = [e for e in private if interval[e.key][0] > float(chance["accuracy"])]
     if not above:
-        shown = []
-        for e in private[:4]:
-            accuracy = float(typing.cast(float, e.utility.test_accuracy.value))
-            low, high = accuracy_interval(accuracy, test_size)
-            shown.append(f"{e.label} {100 * accuracy:.1f} % [{100 * low:.1f} %, {100 * high:.1f} %]")
+        shown = [f"{e.label} {100 * accuracy[e.key]:.1f} % [{100 * interval[e.key][0]:.1f} %, {100 * interval[e.key][1]:.1f} %]"
+                 for e in private[:4]]
         more = f" and {len(private) - 4} more" if len(private) > 4 else ""
         return (f"No private configuration is distinguishable from chance: {'; '.join(shown)}{more} — each 95 % "
                 f"Clopper–Pearson interval (over {test_size} test records) includes {chance_text(chance)}. So no "
                 "privacy–utility trade-off is reported: at these settings the private models learned nothing "
                 "measurable.")
-    # compared as floats: an integer accuracy from a hand-edited results.json (2⁶⁴ − 1) rounds up
-    # when 0.01 is subtracted, and the best itself would no longer be "near" the best
-    best = max(float(typing.cast(float, e.utility.test_accuracy.value)) for e in above)
-    near = [e for e in above if float(typing.cast(float, e.utility.test_accuracy.value)) >= best - 0.01]
-    choice = min(near, key=lambda e: e.claim.epsilon)
-    accuracy = float(typing.cast(float, choice.utility.test_accuracy.value))
-    low, high = accuracy_interval(accuracy, test_size)
-    return (f"Best privacy–utility trade-off: {choice.label} — test accuracy {100 * accuracy:.1f} % "
+    best = max(accuracy[e.key] for e in above)
+    choice = min((e for e in above if accuracy[e.key] >= best - 0.01), key=lambda e: e.claim.epsilon)
+    low, high = interval[choice.key]
+    return (f"Best privacy–utility trade-off: {choice.label} — test accuracy {100 * accuracy[choice.key]:.1f} % "
             f"[{100 * low:.1f} %, {100 * high:.1f} %] at claimed ε = {choice.claim.epsilon:.3g} per {choice.claim.unit} "
             f"({chance_text(chance)}; the smallest ε within 1 point of the best private accuracy, among claims no "
             "measurement contradicts and accuracies clearly above chance).")
@@ -190,9 +189,7 @@ def violation_lines(experiment: Experiment, status: VerdictStatus = VerdictStatu
                         if v.p_value is not None and v.level is not None else "")
                 lines.append(f"{named_figure(attack, v)}: ε_LB = {v.measured:.3g} > ε = {v.bound:.3g} the claim allows "
                              f"per {v.unit}{test}.")
-            elif status == VerdictStatus.ESTIMATE_ABOVE:
-                lines.append(f"{named_figure(attack, v)}: {v.text}.")
-            else:
+            else:  # an estimate above its claim, or a violation without its figures: the verdict's own sentence
                 lines.append(f"{named_figure(attack, v)}: {v.text}.")
     return lines
 
@@ -308,7 +305,7 @@ def verdict_parts(verdict: Verdict) -> tuple[str, str]:
     likely the audit was to find one (against twice the claimed ε); beside a violation it would
     read as a contradiction."""
     status = verdict.status
-    word = BADGE_TEXT.get(status, str(status))
+    word = badge_text(status)
     if status == VerdictStatus.VIOLATION:
         if verdict.p_value is not None and verdict.level is not None:
             return word, f"p = {verdict.p_value:.2g} < {verdict.level:.2g}"

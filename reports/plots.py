@@ -28,7 +28,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
 from audit.core.vocabulary import VerdictKind, VerdictStatus  # noqa: E402
-from reports.document import Estimate, Experiment  # noqa: E402
+from reports.document import AttackRecord, Estimate, Experiment  # noqa: E402
 
 COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 #: the colour of a violation, and the cycle without the red that could be mistaken for it
@@ -146,9 +146,10 @@ def _roc_limit(curves: list[tuple[list[float], list[float]]]) -> float:
     return min(max(10.0 ** math.floor(math.log10(smallest) - 1e-9), 1e-5), 0.01)
 
 
-def _roc_curves(experiments: list[Experiment], attack: str) -> list[tuple[int, Experiment, list[float], list[float]]]:
-    """(configuration index, experiment, FPR, TPR) of every configuration that scored ``attack``
-    (a curve of at least two points); none when nothing was scored."""
+def _roc_curves(experiments: list[Experiment],
+                attack: str) -> list[tuple[int, Experiment, AttackRecord, list[float], list[float]]]:
+    """(configuration index, experiment, its record of ``attack``, FPR, TPR) of every configuration
+    that scored ``attack`` (a curve of at least two points); none when nothing was scored."""
     curves = []
     for i, experiment in enumerate(experiments):
         for result in experiment.attacks:
@@ -157,7 +158,7 @@ def _roc_curves(experiments: list[Experiment], attack: str) -> list[tuple[int, E
             points = [(f, t) for f, t in zip(result.roc.fpr, result.roc.tpr)
                       if f is not None and t is not None and 0.0 <= f <= 1.0 and 0.0 <= t <= 1.0]
             if len(points) >= 2:
-                curves.append((i, experiment, [p[0] for p in points], [p[1] for p in points]))
+                curves.append((i, experiment, result, [p[0] for p in points], [p[1] for p in points]))
     return curves
 
 
@@ -169,9 +170,9 @@ def draw_roc(axis, experiments: list[Experiment], attack: str, color: str, legen
     curves = _roc_curves(experiments, attack)
     if not curves:
         return False
-    low = _roc_limit([(fpr, tpr) for _, _, fpr, tpr in curves])
-    for i, experiment, fpr, tpr in curves:
-        auc = next((r.metrics["auc"].value for r in experiment.attacks if r.attack == attack and "auc" in r.metrics), None)
+    low = _roc_limit([(fpr, tpr) for *_, fpr, tpr in curves])
+    for i, experiment, result, fpr, tpr in curves:
+        auc = result.metrics["auc"].value if "auc" in result.metrics else None
         # a point of TPR 0 detects nothing and has no place on log axes; one of FPR 0 (a perfect
         # attack's TPR at FPR 0) is drawn on the left edge
         kept = [(max(f, low), t) for f, t in zip(fpr, tpr) if t > 0]

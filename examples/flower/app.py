@@ -235,8 +235,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def settings(run_config) -> argparse.Namespace:
     """The example's arguments from a Flower run config (keys: the option names without "--")."""
-    args = parser().parse_args([])
-    options = {action.option_strings[0][2:]: action for action in parser()._actions
+    options_of = parser()
+    args = options_of.parse_args([])
+    options = {action.option_strings[0][2:]: action for action in options_of._actions
                if action.option_strings and action.dest != "help"}
     unknown = sorted(set(run_config) - set(options))
     if unknown:
@@ -253,18 +254,23 @@ def settings(run_config) -> argparse.Namespace:
 
 
 @functools.lru_cache(maxsize=4)
-def _client_side(frozen: tuple):
+def _client_parts(frozen: tuple):
     args = argparse.Namespace(**dict(frozen))
     return client_fn_of(args), canary_mod(canaries_of(args))
 
 
+def _client_side(context: Context):
+    """(client_fn, canary Mod) of this run's settings, built once per process and run config."""
+    return _client_parts(tuple(sorted(vars(settings(context.run_config)).items())))
+
+
 def _client_fn(context: Context):
-    client_fn, _ = _client_side(tuple(sorted(vars(settings(context.run_config)).items())))
+    client_fn, _ = _client_side(context)
     return client_fn(context)
 
 
 def _canary_mod(msg, context: Context, call_next):
-    _, mod = _client_side(tuple(sorted(vars(settings(context.run_config)).items())))
+    _, mod = _client_side(context)
     return mod(msg, context, call_next)
 
 

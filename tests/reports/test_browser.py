@@ -17,8 +17,6 @@ the test skips when they are not on the PATH.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -26,8 +24,6 @@ import pytest
 from tests.helpers import HOSTILE, load_script
 
 SECTIONS = ("headline", "summary", "plots", "results", "diagnostics", "definitions", "provenance")
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync")
 
 #: page top (CSS pixels) of the headline table, the first figure and the first detail table
 POSITIONS = """
@@ -84,24 +80,23 @@ def _requests(performance_log: list[dict]) -> list[str]:
     return urls
 
 
+def browser_script():
+    """examples/screenshots.py, whose headless Chromium (fresh profile, no background networking)
+    the tests use too; skips when Selenium, Chromium or its driver is missing."""
+    pytest.importorskip("selenium.webdriver")
+    script = load_script(Path(__file__).resolve().parents[2] / "examples" / "screenshots.py", "report_screenshots")
+    if script.chromium_paths() is None:
+        pytest.skip(f"headless Chromium not installed ({script.INSTALL})")
+    return script
+
+
 def render(report: Path, screenshot: Path) -> dict:
     """Open ``report`` in headless Chromium, click the first verdict's summary; return what the page
     rendered, requested and logged."""
-    webdriver = pytest.importorskip("selenium.webdriver")
+    script = browser_script()
     from selenium.common.exceptions import NoAlertPresentException
 
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver_path = shutil.which("chromedriver")
-    if not browser or not driver_path:
-        pytest.skip("headless Chromium not installed (Debian: apt-get install chromium chromium-driver)")
-    options = webdriver.ChromeOptions()
-    options.binary_location = browser
-    profile = tempfile.mkdtemp(prefix="dpfl-audit-chromium-")
-    for flag in (*FLAGS, f"--user-data-dir={profile}", "--window-size=1400,2000"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
-    driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=driver_path), options=options)
-    try:
+    with script.chromium(1400, 2000) as driver:
         driver.get("about:blank")
         driver.get_log("performance")  # drop what the browser's start page fetched: only the report counts
         driver.get(report.resolve().as_uri())
@@ -128,9 +123,6 @@ def render(report: Path, screenshot: Path) -> dict:
         driver.save_screenshot(str(screenshot))
         console = [entry for entry in driver.get_log("browser") if entry["level"] in ("SEVERE", "ERROR")]
         requests = _requests(driver.get_log("performance"))
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
     return {"sections": sections, "images": images, "title": title, "console": console, "alert": alert,
             "headline": headline, "positions": positions, "in_order": in_order, "details": details_before,
             "folded_text": folded_text, "opened": opened, "opened_text": opened_text, "requests": requests,
@@ -225,11 +217,8 @@ def test_the_print_stylesheet_takes_effect(page):
 def test_screenshots_script_makes_small_wide_pngs(smoke_runs, tmp_path):
     """examples/screenshots.py, which makes the documentation's screenshots: a PNG of the window,
     1200 CSS pixels wide, well under 400 KB."""
-    pytest.importorskip("selenium.webdriver")
-    if not (shutil.which("chromium") or shutil.which("chromium-browser")) or not shutil.which("chromedriver"):
-        pytest.skip("headless Chromium not installed")
+    script = browser_script()
     _, (out, _) = smoke_runs
-    script = load_script(Path(__file__).resolve().parents[2] / "examples" / "screenshots.py", "report_screenshots")
     for at in ("top", "figures"):
         png = tmp_path / f"{at}.png"
         assert script.main([str(out / "report.html"), str(png), "--at", at]) == 0
