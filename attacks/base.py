@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 import numpy as np
 
@@ -55,9 +55,20 @@ class Attack:
     #: "membership" attacks score the membership runs; "canary" audits train runs of their own
     kind: ClassVar[str] = "membership"
 
+    params: Any
+    label: str
+
     def __init__(self, params: Any = None, label: str | None = None):
-        self.params = params if params is not None else self.Params()
-        self.label = label or self.name
+        # an attack is a value shared by every experiment of a plan: set once, here
+        object.__setattr__(self, "params", params if params is not None else self.Params())
+        object.__setattr__(self, "label", label or self.name)
+
+    def __setattr__(self, name: str, value: Any) -> NoReturn:
+        raise AttributeError(f"{type(self).__name__}.{name}: an attack is an immutable value shared by every experiment "
+                             "of a plan; keep what one experiment derives in that experiment's own records")
+
+    def __delattr__(self, name: str) -> NoReturn:
+        raise AttributeError(f"{type(self).__name__}.{name}: an attack is an immutable value")
 
     def check(self, field_path: str, setting: Setting) -> None:
         """Reject params that do not fit the experiment ``setting`` (one line naming the field

@@ -49,13 +49,15 @@ class PlannedExperiment:
 @dataclass(frozen=True)
 class Plan:
     """What an audit will do, decided before anything is written: the experiments, the attacks,
-    the membership design and what the runs store. Nothing assigns to it afterwards: training
-    returns :class:`audit.training.TrainedRuns`, the attacks :class:`audit.attacking.AttackResults`."""
+    the membership design and what the runs store. A value all the way down — its experiments'
+    defenses, its attacks, its task and membership design are immutable — so nothing assigns to it
+    afterwards: training returns :class:`audit.training.TrainedRuns`, the attacks
+    :class:`audit.attacking.AttackResults`."""
 
     config: AuditConfig
     task: Task
-    experiments: list[PlannedExperiment]
-    attacks: list[Attack]
+    experiments: tuple[PlannedExperiment, ...]
+    attacks: tuple[Attack, ...]
     membership: Membership
     accounting: AccountingSettings
     record: RecordSpec
@@ -75,7 +77,7 @@ class Plan:
         return self.membership.keep
 
     @property
-    def clients(self) -> list[list[np.ndarray]]:
+    def clients(self) -> tuple[tuple[np.ndarray, ...], ...]:
         return self.membership.clients
 
     def canary_base_run(self, index: int) -> int:
@@ -191,7 +193,7 @@ def plan_audit(config: AuditConfig) -> Plan:
     build = client_membership if unit == Unit.CLIENT else record_membership
     design = replace(config.membership, relation=design_relation(config.membership.relation, unit, experiments))
     membership = build(task.pool.labels.numpy(), design, config.partition, config.seed)
-    return Plan(config, task, experiments, attack_list, membership, accounting, _record_spec(config, attack_list),
+    return Plan(config, task, tuple(experiments), tuple(attack_list), membership, accounting, _record_spec(config, attack_list),
                 target_record=_record_spec(config, attack_list, target=True))
 
 

@@ -52,8 +52,10 @@ else:  # imported when first used (audit.core.lazy_modules)
     nn = lazy_module("torch.nn")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Task:
+    """What every run of an audit trains on: the dataset, its candidate pool and test split, the model."""
+
     dataset: Dataset
     pool: Split
     test: Split
@@ -111,9 +113,16 @@ def keep_matrix(pool_size: int, membership: MembershipConfig, seed: int) -> np.n
 RELATIONS = (Relation.ADD_REMOVE, Relation.REPLACE_ONE, Relation.ZERO_OUT)
 
 
-@dataclass
+def _frozen(array: np.ndarray) -> np.ndarray:
+    """A read-only copy: a design shared by every run and stage cannot be changed by one of them."""
+    out = np.array(array)
+    out.setflags(write=False)
+    return out
+
+
+@dataclass(frozen=True)
 class Membership:
-    """Who trains in which membership run.
+    """Who trains in which membership run: a value, read-only all the way down (its arrays too).
 
     ``parts`` are the fixed clients (record unit) or candidate clients (client unit), as pool
     indices; a run's clients follow from its coins by :meth:`run_clients`.
@@ -122,14 +131,20 @@ class Membership:
     unit: str  # "record" or "client"
     relation: str  # "add-remove", "replace-one" or "zero-out": what one coin changes
     keep: np.ndarray  # bool [runs, pool records]
-    parts: list[np.ndarray]
+    parts: tuple[np.ndarray, ...]
     owners: np.ndarray  # the part of each pool record
     client_keep: np.ndarray | None = None  # bool [runs, candidate clients] (client unit)
-    clients: list[list[np.ndarray]] = field(default_factory=list)  # per run, the pool indices of each of its clients
+    #: per run, the pool indices of each of its clients
+    clients: tuple[tuple[np.ndarray, ...], ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
-        if not self.clients:
-            self.clients = [self.run_clients(r) for r in range(self.keep.shape[0])]
+        object.__setattr__(self, "keep", _frozen(self.keep))
+        object.__setattr__(self, "owners", _frozen(self.owners))
+        object.__setattr__(self, "parts", tuple(_frozen(p) for p in self.parts))
+        if self.client_keep is not None:
+            object.__setattr__(self, "client_keep", _frozen(self.client_keep))
+        clients = self.clients or [self.run_clients(r) for r in range(self.keep.shape[0])]
+        object.__setattr__(self, "clients", tuple(tuple(_frozen(c) for c in run) for run in clients))
 
     def coins(self, run: int) -> np.ndarray:
         """Run ``run``'s inclusion coins: one per record (record unit) or candidate client."""

@@ -26,7 +26,7 @@ import numpy as np
 from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import numpy_rng, seed_torch, torch_generator
 from audit.core.vocabulary import Observer, Relation, Unit
-from defenses.base import DEFENSES, AccountingSettings, AuditHooks, Defense, PrivacyClaim
+from defenses.base import DEFENSES, NO_STATE, AccountingSettings, AuditHooks, Defense, PrivacyClaim
 from defenses.blocks.flat import ParamLayout, parameters_of
 from defenses.blocks.local_training import (
     TRAINERS,
@@ -129,7 +129,7 @@ class AEDPFL(Defense):
             total += gaussian_rows(1, queries * classes, share_std, [generator], clean.device)[0].view(queries, classes).double()
         return total
 
-    def privacy_claim(self, training, num_clients, rounds, delta, accounting) -> PrivacyClaim:
+    def privacy_claim(self, training, num_clients, rounds, delta, accounting, state=NO_STATE) -> PrivacyClaim:
         return self._claim(self.params.queries, delta, accounting)
 
     @staticmethod

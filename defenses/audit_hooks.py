@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING
 
 from audit.core.lazy_modules import lazy_module
 from defenses.federated.release_probe import ReleaseProbe, engine_probe
+from defenses.federated.training_job import ReleaseAnomaly
 
 if TYPE_CHECKING:
     import torch
 
     from defenses.federated.round_defense import RoundDefense
-    from defenses.federated.training_job import RoundContext, TrainingConfig, TrainingJob
+    from defenses.federated.training_job import DefenseState, RoundContext, TrainingConfig, TrainingJob
 else:  # imported when first used (audit.core.lazy_modules)
     torch = lazy_module("torch")
 
@@ -52,12 +53,18 @@ class AuditHooks:
 
     # ---------------------------------------------------------------- canary clients
 
-    def canary_norm(self, honest_norms: torch.Tensor) -> float:
-        """ℓ2 norm a canary client's update is given: the clip where the defense clips updates
-        (the largest contribution a client can make), else the round's median honest norm."""
+    def clip_bound(self, state: DefenseState | None = None) -> float | None:
+        """The clip S of a run whose state is ``state`` (``params.clip``; a defense that calibrates
+        it on the run's data reads it from the state), None where the defense has none."""
         clip = getattr(self.defense.params, "clip", None)
-        if self.clips_updates and isinstance(clip, int | float) and clip > 0:
-            return float(clip)
+        return float(clip) if isinstance(clip, int | float) and clip > 0 else None
+
+    def canary_norm(self, honest_norms: torch.Tensor, state: DefenseState | None = None) -> float:
+        """ℓ2 norm a canary client's update is given: the run's clip where the defense clips updates
+        (the largest contribution a client can make), else the round's median honest norm."""
+        clip = self.clip_bound(state) if self.clips_updates else None
+        if clip is not None:
+            return clip
         return float(honest_norms.median()) if len(honest_norms) else 1.0
 
     def clip_slices(self) -> list[slice] | None:
@@ -67,12 +74,14 @@ class AuditHooks:
             return None
         return list(self.defense.layout.slices().values())
 
-    def canary_rows(self, directions: torch.Tensor, honest_norms: torch.Tensor) -> torch.Tensor:
+    def canary_rows(self, directions: torch.Tensor, honest_norms: torch.Tensor,
+                    state: DefenseState | None = None) -> torch.Tensor:
         """Canary clients' uploads before privatisation: each direction scaled to
-        :meth:`canary_norm`. Under per-tensor clipping a client may put norm S into *every*
-        tensor (sensitivity S√L), so each tensor's part of a canary is scaled to S: a canary
-        scaled as one vector would carry only S, a 1/√L share of what the claim must cover."""
-        norm = self.canary_norm(honest_norms)
+        :meth:`canary_norm` (of the run whose state is ``state``). Under per-tensor clipping a
+        client may put norm S into *every* tensor (sensitivity S√L), so each tensor's part of a
+        canary is scaled to S: a canary scaled as one vector would carry only S, a 1/√L share of
+        what the claim must cover."""
+        norm = self.canary_norm(honest_norms, state)
         slices = self.clip_slices() if self.clips_updates else None
         if slices is None:
             return directions * norm
@@ -99,8 +108,13 @@ class AuditHooks:
 
     def release_statistic(self, uploads: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
         """The noisy statistic the released step is computed from by post-processing alone (what the
-        conformance audit observes for the released models); default: the step itself."""
-        return self.defense.aggregate(uploads, ctx)
+        conformance audit observes for the released models); default: the step itself, which
+        must have one value per model parameter."""
+        step = self.defense.aggregate(uploads, ctx)
+        if ctx.layout is not None and step.numel() != ctx.layout.dim:
+            raise ReleaseAnomaly(f"aggregate returned a step of {step.numel()} values for a model of {ctx.layout.dim} "
+                                 "parameters")
+        return step
 
     def release_probe(self, job: TrainingJob) -> ReleaseProbe | None:
         """The defense's round as the conformance audit drives it (:mod:`defenses.federated.release_probe`):

@@ -5,8 +5,8 @@ docs/how-to/add-a-defense.md."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass, fields, is_dataclass, replace
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
@@ -15,7 +15,14 @@ from defenses.audit_hooks import AuditHooks
 from defenses.blocks.flat import ParamLayout
 from defenses.blocks.local_training import LocalObjective, client_batches
 from defenses.federated.engine import FederatedEngine, mean_update
-from defenses.federated.training_job import RoundContext, TrainingConfig, TrainingJob, TrainingOutcome
+from defenses.federated.training_job import (
+    NO_STATE,
+    DefenseState,
+    RoundContext,
+    TrainingConfig,
+    TrainingJob,
+    TrainingOutcome,
+)
 from defenses.privacy.accounting import AccountingSettings
 from defenses.privacy.claims import UNITS, PrivacyClaim
 
@@ -30,12 +37,30 @@ class NoParams:
     """A defense without hyper-parameters."""
 
 
+def _frozen_params(params: Any, owner: str) -> Any:
+    """``params`` as a defense keeps it: a frozen dataclass whose list values become tuples, so that
+    nothing reachable from a defense can change after construction."""
+    if not is_dataclass(params) or isinstance(params, type):
+        raise TypeError(f"{owner}: params must be an instance of a frozen dataclass (the class's Params), "
+                        f"got {type(params).__name__}")
+    if not params.__dataclass_params__.frozen:  # type: ignore[attr-defined]
+        raise TypeError(f"{owner}: {type(params).__name__} must be declared @dataclass(frozen=True): a defense is a value")
+    lists = {f.name: tuple(getattr(params, f.name)) for f in fields(params) if isinstance(getattr(params, f.name), list)}
+    return replace(params, **lists) if lists else params
+
+
 class Defense:
     """A federated learning algorithm with its privatisation and its privacy claim.
 
     Round-based defenses use :class:`defenses.federated.engine.FederatedEngine` and override its hooks
     (:meth:`local_objective`, :meth:`privatize`, :meth:`aggregate`); a defense with a different
     shape (e.g. one-shot voting) overrides :meth:`train` instead.
+
+    A defense is an immutable value — its hyper-parameters (a frozen dataclass) and the model's
+    layout — shared by every run of an experiment, alone or trained together. Assigning an
+    attribute after construction raises: whatever a run derives from its data belongs in the
+    :class:`~defenses.federated.training_job.DefenseState` that :meth:`prepare` returns, which the
+    engine keeps per run and hands to every hook as ``ctx.state``.
     """
 
     name: ClassVar[str] = ""
@@ -46,10 +71,31 @@ class Defense:
     #: what an honest-but-curious server observes each round: "uploads" or "aggregate"
     default_view: ClassVar[str] = "uploads"
 
+    params: Any
+    #: the model's parameter layout, bound before training (some claims depend on it)
+    layout: ParamLayout | None
+
     def __init__(self, params: Any = None, layout: ParamLayout | None = None):
-        self.params = params if params is not None else self.Params()
-        #: the model's parameter layout, bound before training (some claims depend on it)
-        self.layout = layout
+        owner = f"defense '{self.name or type(self).__name__}'"
+        object.__setattr__(self, "params", _frozen_params(params if params is not None else self.Params(), owner))
+        object.__setattr__(self, "layout", layout)
+
+    def __setattr__(self, name: str, value: Any) -> NoReturn:
+        raise AttributeError(f"{type(self).__name__}.{name}: a defense is an immutable value shared by every run of an "
+                             "experiment; return what a run derives from its data from prepare() (a DefenseState) and "
+                             "read it as ctx.state")
+
+    def __delattr__(self, name: str) -> NoReturn:
+        raise AttributeError(f"{type(self).__name__}.{name}: a defense is an immutable value")
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other.params == self.params and other.layout == self.layout  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.params, self.layout))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.params!r})"
 
     # ---------------------------------------------------------------- configuration
 
@@ -69,11 +115,14 @@ class Defense:
         return type(self)(self.params, layout)
 
     def privacy_claim(self, training: TrainingConfig, num_clients: int, rounds: int, delta: float,
-                      accounting: AccountingSettings) -> PrivacyClaim:
+                      accounting: AccountingSettings, state: DefenseState = NO_STATE) -> PrivacyClaim:
+        """The claim of a run with these settings; ``state`` is the run's (:meth:`prepare`), or
+        :data:`NO_STATE` before any run's data is known (planning), for defenses whose claim
+        depends on it (NbAFL's smallest client)."""
         return PrivacyClaim.non_private("no differential privacy")
 
     def epsilon_trajectory(self, training: TrainingConfig, num_clients: int, delta: float,
-                           accounting: AccountingSettings) -> list[float] | None:
+                           accounting: AccountingSettings, state: DefenseState = NO_STATE) -> list[float] | None:
         """ε after each round, for the per-round metrics (None for non-private defenses)."""
         return None
 
@@ -92,12 +141,14 @@ class Defense:
         return LocalObjective()
 
     def prepare(self, job: TrainingJob, model: torch.nn.Module | None = None,
-                initial: dict[str, torch.Tensor] | None = None) -> None:
-        """Called once before training, with the initial global model (defenses that need the
-        clients' sizes, the seed, or server-side work on public data before the first round)."""
+                initial: dict[str, torch.Tensor] | None = None) -> DefenseState:
+        """What this run derives from its data, before its first round, with the initial global model
+        (the clients' sizes, the seed, server-side work on public data): a frozen
+        :class:`~defenses.federated.training_job.DefenseState` the engine keeps for this run only."""
+        return NO_STATE
 
-    def test_split(self, job: TrainingJob) -> tuple[torch.Tensor, torch.Tensor]:
-        """The held-out records accuracy is measured on, after :meth:`prepare` (a defense that takes
+    def test_split(self, job: TrainingJob, state: DefenseState = NO_STATE) -> tuple[torch.Tensor, torch.Tensor]:
+        """The held-out records accuracy is measured on, given the run's ``state`` (a defense that takes
         server-side data from the held-out split removes it here)."""
         return job.test_x, job.test_y
 
@@ -138,4 +189,5 @@ class Defense:
 
 DEFENSES: Registry[type[Defense]] = Registry("defense")
 
-__all__ = ["DEFENSES", "UNITS", "AccountingSettings", "AuditHooks", "Defense", "NoParams", "PrivacyClaim"]
+__all__ = ["DEFENSES", "NO_STATE", "UNITS", "AccountingSettings", "AuditHooks", "Defense", "DefenseState", "NoParams",
+           "PrivacyClaim"]

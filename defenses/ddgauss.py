@@ -58,7 +58,7 @@ from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import numpy_rng
 from audit.core.vocabulary import Observer, Relation, Unit
-from defenses.base import DEFENSES, AccountingSettings, AuditHooks, Defense, PrivacyClaim
+from defenses.base import DEFENSES, NO_STATE, AccountingSettings, AuditHooks, Defense, PrivacyClaim
 from defenses.blocks.clipping import clip_rows
 from defenses.blocks.noise import discrete_gaussian
 from defenses.blocks.rotation import padded_dimension, random_signs, rotate, unrotate
@@ -229,7 +229,7 @@ class DDGauss(Defense):
         bounded = rdp_to_epsilon(INTEGER_ORDERS, bound * per_round, delta / 2, conversion)[0]
         return (bounded, bound) if bounded < every else (every, rounds)
 
-    def privacy_claim(self, training, num_clients, rounds, delta, accounting) -> PrivacyClaim:
+    def privacy_claim(self, training, num_clients, rounds, delta, accounting, state=NO_STATE) -> PrivacyClaim:
         conversion = self._conversion(accounting)
         epsilon = self._epsilon(training, num_clients, rounds, delta, conversion)
         setting = self.setting(training, num_clients)
@@ -263,7 +263,7 @@ class DDGauss(Defense):
         return PrivacyClaim(epsilon if finite else math.inf, delta, Unit.CLIENT, label, mechanism, "; ".join(notes),
                             relation=relation, adversary=Observer.RELEASED, adversaries=adversaries)
 
-    def epsilon_trajectory(self, training, num_clients, delta, accounting) -> list[float]:
+    def epsilon_trajectory(self, training, num_clients, delta, accounting, state=NO_STATE) -> list[float]:
         conversion = self._conversion(accounting)
         setting = self.setting(training, num_clients)
         if setting.local_std <= 0:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from audit.core.lazy_modules import lazy_module
-from defenses.base import DEFENSES, Defense, PrivacyClaim
+from defenses.base import DEFENSES, NO_STATE, Defense, PrivacyClaim
 from defenses.blocks.local_training import LocalObjective, Params
 from defenses.blocks.sparsify import kept_per_tensor, per_tensor_top_mask
 from defenses.fedavg import DPFedAvg, DPFedAvgParams, NoiseSupport
@@ -106,7 +106,7 @@ class FedSAM(Defense):
     def local_objective(self) -> LocalObjective:
         return SAMObjective(self.params.rho, self.params.sam_variant)
 
-    def privacy_claim(self, training, num_clients, rounds, delta, accounting) -> PrivacyClaim:
+    def privacy_claim(self, training, num_clients, rounds, delta, accounting, state=NO_STATE) -> PrivacyClaim:
         return PrivacyClaim.non_private("non-private: SAM local steps, no clipping, no noise")
 
 

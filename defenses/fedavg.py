@@ -40,7 +40,7 @@ from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
 from audit.core.vocabulary import Observer, Unit
 from defenses.audit_hooks import AuditHooks
-from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
+from defenses.base import DEFENSES, NO_STATE, AccountingSettings, Defense, PrivacyClaim
 from defenses.blocks.clipping import clip_rows, clip_rows_per_tensor, joined_rows
 from defenses.blocks.dirac_rows import DiracRows
 from defenses.blocks.noise import gaussian_rows
@@ -68,7 +68,7 @@ class FedAvg(Defense):
     summary = "Federated averaging without privacy (baseline)"
     reference = "McMahan et al. 2017, Communication-Efficient Learning of Deep Networks from Decentralized Data"
 
-    def privacy_claim(self, training, num_clients, rounds, delta, accounting) -> PrivacyClaim:
+    def privacy_claim(self, training, num_clients, rounds, delta, accounting, state=NO_STATE) -> PrivacyClaim:
         return PrivacyClaim.non_private("non-private baseline: no clipping, no noise")
 
 
@@ -194,7 +194,7 @@ class DPFedAvg(Defense):
         # the accounted multiplier is proportional to σ (σ/√L per tensor, σ/√m_max for masked noise)
         return self.with_params(noise_multiplier=effective * self.params.noise_multiplier / schedule.noise_multiplier)
 
-    def privacy_claim(self, training, num_clients, rounds, delta, accounting) -> PrivacyClaim:
+    def privacy_claim(self, training, num_clients, rounds, delta, accounting, state=NO_STATE) -> PrivacyClaim:
         reach = self.noise_reach(training, num_clients, rounds)
         adversaries = gaussian_adversaries(reach, delta, accounting.accountant, accounting.conversion)
         notes = ["client-level: neighbouring datasets differ in one client's data"]
@@ -224,7 +224,7 @@ class DPFedAvg(Defense):
         """Caveats specific to a variant."""
         return []
 
-    def epsilon_trajectory(self, training, num_clients, delta, accounting) -> list[float]:
+    def epsilon_trajectory(self, training, num_clients, delta, accounting, state=NO_STATE) -> list[float]:
         if self.noise_reach(training, num_clients).aggregate is None:
             return [math.inf] * training.rounds
         schedule = self.schedule(training, num_clients)

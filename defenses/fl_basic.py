@@ -24,6 +24,7 @@ from defenses.subset_training import (
     SubsetDPParams,
     SubsetFL,
     SubsetParams,
+    SubsetState,
     kept_count,
     masked_public_update,
 )
@@ -49,19 +50,19 @@ class _Basic(SubsetFL):
         mask[order[:kept_count(self.params.keep_fraction, dim)]] = True
         return mask.to(ctx.global_vector.device)
 
-    def prepare(self, job, model=None, initial=None) -> None:
-        super().prepare(job, model, initial)
-        if self.private and not self.params.clip:
-            dim = sum(p.numel() for p in initial.values())
-            keep = kept_count(self.params.keep_fraction, dim)
-            norms = []
-            for k in range(self.params.calibration_subsets):
-                order = torch.randperm(dim, generator=torch_generator(job.seed, "basic-calibration", k))
-                mask = torch.zeros(dim, dtype=torch.bool)
-                mask[order[:keep]] = True
-                update = masked_public_update(model, initial, mask.to(job.pool_x.device), *self._public, job.training, job.seed)
-                norms.append(float(torch.linalg.vector_norm(update.double())))
-            self._clip = float(np.median(norms))
+    def calibrated_clip(self, job, model, initial, state: SubsetState, mask: torch.Tensor | None) -> float:
+        """S: the median over random K-subsets of the public round's update norm (§4)."""
+        dim = sum(p.numel() for p in initial.values())
+        keep = kept_count(self.params.keep_fraction, dim)
+        norms = []
+        for k in range(self.params.calibration_subsets):
+            order = torch.randperm(dim, generator=torch_generator(job.seed, "basic-calibration", k))
+            subset = torch.zeros(dim, dtype=torch.bool)
+            subset[order[:keep]] = True
+            update = masked_public_update(model, initial, subset.to(job.pool_x.device), state.public_x, state.public_y,
+                                          job.training, job.seed)
+            norms.append(float(torch.linalg.vector_norm(update.double())))
+        return float(np.median(norms))
 
 
 @DEFENSES.register("fl-basic")

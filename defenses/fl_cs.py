@@ -27,7 +27,7 @@ from defenses.blocks.noise import gaussian_rows
 from defenses.blocks.partial_dct import PartialDCT
 from defenses.blocks.sparsify import exact_count
 from defenses.federated.training_job import RoundContext
-from defenses.subset_training import SubsetAuditHooks, SubsetFL, SubsetParams, masked_public_update
+from defenses.subset_training import SubsetAuditHooks, SubsetFL, SubsetParams, SubsetState, masked_public_update, run_clip
 
 if TYPE_CHECKING:
     import torch
@@ -59,25 +59,25 @@ class _CS(SubsetFL):
         return sum(exact_count(self.params.keep_fraction, min(self.params.chunk, dim - s), "floor")
                    for s in range(0, dim, self.params.chunk))
 
-    def prepare(self, job, model=None, initial=None) -> None:
-        super().prepare(job, model, initial)
-        if self.private and not self.params.clip:
-            dim = sum(p.numel() for p in initial.values())
-            full = torch.ones(dim, dtype=torch.bool, device=job.pool_x.device)
-            update = masked_public_update(model, initial, full, *self._public, job.training, job.seed)
-            sketch = PartialDCT(dim, self.params.chunk, self.params.keep_fraction, torch_generator(job.seed, "cs-calibration"))
-            self._clip = float(np.linalg.norm(sketch.compress(update.double().cpu().numpy()[None, :])))
+    def calibrated_clip(self, job, model, initial, state: SubsetState, mask: torch.Tensor | None) -> float:
+        """S on the compressed update: the norm of the sketched public round's update."""
+        dim = sum(p.numel() for p in initial.values())
+        full = torch.ones(dim, dtype=torch.bool, device=job.pool_x.device)
+        update = masked_public_update(model, initial, full, state.public_x, state.public_y, job.training, job.seed)
+        sketch = PartialDCT(dim, self.params.chunk, self.params.keep_fraction, torch_generator(job.seed, "cs-calibration"))
+        return float(np.linalg.norm(sketch.compress(update.double().cpu().numpy()[None, :])))
 
     def privatize(self, updates: torch.Tensor, ctx: RoundContext) -> tuple[torch.Tensor, dict]:
         measured = torch.as_tensor(self.sketch(ctx).compress(updates.double().cpu().numpy()), device=updates.device)
         diagnostics = {**self.bandwidth(updates.shape[1]), "clip_input_norms": torch.linalg.vector_norm(measured, dim=1)}
         if not self.private:
             return measured, diagnostics
-        clipped, _, was_clipped = clip_rows(measured, self._clip)
-        std = self._clip * self.params.noise_multiplier / math.sqrt(len(ctx.participants))
+        clip = run_clip(ctx)
+        clipped, _, was_clipped = clip_rows(measured, clip)
+        std = clip * self.params.noise_multiplier / math.sqrt(len(ctx.participants))
         generators = [ctx.client_generator(int(c), "noise") for c in ctx.participants]
         noisy = clipped + gaussian_rows(len(ctx.participants), measured.shape[1], std, generators, updates.device).double()
-        diagnostics.update(clip_fraction=float(was_clipped.double().mean()), clip=self._clip)
+        diagnostics.update(clip_fraction=float(was_clipped.double().mean()), clip=clip)
         return noisy, diagnostics
 
     def compressed_mean(self, uploads: torch.Tensor, ctx: RoundContext) -> torch.Tensor:

@@ -10,16 +10,9 @@ coordinate; S is the norm of one server-side round on the public batch (§4).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from audit.core.lazy_modules import lazy_module
 from defenses.base import DEFENSES
-from defenses.subset_training import SubsetFL, masked_public_update
-
-if TYPE_CHECKING:
-    import torch
-else:  # imported when first used (audit.core.lazy_modules)
-    torch = lazy_module("torch")
+from defenses.subset_training import SubsetFL
 
 
 @dataclass(frozen=True)
@@ -35,15 +28,7 @@ class FLStdDPParams(FLStdParams):
 
 
 class _Std(SubsetFL):
-    downstream_full = True
-
-    def prepare(self, job, model=None, initial=None) -> None:
-        super().prepare(job, model, initial)
-        if self.private and not self.params.clip:
-            dim = sum(p.numel() for p in initial.values())
-            full = torch.ones(dim, dtype=torch.bool, device=job.pool_x.device)
-            self._clip = float(torch.linalg.vector_norm(masked_public_update(model, initial, full, *self._public,
-                                                                            job.training, job.seed).double()))
+    downstream_full = True  # every coordinate trains; S from the public round with all of them (the frame's default)
 
 
 @DEFENSES.register("fl-std")

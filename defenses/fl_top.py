@@ -28,13 +28,12 @@ from typing import TYPE_CHECKING, Literal
 from audit.core.lazy_modules import lazy_module
 from defenses.base import DEFENSES
 from defenses.blocks.top_k_selection import private_top_k, select_top_k
-from defenses.federated.training_job import RoundContext
 from defenses.subset_training import (
     SubsetDPParams,
     SubsetFL,
     SubsetParams,
+    SubsetState,
     kept_count,
-    masked_public_update,
 )
 
 if TYPE_CHECKING:
@@ -60,36 +59,28 @@ class FLTopDPParams(SubsetDPParams):
 
 
 class _TopK(SubsetFL):
-    def prepare(self, job, model=None, initial=None) -> None:
-        super().prepare(job, model, initial)
+    def trainable_mask(self, job, model, initial, state: SubsetState) -> tuple[torch.Tensor, None]:
+        """𝕋 for the whole run: the top-K coordinates on the run's public batch (§3.1), or chosen
+        privately (§3.2.3); the clip is then calibrated with 𝕋 (:meth:`SubsetFL.calibrated_clip`)."""
         dim = sum(p.numel() for p in initial.values())
         keep = kept_count(self.params.keep_fraction, dim)
         if getattr(self.params, "topk_selection", "public") == "private":
-            indices = self._private_selection(job, model, initial, keep)
+            indices = self._private_selection(job, model, initial, keep, state)
         else:
-            x, y = self._public
-            indices = select_top_k(model, initial, x, y, self.params.init_steps, job.training.lr, keep, self.params.topk_score)
-        self._mask = torch.zeros(dim, dtype=torch.bool, device=job.pool_x.device)
-        self._mask[indices.to(self._mask.device)] = True
-        if self.private and not self.params.clip:
-            update = masked_public_update(model, initial, self._mask, *self._public, job.training, job.seed)
-            self._clip = float(torch.linalg.vector_norm(update.double()))
+            indices = select_top_k(model, initial, state.public_x, state.public_y, self.params.init_steps, job.training.lr, keep,
+                                   self.params.topk_score)
+        mask = torch.zeros(dim, dtype=torch.bool, device=job.pool_x.device)
+        mask[indices.to(mask.device)] = True
+        return mask, None
 
-    def _private_selection(self, job, model, initial, keep: int) -> torch.Tensor:
-        """§3.2.3 (:func:`private_top_k`), with S calibrated first unless it is given."""
-        dim = sum(p.numel() for p in initial.values())
-        if not self.params.clip:  # calibrate S on the public batch with every coordinate trainable
-            full = torch.ones(dim, dtype=torch.bool, device=job.pool_x.device)
-            self._clip = float(torch.linalg.vector_norm(masked_public_update(model, initial, full, *self._public,
-                                                                            job.training, job.seed).double()))
-        return private_top_k(job, model, initial, keep, self._clip, self.params.noise_multiplier)
+    def _private_selection(self, job, model, initial, keep: int, state: SubsetState) -> torch.Tensor:
+        """§3.2.3 (:func:`private_top_k`), with S calibrated first (every coordinate trainable) unless it is given."""
+        clip = state.clip or self.calibrated_clip(job, model, initial, state, None)
+        return private_top_k(job, model, initial, keep, clip, self.params.noise_multiplier)
 
     @property
     def extra_rounds(self) -> int:  # type: ignore[override]
         return 1 if getattr(self.params, "topk_selection", "public") == "private" else 0
-
-    def trainable(self, ctx: RoundContext) -> torch.Tensor:
-        return self._mask
 
 
 @DEFENSES.register("fl-top")

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Literal
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
 from audit.core.vocabulary import Observer, Relation, Unit
-from defenses.base import DEFENSES, AuditHooks, Defense, PrivacyClaim
+from defenses.base import DEFENSES, NO_STATE, AuditHooks, Defense, PrivacyClaim
 from defenses.blocks.ldp import perturb, shuffle_amplification
 from defenses.federated.release_probe import ReleaseProbe, engine_probe
 from defenses.federated.training_job import RoundContext, TrainingConfig
@@ -111,7 +111,7 @@ class LDPFL(Defense):
 
     # ---------------------------------------------------------------- the claim
 
-    def privacy_claim(self, training, num_clients, rounds, delta, accounting) -> PrivacyClaim:
+    def privacy_claim(self, training, num_clients, rounds, delta, accounting, state=NO_STATE) -> PrivacyClaim:
         eps = self.params.epsilon
         dim = self.layout.dim if self.layout is not None else 0
         participation = training.sampling_rate(num_clients)

@@ -45,7 +45,7 @@ from audit.core.vocabulary import Observer, Relation, Unit
 from defenses.base import DEFENSES, Defense, PrivacyClaim
 from defenses.blocks.clipping import clip_rows
 from defenses.blocks.noise import gaussian_rows
-from defenses.federated.training_job import RoundContext, TrainingConfig
+from defenses.federated.training_job import NO_STATE, DefenseState, RoundContext, TrainingConfig
 from defenses.privacy.accounting import GaussianSchedule, accountant_label, compute_epsilon
 from defenses.privacy.claims import (
     AdversaryClaim,
@@ -66,6 +66,26 @@ class NbAFLParams:
     epsilon: float = field(default=1.0, metadata={"min": 0.0, "min_exclusive": True,
                                                   "help": "the ε the noise is set for (by calibration when 'epsilons' is given)"})
     downlink: bool = field(default=True, metadata={"help": "add the server's noise when T > L√N"})
+
+
+@dataclass(frozen=True)
+class NbAFLState(DefenseState):
+    """What NbAFL's noise depends on in a run: m, the run's smallest local dataset, and its δ."""
+
+    smallest: int
+    delta: float
+
+
+def smallest_client(clients: list) -> int:
+    """m: the fewest records a client of the run holds, among clients that hold any (a client
+    without records — one a membership run leaves out — trains nothing and bounds nothing)."""
+    return min((len(c) for c in clients if len(c)), default=1)
+
+
+def run_state(ctx: RoundContext) -> NbAFLState:
+    if not isinstance(ctx.state, NbAFLState):
+        raise ValueError("nbafl: a round's noise depends on its run's smallest client; the run was not prepared")
+    return ctx.state
 
 
 def uplink_std(clip: float, epsilon: float, delta: float, exposures: float, smallest: int) -> float:
@@ -89,11 +109,6 @@ class NbAFL(Defense):
     Params = NbAFLParams
     private = True
 
-    def __init__(self, params=None, layout=None):
-        super().__init__(params, layout)
-        self._smallest = 1
-        self._delta = 1e-5
-
     def exposures(self, training: TrainingConfig, num_clients: int) -> float:
         return training.rounds * training.sampling_rate(num_clients)
 
@@ -107,14 +122,16 @@ class NbAFL(Defense):
         only when training)."""
         return self.with_params(epsilon=target_epsilon)
 
-    def prepare(self, job, model=None, initial=None) -> None:
-        self._smallest = min(len(c) for c in job.clients)
-        self._delta = job.delta
+    def prepare(self, job, model=None, initial=None) -> NbAFLState:
+        return NbAFLState(smallest_client(job.clients), job.delta)
 
-    def privacy_claim(self, training, num_clients, rounds, delta, accounting) -> PrivacyClaim:
+    def privacy_claim(self, training, num_clients, rounds, delta, accounting, state: DefenseState = NO_STATE) -> PrivacyClaim:
+        """The run's claim: its noise σ_U depends on its smallest client m (``state``); before a run's data
+        is known (planning) m = 1 stands in, and each run's manifest holds the claim of its own m."""
+        smallest = state.smallest if isinstance(state, NbAFLState) else 1
         exposures = self.exposures(training, num_clients)
-        sigma_u = uplink_std(self.params.clip, self.params.epsilon, delta, exposures, self._smallest)
-        sensitivity = 2 * self.params.clip / self._smallest
+        sigma_u = uplink_std(self.params.clip, self.params.epsilon, delta, exposures, smallest)
+        sensitivity = 2 * self.params.clip / smallest
         given = compute_epsilon(GaussianSchedule(sigma_u / sensitivity, 1.0, max(1, int(round(exposures)))), delta,
                                 accounting.accountant, accounting.conversion)
         # sound: the model clip makes any two uploads differ by ≤ 2C (replace-one client), per upload
@@ -129,7 +146,7 @@ class NbAFL(Defense):
         # change of ≤ 2C; m is at least the round size (every client, or m of fixed-size sampling; 1 under Poisson)
         fewest = (training.round_size(num_clients) if training.sampling == "fixed" else
                   num_clients if training.sampling_rate(num_clients) >= 1 else 1)
-        sigma_d = downlink_std(self.params.clip, self.params.epsilon, delta, exposures, self._smallest, num_clients,
+        sigma_d = downlink_std(self.params.clip, self.params.epsilon, delta, exposures, smallest, num_clients,
                                training.rounds) if self.params.downlink else 0.0
         released_multiplier = math.sqrt(fewest * sigma_u ** 2 + (fewest * sigma_d) ** 2) / (2 * self.params.clip)
         released_epsilon = compute_epsilon(GaussianSchedule(released_multiplier, 1.0, rounds), delta, accounting.accountant,
@@ -154,17 +171,17 @@ class NbAFL(Defense):
                  "assumes does not hold for local SGD, and basic composition leaves the total δ at up to "
                  f"L·δ = {exposures * delta:.3g}) and the RDP figure given that sensitivity are alternatives, neither proven")
         mechanism = (f"uplink N(0, σ_U²), σ_U = {sigma_u:.4g} on clipped models (C = {self.params.clip:g}, m "
-                     f"= {self._smallest}), L = {exposures:g} exposures")
+                     f"= {smallest}), L = {exposures:g} exposures")
         return PrivacyClaim(released.epsilon, delta, Unit.CLIENT, label, mechanism, notes,
                             alternatives={"paper_record_level": self.params.epsilon, "rdp_given_sensitivity": given.epsilon},
                             relation=Relation.REPLACE_ONE, adversary=Observer.RELEASED, adversaries=adversaries)
 
     def privatize(self, updates: torch.Tensor, ctx: RoundContext) -> tuple[torch.Tensor, dict]:
-        training = ctx.training
+        training, state = ctx.training, run_state(ctx)
         models = ctx.global_vector[None, :] + updates
         clipped, norms, was_clipped = clip_rows(models, self.params.clip)
-        std = uplink_std(self.params.clip, self.params.epsilon, self._delta,
-                         self.exposures(training, ctx.num_clients), self._smallest)
+        std = uplink_std(self.params.clip, self.params.epsilon, state.delta,
+                         self.exposures(training, ctx.num_clients), state.smallest)
         generators = [ctx.client_generator(int(c), "noise") for c in ctx.participants]
         noisy = clipped + gaussian_rows(len(ctx.participants), updates.shape[1], std, generators, updates.device)
         diagnostics = {"clip_fraction": float(was_clipped.double().mean()), "clip_input_norms": norms, "uplink_std": std}
@@ -173,9 +190,9 @@ class NbAFL(Defense):
     def aggregate(self, uploads: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
         step = uploads.mean(0)
         if self.params.downlink:
-            training = ctx.training
-            std = downlink_std(self.params.clip, self.params.epsilon, self._delta, self.exposures(training, ctx.num_clients),
-                               self._smallest, ctx.num_clients, training.rounds)
+            training, state = ctx.training, run_state(ctx)
+            std = downlink_std(self.params.clip, self.params.epsilon, state.delta, self.exposures(training, ctx.num_clients),
+                               state.smallest, ctx.num_clients, training.rounds)
             if std > 0:
                 step = step + gaussian_rows(1, uploads.shape[1], std, [ctx.server_generator("downlink")], uploads.device)[0]
         return step

@@ -44,7 +44,7 @@ from defenses.blocks.local_training import (
 )
 from defenses.blocks.noise import gaussian_rows
 from defenses.blocks.sparsify import exact_count
-from defenses.federated.training_job import RoundContext, TrainingConfig
+from defenses.federated.training_job import NO_STATE, DefenseState, RoundContext, TrainingConfig
 from defenses.privacy.accounting import (
     GaussianSchedule,
     calibrate_noise,
@@ -124,6 +124,20 @@ def masked_public_update(model, initial, mask: torch.Tensor, x, y, training: Tra
 
 
 @dataclass(frozen=True)
+class SubsetState(DefenseState):
+    """What a run of the frame derives from its data (§4): the server's public batch (drawn from
+    the run's held-out split), the held-out records left to measure accuracy on, the clip S
+    (given, or calibrated on the public batch) and the trainable mask 𝕋 (FL-TOP; None: each round
+    chooses its own, or every coordinate)."""
+
+    public_x: torch.Tensor
+    public_y: torch.Tensor
+    evaluation: torch.Tensor  # held-out indices accuracy is measured on
+    clip: float = 0.0
+    mask: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
 class SubsetParams:
     keep_fraction: float = field(default=0.05, metadata={"min": 0.0, "max": 1.0, "min_exclusive": True,
                                                          "help": "r: share of the n coordinates exchanged (K = ⌊r·n⌋)"})
@@ -143,11 +157,6 @@ class SubsetFL(Defense):
     downstream_full: ClassVar[bool] = False  # the full model goes down (FL-BASIC, FL-STD, FL-CS)
     extra_rounds: ClassVar[int] = 0
 
-    def __init__(self, params=None, layout=None):
-        super().__init__(params, layout)
-        self._clip = getattr(self.params, "clip", 0.0)
-        self._public: tuple[torch.Tensor, torch.Tensor] | None = None
-
     @property
     def observes(self) -> str:
         return "aggregate" if self.private else "uploads"
@@ -161,8 +170,10 @@ class SubsetFL(Defense):
     # ---------------------------------------------------------------- round structure
 
     def trainable(self, ctx: RoundContext) -> torch.Tensor | None:
-        """Boolean mask of the coordinates clients train this round (None: all)."""
-        return None
+        """Boolean mask of the coordinates clients train this round (None: all); the run's own
+        (``ctx.state.mask``) where it was chosen before the first round."""
+        state = ctx.state
+        return state.mask if isinstance(state, SubsetState) else None
 
     def local_objective(self) -> LocalObjective:
         return MaskedObjective(self)
@@ -173,7 +184,9 @@ class SubsetFL(Defense):
     def download_floats(self, dim: int) -> int:
         return dim if self.downstream_full else kept_count(self.params.keep_fraction, dim)
 
-    def prepare(self, job, model=None, initial=None) -> None:
+    def prepare(self, job, model=None, initial=None) -> SubsetState:
+        """The run's public batch and evaluation split; the clip S (given, or :meth:`calibrated_clip`
+        on the public batch) and the mask (:meth:`trainable_mask`)."""
         # the server's public batch comes from the held-out split, and those records then leave the
         # split that measures accuracy (:meth:`test_split`): a model must not be scored on its own data
         choice = numpy_rng(job.seed, "public").choice(len(job.test_y), size=min(self.params.public_size, len(job.test_y) - 1),
@@ -181,12 +194,32 @@ class SubsetFL(Defense):
         public = np.zeros(len(job.test_y), dtype=bool)
         public[choice] = True
         index = torch.as_tensor(np.flatnonzero(public), device=job.test_x.device)
-        self._public = (job.test_x[index], job.test_y[index])
-        self._evaluation = torch.as_tensor(np.flatnonzero(~public), device=job.test_x.device)
-        self._seed = job.seed
+        state = SubsetState(job.test_x[index], job.test_y[index],
+                            torch.as_tensor(np.flatnonzero(~public), device=job.test_x.device),
+                            float(getattr(self.params, "clip", 0.0)))
+        mask, clip = self.trainable_mask(job, model, initial, state)
+        if self.private and not state.clip and clip is None:
+            clip = self.calibrated_clip(job, model, initial, state, mask)
+        return replace(state, mask=mask, clip=state.clip if clip is None else clip)
 
-    def test_split(self, job) -> tuple[torch.Tensor, torch.Tensor]:
-        return job.test_x[self._evaluation], job.test_y[self._evaluation]
+    def trainable_mask(self, job, model, initial, state: SubsetState) -> tuple[torch.Tensor | None, float | None]:
+        """The coordinates every round of the run trains (None: chosen per round, or all), and the clip S
+        if choosing them calibrated it (None: :meth:`calibrated_clip` does, where S is not given)."""
+        return None, None
+
+    def calibrated_clip(self, job, model, initial, state: SubsetState, mask: torch.Tensor | None) -> float:
+        """S from one server-side round on the public batch (§4): the norm of its update, with the
+        run's mask (every coordinate when it has none)."""
+        dim = sum(p.numel() for p in initial.values())
+        trained = mask if mask is not None else torch.ones(dim, dtype=torch.bool, device=job.pool_x.device)
+        update = masked_public_update(model, initial, trained, state.public_x, state.public_y, job.training, job.seed)
+        return float(torch.linalg.vector_norm(update.double()))
+
+    def test_split(self, job, state: DefenseState = NO_STATE) -> tuple[torch.Tensor, torch.Tensor]:
+        if not isinstance(state, SubsetState):
+            raise ValueError(f"{self.name}: the test split of a run is known once the run is prepared (its public batch "
+                             "leaves it)")
+        return job.test_x[state.evaluation], job.test_y[state.evaluation]
 
     def bandwidth(self, dim: int) -> dict[str, float]:
         return {"bits_up_per_client": BITS_PER_FLOAT * self.upload_floats(dim),
@@ -199,13 +232,14 @@ class SubsetFL(Defense):
                        "clip_input_norms": torch.linalg.vector_norm(sparse.to(torch.float64), dim=1)}
         if not self.private:
             return sparse, diagnostics
-        clipped, _, was_clipped = clip_rows(sparse, self._clip)
-        std = self._clip * self.params.noise_multiplier / math.sqrt(len(ctx.participants))
+        clip = run_clip(ctx)
+        clipped, _, was_clipped = clip_rows(sparse, clip)
+        std = clip * self.params.noise_multiplier / math.sqrt(len(ctx.participants))
         generators = [ctx.client_generator(int(c), "noise") for c in ctx.participants]
         noise = gaussian_rows(len(ctx.participants), updates.shape[1], std, generators, updates.device)
         if mask is not None:
             noise = noise * mask.to(noise.dtype)  # noise only on the exchanged coordinates
-        diagnostics.update(clip_fraction=float(was_clipped.double().mean()), clip=self._clip)
+        diagnostics.update(clip_fraction=float(was_clipped.double().mean()), clip=clip)
         return clipped + noise, diagnostics
 
     def aggregate(self, uploads: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
@@ -225,7 +259,8 @@ class SubsetFL(Defense):
                                 accounting.accountant, accounting.conversion)
         return self.with_params(noise_multiplier=sigma)
 
-    def privacy_claim(self, training, num_clients, rounds, delta, accounting: AccountingSettings) -> PrivacyClaim:
+    def privacy_claim(self, training, num_clients, rounds, delta, accounting: AccountingSettings,
+                      state: DefenseState = NO_STATE) -> PrivacyClaim:
         dim = self.layout.dim if self.layout is not None else 0
         kilobytes = {"table_kb_up": table_kilobytes(self.upload_floats(dim), rounds, training.sampling_rate(num_clients)),
                      "table_kb_down": table_kilobytes(self.download_floats(dim), rounds, training.sampling_rate(num_clients))}
@@ -257,7 +292,7 @@ class SubsetFL(Defense):
         return PrivacyClaim(released.epsilon, delta, Unit.CLIENT, released.accountant, schedule.describe(), "; ".join(notes),
                             kilobytes, relation=released.relation, adversary=Observer.RELEASED, adversaries=adversaries)
 
-    def epsilon_trajectory(self, training, num_clients, delta, accounting) -> list[float] | None:
+    def epsilon_trajectory(self, training, num_clients, delta, accounting, state: DefenseState = NO_STATE) -> list[float] | None:
         if not self.private:
             return None
         schedule = self.schedule(training, num_clients, training.rounds)
@@ -268,12 +303,23 @@ class SubsetFL(Defense):
         return SubsetAuditHooks(self)
 
 
+def run_clip(ctx: RoundContext) -> float:
+    """The clip S of the run ``ctx`` belongs to (given, or calibrated when it was prepared)."""
+    state = ctx.state
+    if not isinstance(state, SubsetState):
+        raise ValueError("the clip of a run is known once the run is prepared (SubsetFL.prepare)")
+    return state.clip
+
+
 class SubsetAuditHooks(AuditHooks):
-    """Canary clients of the DP variants carry S, once calibrated on the public batch (they clip the
-    exchanged vector to S); the rest as by default."""
+    """Canary clients of the DP variants carry the run's S, once calibrated on its public batch (they
+    clip the exchanged vector to S); the rest as by default."""
 
     defense: SubsetFL
 
-    def canary_norm(self, honest_norms: torch.Tensor) -> float:
-        clip = self.defense._clip
-        return float(clip) if self.defense.private and clip > 0 else super().canary_norm(honest_norms)
+    def __init__(self, defense: SubsetFL):
+        super().__init__(defense, clips_updates=defense.private)
+
+    def clip_bound(self, state: DefenseState | None = None) -> float | None:
+        clip = state.clip if isinstance(state, SubsetState) else getattr(self.defense.params, "clip", 0.0)
+        return float(clip) if self.defense.private and clip > 0 else None

@@ -28,6 +28,7 @@ one is our choice).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
@@ -37,7 +38,7 @@ import numpy as np
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
 from audit.core.vocabulary import Observer, Relation, Unit
-from defenses.base import DEFENSES, AccountingSettings, AuditHooks, Defense, PrivacyClaim
+from defenses.base import DEFENSES, AuditHooks, Defense, PrivacyClaim
 from defenses.blocks.dp_sgd import DPSGDObjective, clip_and_sum
 from defenses.blocks.harmonizer import epsilon as accounted_epsilon
 from defenses.blocks.harmonizer import harmonize
@@ -46,7 +47,7 @@ from defenses.blocks.mechanisms import Mechanism, make_mechanism
 from defenses.blocks.sparsify import exact_fraction
 from defenses.federated.engine import FederatedEngine
 from defenses.federated.release_probe import ReleaseProbe
-from defenses.federated.training_job import RoundContext, TrainingConfig
+from defenses.federated.training_job import NO_STATE, DefenseState, RoundContext, TrainingConfig
 from defenses.privacy.claims import AdversaryClaim, server_notes
 
 if TYPE_CHECKING:
@@ -85,13 +86,6 @@ class UDPFL(Defense):
     Params = UDPFLParams
     private = True
 
-    def __init__(self, params=None, layout=None):
-        super().__init__(params, layout)
-        self._mechanisms: dict[tuple, Mechanism] = {}
-        self._pull_target: dict[str, torch.Tensor] | None = None
-        self._delta = 1e-5
-        self._accounting = AccountingSettings()
-
     # ---------------------------------------------------------------- accounting
 
     def steps_per_round(self, training: TrainingConfig) -> int:
@@ -118,21 +112,17 @@ class UDPFL(Defense):
         return {mode: accounted_epsilon(mechanism, self.params.sample_rate, steps, delta, mode, self.params.clip_norm, conversion)
                 for mode in ("paper_1d", "sound")}
 
-    def group_mechanism(self, group_epsilon: float, training: TrainingConfig) -> Mechanism:
-        # keyed by everything the harmonized noise depends on, not by ε alone: the same ε at another
-        # δ, conversion or number of steps needs other noise
-        key = (self.params.mechanism, group_epsilon, self._delta, self.params.sample_rate, self.total_steps(training),
-               self.params.accounting, self.params.clip_norm, self._accounting.conversion)
-        if key not in self._mechanisms:
-            self._mechanisms[key] = harmonize(*key[:2], *key[2:])
-        return self._mechanisms[key]
+    def group_mechanism(self, group_epsilon: float, training: TrainingConfig, delta: float, conversion: str) -> Mechanism:
+        """The harmonized noise of the clients whose ε is ``group_epsilon`` (heterogeneous ε), for the
+        run's δ and conversion: it depends on every one of them, not on ε alone."""
+        return _harmonized(self.params.mechanism, group_epsilon, delta, self.params.sample_rate, self.total_steps(training),
+                           self.params.accounting, self.params.clip_norm, conversion)
 
-    def privacy_claim(self, training, num_clients, rounds, delta, accounting) -> PrivacyClaim:
+    def privacy_claim(self, training, num_clients, rounds, delta, accounting, state: DefenseState = NO_STATE) -> PrivacyClaim:
         steps = self.total_steps(training, rounds)
-        self._delta, self._accounting = delta, accounting
         if self.params.client_epsilons:
             worst = max(self.params.client_epsilons)
-            mechanism = self.group_mechanism(worst, training)
+            mechanism = self.group_mechanism(worst, training, delta, accounting.conversion)
         else:
             mechanism = self.mechanism()
         both = self._epsilons(mechanism, steps, delta, accounting.conversion)
@@ -178,9 +168,9 @@ class UDPFL(Defense):
                             relation=Relation.ADD_REMOVE if finite else Relation.NONE, adversary=Observer.RELEASED,
                             adversaries=adversaries)
 
-    def epsilon_trajectory(self, training, num_clients, delta, accounting) -> list[float]:
-        mechanism = self.group_mechanism(max(self.params.client_epsilons),
-                                         training) if self.params.client_epsilons else self.mechanism()
+    def epsilon_trajectory(self, training, num_clients, delta, accounting, state: DefenseState = NO_STATE) -> list[float]:
+        mechanism = self.group_mechanism(max(self.params.client_epsilons), training, delta, accounting.conversion) \
+            if self.params.client_epsilons else self.mechanism()
         per_round = self.steps_per_round(training)
         return [accounted_epsilon(mechanism, self.params.sample_rate, t * per_round, delta, "sound",
                                   self.params.clip_norm, accounting.conversion) for t in range(1, training.rounds + 1)]
@@ -199,56 +189,98 @@ class UDPFL(Defense):
     def memory_factor(self, training: TrainingConfig) -> float:
         return 64.0  # per-example gradients of a batch
 
-    def _group_epsilon(self, client: int) -> float:
+    def group_epsilon(self, client: int) -> float:
         epsilons = self.params.client_epsilons
         return epsilons[client % len(epsilons)]
 
     def local_objective(self) -> LocalObjective:
-        training = self._training
-        sizes = self._sizes
-        if self.params.client_epsilons:
-            largest = max(self.params.client_epsilons)
+        return UDPFLObjective(self)
 
-            def mechanism_of(client: int) -> Mechanism:
-                return self.group_mechanism(self._group_epsilon(client), training)
-
-            def pull_of(client: int):
-                strength = self.params.penalty * (largest - self._group_epsilon(client)) / largest
-                if strength == 0 or self._pull_target is None:
-                    return None
-                return strength, self._pull_target
-        else:
-            fixed = self.mechanism()
-
-            def mechanism_of(client: int) -> Mechanism:
-                return fixed
-
-            pull_of = None
-        return DPSGDObjective(self.params.clip, self.params.clip_norm, mechanism_of,
-                              lambda client: max(self.params.sample_rate * sizes[client], 1e-12), self._seed, pull_of)
-
-    def prepare(self, job, model=None, initial=None) -> None:
-        self._training = job.training
-        self._sizes = {i: len(c) for i, c in enumerate(job.clients)}
-        self._seed = job.seed
-        self._delta, self._accounting = job.delta, job.accounting
+    def prepare(self, job, model=None, initial=None) -> UDPFLState:
+        return UDPFLState(job.delta, job.accounting.conversion, {})
 
     def privatize(self, updates: torch.Tensor, ctx: RoundContext) -> tuple[torch.Tensor, dict]:
-        if self.params.client_epsilons:  # the largest-ε clients' local models become next round's w_max
+        """The uploads are the clients' DP-SGD models as trained (the noise is in local training); with
+        heterogeneous ε, the largest-ε clients' mean local model becomes the run's next pull target.
+        The shuffler (``shuffle``) is the channel, not the client: the engine's server view
+        (``observes == "shuffled"``) gets the uploads in random order."""
+        if self.params.client_epsilons:
             largest = max(self.params.client_epsilons)
-            rows = [i for i, c in enumerate(ctx.participants) if self._group_epsilon(int(c)) == largest]
+            rows = [i for i, c in enumerate(ctx.participants) if self.group_epsilon(int(c)) == largest]
             if rows:
                 local = ctx.global_vector + updates[rows].mean(0)
-                self._pull_target = {n: t.clone() for n, t in ctx.layout.unflatten(local).items()}
-        diagnostics = {"clip_input_norms": torch.linalg.vector_norm(updates.to(torch.float64), dim=1)}
-        if not self.params.shuffle:
-            return updates, diagnostics
-        order = torch.randperm(len(ctx.participants), generator=ctx.server_generator("shuffle"))
-        ctx.sizes = ctx.sizes[order.numpy()]  # weights travel with their (anonymous) uploads
-        return updates[order.to(updates.device)], diagnostics
+                target = run_state(ctx).pull_target
+                target.clear()
+                target.update({n: t.clone() for n, t in ctx.layout.unflatten(local).items()})
+        return updates, {"clip_input_norms": torch.linalg.vector_norm(updates.to(torch.float64), dim=1)}
 
     def audit_hooks(self) -> DPSGDAuditHooks:
         return DPSGDAuditHooks(self)
+
+
+@functools.lru_cache(maxsize=256)
+def _harmonized(mechanism: str, epsilon: float, delta: float, sample_rate: float, steps: int, accounting: str,
+                clip_norm: str, conversion: str) -> Mechanism:
+    """The Harmonizer's noise (a pure function of its arguments, so it is computed once per setting)."""
+    return harmonize(mechanism, epsilon, delta, sample_rate, steps, accounting, clip_norm, conversion)
+
+
+@dataclass(frozen=True)
+class UDPFLState(DefenseState):
+    """A UDP-FL run's δ and conversion (heterogeneous ε harmonizes each group's noise for them), and
+    what one round leaves for the next: the largest-ε clients' mean local model, the target of the
+    others' penalty λ_k(w − w_max) — a container made for this run by ``prepare``, so no other run
+    can read or overwrite it."""
+
+    delta: float
+    conversion: str
+    pull_target: dict[str, torch.Tensor] = field(compare=False)
+
+
+def run_state(ctx: RoundContext) -> UDPFLState:
+    if not isinstance(ctx.state, UDPFLState):
+        raise ValueError("udp-fl: the run was not prepared (its δ and penalty target are the run's own)")
+    return ctx.state
+
+
+class UDPFLObjective(DPSGDObjective):
+    """UDP-FL's client step: DP-SGD with each client's mechanism (its group's, with heterogeneous ε),
+    its expected batch q·n_i and its penalty, all read from the round's context — the run's own
+    seed, client sizes and state — when the round begins."""
+
+    def __init__(self, defense: UDPFL):
+        params = defense.params
+        pull = self._pull if params.client_epsilons else None
+        super().__init__(params.clip, params.clip_norm, self._mechanism, self._expected_batch, seed=0, pull_of=pull)
+        self.defense = defense
+        self.sizes: dict[int, int] = {}
+        self.ctx: RoundContext | None = None
+
+    def begin_round(self, ctx: RoundContext) -> None:
+        super().begin_round(ctx)
+        self.ctx, self.seed = ctx, ctx.seed
+        self.sizes = {int(c): int(n) for c, n in zip(ctx.participants, ctx.sizes)}
+
+    def _mechanism(self, client: int) -> Mechanism:
+        defense, ctx = self.defense, self.ctx
+        if not defense.params.client_epsilons:
+            return defense.mechanism()
+        assert ctx is not None
+        state = run_state(ctx)
+        return defense.group_mechanism(defense.group_epsilon(client), ctx.training, state.delta, state.conversion)
+
+    def _expected_batch(self, client: int) -> float:
+        return max(self.defense.params.sample_rate * self.sizes[client], 1e-12)
+
+    def _pull(self, client: int):
+        assert self.ctx is not None
+        epsilons = self.defense.params.client_epsilons
+        largest = max(epsilons)
+        strength = self.defense.params.penalty * (largest - self.defense.group_epsilon(client)) / largest
+        target = run_state(self.ctx).pull_target
+        if strength == 0 or not target:
+            return None
+        return strength, target
 
 
 class DPSGDAuditHooks(AuditHooks):
@@ -264,6 +296,9 @@ class DPSGDAuditHooks(AuditHooks):
         engine = FederatedEngine(defense, job)
         state = engine.start()
         objective = engine.defense.local_objective()
+        participants = np.arange(len(job.clients))
+        objective.begin_round(engine.context(0, participants, state.model, state.layout, state.global_vector, job.training.lr,
+                                             state.defense_state))
         layout = state.layout
         params = {n: v[None] for n, v in layout.unflatten(state.global_vector).items()}
         epsilons = defense.params.client_epsilons
@@ -280,4 +315,4 @@ class DPSGDAuditHooks(AuditHooks):
             return {Observer.RELEASED: step, Observer.SERVER: step, Observer.LOCAL: step}
 
         return ReleaseProbe(layout.dim, examples, defense.params.clip, views,
-                            "one client's per-example gradients in one DP-SGD step", engine.defense)
+                            "one client's per-example gradients in one DP-SGD step", engine.defense, state=state.defense_state)

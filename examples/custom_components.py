@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from audit.core.datasets import Dataset, Split
-from defenses.base import Defense, PrivacyClaim
+from defenses.base import NO_STATE, Defense, PrivacyClaim
 from defenses.blocks.local_training import LocalObjective
 from defenses.fedavg import DPFedAvg, DPFedAvgParams
 
@@ -76,7 +76,7 @@ class FedProx(Defense):
     def local_objective(self) -> LocalObjective:
         return ProximalObjective(self.params.mu)
 
-    def privacy_claim(self, training, num_clients, rounds, delta, accounting) -> PrivacyClaim:
+    def privacy_claim(self, training, num_clients, rounds, delta, accounting, state=NO_STATE) -> PrivacyClaim:
         return PrivacyClaim.non_private("FedProx adds no noise")
 
 

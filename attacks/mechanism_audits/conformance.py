@@ -69,7 +69,8 @@ claim states nothing to check for an observer it covers (*unchecked*), makes the
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -90,12 +91,14 @@ from attacks.mechanism_audits.conformance_checks import (
 )
 from attacks.mechanism_audits.conformance_statistics import epsilon_ceiling
 from audit.core.datasets import load_dataset
+from audit.core.errors import UserInputError
 from audit.core.models import build_model
 from audit.core.schema import to_mapping
 from audit.core.seeding import derive_seed
 from defenses.base import DEFENSES, AccountingSettings, Defense
+from defenses.blocks.flat import ParamLayout
 from defenses.federated.release_probe import ReleaseProbe, describe_participation
-from defenses.federated.training_job import TrainingConfig, TrainingJob
+from defenses.federated.training_job import ReleaseAnomaly, TrainingConfig, TrainingJob
 from defenses.privacy.claims import AdversaryClaim
 
 #: the audit's task: clients, Poisson rate and rounds of the short run every probe runs
@@ -171,6 +174,30 @@ class DefensePlan:
         return [(len(self.found.candidates), c.round_epsilon) for c in self.claims if c.round_epsilon is not None]
 
 
+@contextmanager
+def _defense_code(name: str, stage: str) -> Iterator[None]:
+    """Run a defense's own code for the audit: an exception it raises — a bug in a user's plugin, or a
+    refusal — becomes one line naming the defense, what the audit was doing and the exception's
+    message (exit 2), never an internal error. A :class:`ReleaseAnomaly` is a finding, and passes."""
+    try:
+        yield
+    except (ReleaseAnomaly, KeyboardInterrupt):
+        raise
+    except UserInputError as exc:
+        raise UserInputError(f"conformance: defense '{name}' ({stage}): {exc}") from exc
+    except Exception as exc:
+        text = " ".join(str(exc).split())[:300]
+        raise UserInputError(f"conformance: defense '{name}' raised {type(exc).__name__} in {stage}: {text}") from exc
+
+
+def _anomalous(result: DefenseConformance, claims: list[AdversaryClaim], anomaly: ReleaseAnomaly) -> DefenseConformance:
+    """The verdict on a release that cannot be the claimed mechanism: every covered observer violates."""
+    result.status = VIOLATES
+    result.checks = [AdversaryCheck(c.adversary, c, VIOLATES, f"{anomaly}") for c in claims]
+    result.note = f"{result.note}; {anomaly}" if result.note else f"{anomaly}"
+    return result
+
+
 def plan_defense(defense: Defense, setup: Setup, trials: int, seed: int,
                  params: dict[str, Any] | None = None) -> DefensePlan:
     """Build the defense's probe on ``setup``'s task, read its claim and survey where the noise is least."""
@@ -178,13 +205,24 @@ def plan_defense(defense: Defense, setup: Setup, trials: int, seed: int,
     shown = params if params is not None else to_mapping(asdict(defense.params))
     if not defense.private:
         return DefensePlan(DefenseConformance(name, False, NOT_APPLICABLE, shown, note="non-private: no claim to check"))
-    probe = defense.audit_hooks().release_probe(setup.job)
+    with _defense_code(name, "its release probe (a short run of its rounds)"):
+        return _probed(defense, name, shown, setup, trials, seed)
+
+
+def _probed(defense: Defense, name: str, shown: dict[str, Any], setup: Setup, trials: int, seed: int) -> DefensePlan:
+    try:
+        probe = defense.audit_hooks().release_probe(setup.job)
+    except ReleaseAnomaly as anomaly:  # in the probe's own run: the claim as it stands before any run's data
+        claim = defense.bind(ParamLayout.of(setup.job.model_factory())).privacy_claim(
+            setup.training, len(setup.job.clients), 1, setup.delta, setup.accounting)
+        covered = [a for a in claim.adversaries if a.covered]
+        return DefensePlan(_anomalous(DefenseConformance(name, True, VIOLATES, shown), covered, anomaly))
     if probe is None:
         return DefensePlan(DefenseConformance(name, True, NO_PROBE, shown,
                                        note="a private defense without a release probe cannot be audited "
                                             "(AuditHooks.release_probe)"))
     training = probe.training or setup.training
-    claim = probe.defense.privacy_claim(training, len(setup.job.clients), 1, setup.delta, setup.accounting)
+    claim = probe.defense.privacy_claim(training, len(setup.job.clients), 1, setup.delta, setup.accounting, probe.state)
     covered = [a for a in claim.adversaries if a.covered]
     result = DefenseConformance(name, True, CONFORMS, shown,
                                 not_covered={a.adversary: a.notes for a in claim.adversaries if not a.covered},
@@ -194,7 +232,10 @@ def plan_defense(defense: Defense, setup: Setup, trials: int, seed: int,
         result.status = NOT_APPLICABLE
         result.note += "; the claim covers no observer (no finite guarantee): nothing to check"
         return DefensePlan(result)
-    found = survey(probe, [c.adversary for c in covered], derive_seed(seed, "conformance", name), trials)
+    try:
+        found = survey(probe, [c.adversary for c in covered], derive_seed(seed, "conformance", name), trials)
+    except ReleaseAnomaly as anomaly:
+        return DefensePlan(_anomalous(result, covered, anomaly))
     return DefensePlan(result, probe, covered, found)
 
 
@@ -203,8 +244,12 @@ def run_plan(plan: DefensePlan, trials: int, seed: int, level: float, delta: flo
     result = plan.result
     if plan.probe is None:
         return result
-    result.checks = audit_probe(plan.probe, plan.claims, trials, derive_seed(seed, "conformance", result.defense), level,
-                                delta, progress, plan.found, epsilon_cutoff)
+    try:
+        with _defense_code(result.defense, "the audit's trials of its privatisation"):
+            result.checks = audit_probe(plan.probe, plan.claims, trials, derive_seed(seed, "conformance", result.defense),
+                                        level, delta, progress, plan.found, epsilon_cutoff)
+    except ReleaseAnomaly as anomaly:
+        return _anomalous(result, plan.claims, anomaly)
     statuses = {c.status for c in result.checks}
     result.status = VIOLATES if VIOLATES in statuses else UNCHECKED if UNCHECKED in statuses else CONFORMS
     return result

@@ -24,6 +24,7 @@ from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import derive_seed
 from audit.core.vocabulary import ConformanceStatus, Relation
 from defenses.federated.release_probe import ReleaseProbe, Trial
+from defenses.federated.training_job import ReleaseAnomaly
 from defenses.privacy.claims import AdversaryClaim
 
 if TYPE_CHECKING:
@@ -130,30 +131,49 @@ def scope_count(probe: ReleaseProbe) -> int:
 
 @dataclass
 class Survey:
-    """The first batches of trials: the candidate inputs, and each view's mean per round (zero inputs)."""
+    """The first batches of trials: the candidate inputs, each view's mean per round (zero inputs)
+    and its length (every later trial must give the same)."""
 
     candidates: list[Candidate]
     centre: dict[str, np.ndarray]  # view → [rounds, k]
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
-def _run(probe: ReleaseProbe, target: torch.Tensor | None, trial: Trial, views: list[str]) -> dict[str, np.ndarray]:
+def _run(probe: ReleaseProbe, target: torch.Tensor | None, trial: Trial, views: list[str],
+         shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+    """What each view shows in ``trial`` with ``target`` as the target's row (None: all zero), checked:
+    finite, and of the shape the first trial gave (``shapes``, filled on first use) — else the
+    release is not the claimed mechanism (:class:`ReleaseAnomaly`)."""
     inputs = torch.zeros(probe.rows(trial), probe.dim, dtype=torch.float64)
     if target is not None:
         inputs[trial.target] = target
     observed = probe.observe(inputs, trial)
-    return {v: observed[v].numpy() for v in views}
+    out = {}
+    for v in views:
+        value = np.asarray(observed[v].numpy(), dtype=np.float64)
+        if value.shape != shapes.setdefault(v, value.shape):
+            raise ReleaseAnomaly(f"the {v} view has shape {value.shape} in one trial and {shapes[v]} in another")
+        finite = np.isfinite(value)
+        if not finite.all():
+            nan = int(np.isnan(value).sum())
+            raise ReleaseAnomaly(f"the {v} view holds non-finite values for finite inputs ({nan} NaN, "
+                                 f"{int((~finite).sum()) - nan} infinite of {value.size}): no noise of the accounted law "
+                                 "gives them")
+        out[v] = value
+    return out
 
 
 def survey(probe: ReleaseProbe, views: list[str], seed: int, trials: int) -> Survey:
     """Spread input and concentrated inputs where the noise is least (overall, and where the target
     acts), from all-zero trials spread over the rounds (which also give each round's mean view)."""
+    shapes: dict[str, tuple[int, ...]] = {}
     magnitude = INPUT_SCALE * max(1.0, probe.bound)
     spread = torch.full((probe.dim,), magnitude / math.sqrt(probe.dim), dtype=torch.float64)
     per_round = max(30, trials // (4 * probe.rounds))
     samples: list[list[dict[str, np.ndarray]]] = [[] for _ in range(probe.rounds)]
     for t in range(per_round * probe.rounds):
         trial = probe.trial(derive_seed(seed, "variance", t), t % probe.rounds)
-        samples[trial.round].append(_run(probe, None, trial, views))
+        samples[trial.round].append(_run(probe, None, trial, views, shapes))
     centre = {v: np.stack([np.mean([s[v] for s in rows], axis=0) for rows in samples]) for v in views}
     # a coordinate quiet in any one round is a candidate: noise may be short in one round only
     variance = {v: np.min(np.stack([np.var(np.stack([s[v] for s in rows]), axis=0) for rows in samples]), axis=0)
@@ -161,7 +181,7 @@ def survey(probe: ReleaseProbe, views: list[str], seed: int, trials: int) -> Sur
     moved = {v: np.zeros_like(variance[v], dtype=bool) for v in views}
     for t in range(16):
         trial = probe.trial(derive_seed(seed, "influence", t), t % probe.rounds)
-        base, shifted = _run(probe, None, trial, views), _run(probe, spread, trial, views)
+        base, shifted = _run(probe, None, trial, views, shapes), _run(probe, spread, trial, views, shapes)
         for v in views:
             moved[v] |= np.abs(shifted[v] - base[v]) > 0
     out = [] if probe.one_coordinate else [Candidate("spread over all coordinates", spread)]
@@ -178,7 +198,7 @@ def survey(probe: ReleaseProbe, views: list[str], seed: int, trials: int) -> Sur
         vector = torch.zeros(probe.dim, dtype=torch.float64)
         vector[j] = magnitude
         out.append(Candidate(f"concentrated on coordinate {j}", vector))
-    return Survey(out[:CANDIDATES], centre)
+    return Survey(out[:CANDIDATES], centre, shapes)
 
 
 def audit_probe(probe: ReleaseProbe, claims: list[AdversaryClaim], trials: int, seed: int, level: float,
@@ -212,12 +232,12 @@ def audit_probe(probe: ReleaseProbe, claims: list[AdversaryClaim], trials: int, 
         # one trial serves every candidate: its all-zero round is run once (the candidates' tests share
         # their noise, which Bonferroni allows)
         trial = probe.trial(derive_seed(seed, "trial", t), int(rounds[t]))
-        zero = _run(probe, None, trial, views)
+        zero = _run(probe, None, trial, views, found.shapes)
         noise = {v: zero[v] - found.centre[v][rounds[t]] for v in views}
         for k, candidate in enumerate(candidates):
-            moved = _run(probe, candidate.vector, trial, views)
+            moved = _run(probe, candidate.vector, trial, views, found.shapes)
             # the neighbour: the target switched off, or (replace-one) its negation
-            negative = _run(probe, -candidate.vector, trial, views) if replace_views else {}
+            negative = _run(probe, -candidate.vector, trial, views, found.shapes) if replace_views else {}
             for v in views:
                 neighbour = negative[v] if v in replace_views else zero[v]
                 effect = moved[v] - neighbour
@@ -250,9 +270,10 @@ def _failures(check: AdversaryCheck, level: float) -> list[Failure]:
             where = f"{scope.scope}, {candidate.input}"
             if scope.interval is not None and scope.interval[1] < claimed:
                 low, high = scope.interval
+                # no noise at all along the effect (σ_eff = 0) is the strongest failure there is
                 out.append(Failure(candidate.input, scope.scope, "interval",
                                    f"σ_eff = {scope.multiplier:.4g} [{low:.4g}, {high:.4g}] ({where}) is below the "
-                                   f"accounted σ = {claimed:.4g}", claimed / high))
+                                   f"accounted σ = {claimed:.4g}", claimed / high if high > 0 else math.inf))
             if scope.shortfall_p is not None and scope.shortfall_p < 1.0 - level:
                 out.append(Failure(candidate.input, scope.scope, "shortfall",
                                    f"too many trials carry less noise per unit of effect than σ = {claimed:.4g} "

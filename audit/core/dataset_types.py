@@ -22,7 +22,7 @@ else:  # imported when first used (audit.core.lazy_modules)
     torch = lazy_module("torch")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Split:
     """Labelled records; ``attributes`` maps a sensitive attribute to its integer code per record."""
 
@@ -42,7 +42,7 @@ class Split:
         )
 
 
-@dataclass
+@dataclass(frozen=True)
 class Dataset:
     name: str
     train: Split

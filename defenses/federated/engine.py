@@ -42,6 +42,9 @@ from defenses.federated.evaluation import evaluate_many
 from defenses.federated.round_defense import RoundDefense
 from defenses.federated.round_metrics import divergences, norm_summaries
 from defenses.federated.training_job import (
+    NO_STATE,
+    DefenseState,
+    ReleaseAnomaly,
     RoundContext,
     RunState,
     TrainingConfig,
@@ -122,6 +125,18 @@ def train_in_chunks(steps: list[int], size: int, train: Callable[[list[int]], to
     return out
 
 
+def prepared_state(defense: RoundDefense, state: DefenseState | None) -> DefenseState:
+    """What ``defense.prepare`` returned, checked: a :class:`DefenseState` (None, from a ``prepare``
+    that derives nothing, is the empty one); anything else is refused by name, because the engine
+    must be able to keep it per run as a value."""
+    if state is None:
+        return NO_STATE
+    if not isinstance(state, DefenseState):
+        raise TypeError(f"defense '{defense.name or type(defense).__name__}': prepare() returned a "
+                        f"{type(state).__name__}; it must return a DefenseState (a frozen dataclass of what the run derives)")
+    return state
+
+
 def optimizer_settings(training: TrainingConfig, lr: float) -> OptimizerSettings:
     return OptimizerSettings(lr, training.momentum, training.weight_decay, training.optimizer)
 
@@ -140,15 +155,17 @@ class FederatedEngine:
         return LocalSchedule.build(batches, [job.clients[c] for c in participants], participants)
 
     def context(self, round_index: int, participants: np.ndarray, model: nn.Module, layout: ParamLayout,
-                global_vector: torch.Tensor, lr: float) -> RoundContext:
-        """Everything the defense's hooks may use in round ``round_index``."""
+                global_vector: torch.Tensor, lr: float, state: DefenseState = NO_STATE) -> RoundContext:
+        """Everything the defense's hooks may use in round ``round_index``, ``state`` the run's own
+        (what the defense's :meth:`prepare` derived from this run's data)."""
         job = self.job
         sizes = np.array([len(job.clients[c]) for c in participants])
         return RoundContext(round_index, participants, sizes, len(job.clients), job.training, job.seed, job.device,
                             model=model, layout=layout, global_vector=global_vector,
                             client_data=[job.clients[c] for c in participants], pool_x=job.pool_x, pool_y=job.pool_y,
                             schedule=self.schedule(participants, round_index), lr=lr,
-                            chunk_size=chunk_size(job.training, layout.dim, self.defense.memory_factor(job.training)))
+                            chunk_size=chunk_size(job.training, layout.dim, self.defense.memory_factor(job.training)),
+                            state=state)
 
     def local_updates(self, ctx: RoundContext) -> torch.Tensor:
         """Train the participants locally; returns their raw updates Δ_i = w_i − w as a C×d matrix."""
@@ -191,7 +208,7 @@ class FederatedEngine:
         # scaled like the clients that trained, not like the empty ones
         trained = torch.as_tensor(np.asarray(ctx.sizes) > 0, device=honest.device)
         rows = self.defense.audit_hooks().canary_rows(directions[torch.as_tensor(chosen, device=directions.device)].to(updates),
-                                        honest[trained] if bool(trained.any()) else honest)
+                                                      honest[trained] if bool(trained.any()) else honest, ctx.state)
         empty = np.array([], dtype=np.int64)
         ctx = replace(ctx, participants=np.concatenate([ctx.participants, len(job.clients) + chosen]),
                       sizes=np.concatenate([ctx.sizes, np.full(len(chosen), max(1, int(np.median(ctx.sizes))))]),
@@ -213,20 +230,22 @@ class FederatedEngine:
         return replace(ctx, canaries=rows), chosen
 
     def start(self) -> RunState:
-        """Initialise the run: the initial global model, the bound defense, its ε trajectory."""
+        """Initialise the run: the initial global model, the bound defense, what the defense derives
+        from this run's data (its state, kept here for this run only), its ε trajectory."""
         job, training = self.job, self.job.training
         model, layout, _ = initial_vector(job.model_factory, job.seed)
         model = model.to(job.device)
         model.train()
         defense = self.defense = self.defense if self.defense.layout is not None else self.defense.bind(layout)
         global_vector = layout.flatten(parameters_of(model))
-        defense.prepare(job, model, {n: v.clone() for n, v in layout.unflatten(global_vector).items()})
+        prepared = prepared_state(defense, defense.prepare(job, model, {n: v.clone() for n, v in
+                                                                       layout.unflatten(global_vector).items()}))
         members = torch.as_tensor(np.concatenate(job.clients) if job.clients else np.array([], dtype=np.int64),
                                   device=job.pool_x.device)
         defense.validate(training, len(job.clients))
-        trajectory = defense.epsilon_trajectory(training, len(job.clients), job.delta, job.accounting)
-        test_x, test_y = defense.test_split(job)
-        state = RunState(model, layout, global_vector, members, trajectory, test_x, test_y)
+        trajectory = defense.epsilon_trajectory(training, len(job.clients), job.delta, job.accounting, prepared)
+        test_x, test_y = defense.test_split(job, prepared)
+        state = RunState(model, layout, global_vector, prepared, members, trajectory, test_x, test_y)
         if len(members):  # the training-set metrics' records, gathered once
             state.member_x, state.member_y = job.pool_x[members], job.pool_y[members]
         if job.dirac_canaries is not None:
@@ -244,7 +263,7 @@ class FederatedEngine:
         row: dict[str, Any] = {"round": t + 1, "participants": int(len(participants)), "lr": lr}
         if not len(participants):
             return None, row
-        return self.context(t, participants, state.model, state.layout, state.global_vector, lr), row
+        return self.context(t, participants, state.model, state.layout, state.global_vector, lr, state.defense_state), row
 
     def finish_round(self, state: RunState, t: int, ctx: RoundContext | None, updates: torch.Tensor | None,
                      row: dict[str, Any]) -> None:
@@ -272,19 +291,21 @@ class FederatedEngine:
             row["divisor"] = defense.audit_hooks().divisor(ctx)
         return updates, ctx
 
-    def record_uploads(self, state: RunState, round_number: int, participants: np.ndarray, uploads: torch.Tensor,
+    def record_uploads(self, state: RunState, round_number: int, ctx: RoundContext, uploads: torch.Tensor,
                        step: torch.Tensor) -> None:
         """The server view of this round, if the job records it: uploads by client (or shuffled) and the step."""
         job, defense = self.job, self.defense
         if not job.record.wants_uploads(round_number, job.training.rounds):
             return
+        participants = ctx.participants
         if defense.observes == "uploads":
             for i, client in enumerate(participants):
                 if job.record.wants_client(int(client)):
                     state.server_view[f"round_{round_number:04d}/client_{int(client):05d}"] = uploads[i].clone()
-        elif defense.observes == "shuffled":  # uploads in random order, no identities
-            for i in range(len(participants)):
-                state.server_view[f"round_{round_number:04d}/upload_{i:05d}"] = uploads[i].clone()
+        elif defense.observes == "shuffled":  # the anonymous channel: uploads in random order, no identities
+            order = torch.randperm(len(participants), generator=ctx.server_generator("shuffle"))
+            for i, row in enumerate(order.tolist()):
+                state.server_view[f"round_{round_number:04d}/upload_{i:05d}"] = uploads[row].clone()
         state.server_view[f"round_{round_number:04d}/aggregate"] = step.clone()
 
     def outcome(self, state: RunState) -> TrainingOutcome:
@@ -292,7 +313,8 @@ class FederatedEngine:
         # Dirac canary clients are clients of the run: a figure that depends on the population (the
         # server's view of one upload, σS/√|P_t|) is the one for the population the run had
         population = len(job.clients) + (len(job.dirac_canaries) if job.dirac_canaries is not None else 0)
-        claim = self.defense.privacy_claim(training, population, training.rounds, job.delta, job.accounting)
+        claim = self.defense.privacy_claim(training, population, training.rounds, job.delta, job.accounting,
+                                           state.defense_state)
         final = {n: v.clone() for n, v in state.layout.unflatten(state.global_vector).items()}
         if state.dirac_uploads is not None:  # what a server that sees each upload reads of each canary
             state.server_view["dirac/uploads"] = state.dirac_uploads
@@ -338,6 +360,9 @@ def finish_rounds(engines: list[FederatedEngine], states: list[RunState], t: int
     for k, (uploads, diagnostics) in zip(live, privatized):
         delta, ctx = joined[k]
         steps[k] = engines[k].defense.aggregate(uploads, ctx)
+        if steps[k].shape != states[k].global_vector.shape:
+            raise ReleaseAnomaly(f"defense '{engines[k].defense.name}': aggregate returned a step of shape "
+                                 f"{tuple(steps[k].shape)} for a model of {states[k].layout.dim} parameters")
         states[k].global_vector = states[k].global_vector + training.server_lr * steps[k]
         # the norms of what is clipped (after any pre-clip sparsification), else of the raw updates
         norm = diagnostics.pop("clip_input_norms", None)
@@ -348,7 +373,7 @@ def finish_rounds(engines: list[FederatedEngine], states: list[RunState], t: int
         rows[k].update(diagnostics)
         ctx = contexts[k]
         assert ctx is not None
-        engines[k].record_uploads(states[k], round_number, ctx.participants, uploads, steps[k])
+        engines[k].record_uploads(states[k], round_number, ctx, uploads, steps[k])
     for k, (state, row) in enumerate(zip(states, rows)):
         if contexts[k] is None:
             row["skipped"] = True  # an empty Poisson round still counts in the accounting

@@ -41,7 +41,16 @@ from audit.core.seeding import numpy_rng
 from audit.core.vocabulary import Observer
 from defenses.federated.engine import FederatedEngine, sample_participants
 from defenses.federated.round_defense import RoundDefense
-from defenses.federated.training_job import RoundContext, RunState, TrainingConfig, TrainingJob
+from defenses.federated.training_job import (
+    NO_STATE,
+    DefenseState,
+    ReleaseAnomaly,
+    RoundContext,
+    RunState,
+    TrainingConfig,
+    TrainingDiverged,
+    TrainingJob,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -69,8 +78,9 @@ class ReleaseProbe:
     """A defense's rounds as a function from contributions to observations.
 
     ``bound`` is the norm a contribution is clipped to (the audit's inputs lie far beyond it, so
-    every clip acts); ``defense`` is the defense as prepared for the job (its claim is the one
-    checked, for ``training``: the settings the probe ran, None for the job's own);
+    every clip acts); ``defense`` is the defense bound for the job and ``state`` what it derived
+    from the job's data (its claim for that state is the one checked, for ``training``: the
+    settings the probe ran, None for the job's own);
     ``one_coordinate`` says that neighbours differ in one coordinate only (per-weight claims),
     so only concentrated inputs are neighbours; ``contribution`` says in words what a row is.
 
@@ -92,6 +102,7 @@ class ReleaseProbe:
     trial_views: Callable[[torch.Tensor, Trial], Views] | None = None
     training: TrainingConfig | None = None
     participation: str = "one step of the defense's own probe, every contribution in it, the target in row 0"
+    state: DefenseState = NO_STATE
 
     def trial(self, seed: int, round_index: int = 0) -> Trial:
         """Trial ``seed`` of round ``round_index`` (a probe of one step has round 0 only)."""
@@ -128,11 +139,12 @@ def _flat(tensor: torch.Tensor) -> torch.Tensor:
 @dataclass
 class _RoundStart:
     """What a round starts from in the run: the global model, the client learning rate and the
-    defense (a copy, so that per-round state is the state that round began with)."""
+    run's defense state (a copy, so that what a round leaves for the next — UDP-FL's penalty
+    target — is as that round began)."""
 
     global_vector: torch.Tensor
     lr: float
-    defense: RoundDefense
+    state: DefenseState
 
 
 def _started(defense: RoundDefense, job: TrainingJob) -> tuple[FederatedEngine, TrainingJob, RunState]:
@@ -157,7 +169,7 @@ def engine_probe(defense: RoundDefense, job: TrainingJob) -> ReleaseProbe:
     The defense is prepared and bound as in training (:meth:`FederatedEngine.start`), and the
     run's rounds are trained as the engine trains them (its sampler, local training, the
     defense's own privatisation and aggregation), so round t's trials see the global model,
-    learning rate and defense state of round t. Contribution row i is participant i's raw update
+    learning rate and run state (:class:`DefenseState`) of round t. Contribution row i is participant i's raw update
     Δ_i; the rows are the trial's participants in ascending id, as the engine orders them.
     """
 
@@ -166,12 +178,16 @@ def engine_probe(defense: RoundDefense, job: TrainingJob) -> ReleaseProbe:
     starts: list[_RoundStart] = []
     for t in range(training.rounds):
         starts.append(_RoundStart(state.global_vector.clone(), training.lr * training.lr_decay ** t,
-                                  copy.deepcopy(engine.defense)))
+                                  copy.deepcopy(state.defense_state)))
         if t + 1 < training.rounds:  # round t as training runs it, so round t + 1 starts where it leaves off
             ctx, row = engine.begin_round(state, t)
             updates = engine.local_updates(ctx) if ctx is not None else None
-            engine.finish_round(state, t, ctx, updates, row)
-    bound_defense = starts[0].defense
+            try:
+                engine.finish_round(state, t, ctx, updates, row)
+            except TrainingDiverged as diverged:  # finite clients, a non-finite release
+                raise ReleaseAnomaly(f"its own run released non-finite values in round {diverged.round} ({diverged.what}) "
+                                     "from finite client updates") from diverged
+    bound_defense = engine.defense
 
     def draw(seed: int, round_index: int) -> Trial:
         target = int(numpy_rng(seed, "conformance", "target").integers(population))
@@ -191,12 +207,15 @@ def engine_probe(defense: RoundDefense, job: TrainingJob) -> ReleaseProbe:
         if key not in cached:
             cached.clear()
             start = starts[trial.round]
-            ctx = engine.context(trial.round, participants, state.model, state.layout, start.global_vector, start.lr)
+            ctx = engine.context(trial.round, participants, state.model, state.layout, start.global_vector, start.lr,
+                                 start.state)
             cached[key] = replace(ctx, seed=trial.seed)
-        base = cached[key]
-        ctx = replace(base, sizes=base.sizes.copy())  # privatize may reorder sizes (shuffling)
-        defense = starts[trial.round].defense
-        uploads, _ = defense.privatize(contributions.to(base.global_vector).clone(), ctx)
+        ctx = cached[key]
+        defense = bound_defense
+        uploads, _ = defense.privatize(contributions.to(ctx.global_vector).clone(), ctx)
+        if len(uploads) != len(contributions):
+            raise ReleaseAnomaly(f"privatize returned {len(uploads)} uploads for {len(contributions)} participants "
+                                 "(one upload per participant is what every observer's claim describes)")
         released = _flat(defense.audit_hooks().release_statistic(uploads, ctx))
         upload = _flat(uploads[trial.target])
         return {Observer.RELEASED: released, Observer.SERVER: released if defense.observes == "aggregate" else upload,
@@ -205,8 +224,9 @@ def engine_probe(defense: RoundDefense, job: TrainingJob) -> ReleaseProbe:
     def views(contributions: torch.Tensor, seed: int) -> Views:
         return trial_views(contributions, Trial(seed, 0, 0, np.arange(len(contributions))))
 
-    # the clip, as calibrated in prepare() where the defense calibrates it (FL-TOP's S)
-    bound = float(getattr(bound_defense, "_clip", 0.0) or getattr(bound_defense.params, "clip", 0.0) or 1.0)
+    # the run's clip, as calibrated in prepare() where the defense calibrates it (FL-TOP's S)
+    bound = (bound_defense.audit_hooks().clip_bound(state.defense_state)
+             or float(getattr(bound_defense.params, "clip", 0.0) or 1.0))
     return ReleaseProbe(state.layout.dim, population, bound, views, "a client's raw model update Δ_i", bound_defense,
                         rounds=training.rounds, draw=draw, trial_views=trial_views, training=training,
-                        participation=describe_participation(training, population))
+                        participation=describe_participation(training, population), state=state.defense_state)

@@ -3,11 +3,18 @@
 The types of the round loop (:mod:`defenses.federated.engine`; McMahan et al. 2017, FedAvg; 2018,
 DP-FedAvg Alg. 1): the federated training settings (:class:`TrainingConfig`, config section
 ``training``), which parts of the server view a run stores (:class:`RecordSpec`), one run's inputs
-(:class:`TrainingJob`), what a defense's hooks know about the current round
+(:class:`TrainingJob`), what a defense derives from one run's data (:class:`DefenseState`, the value
+its ``prepare`` returns), what a defense's hooks know about the current round
 (:class:`RoundContext`, whose noise generators come from the keyed streams
 ``(seed, "round", t, "client", i, purpose)`` and ``(seed, "round", t, "server", purpose)``), a run's
 state between rounds (:class:`RunState`), and its result: :class:`TrainingOutcome`, or
 :class:`TrainingDiverged` at the first round with non-finite numbers.
+
+A defense is a value shared by every run of an experiment (and trained alone or beside other
+runs); what differs between runs — client sizes, a clip calibrated on the run's public batch, a
+mask, the run's δ — lives in that run's :class:`DefenseState`, which the engine keeps per run and
+hands to every hook through :attr:`RoundContext.state`, to the claim and to the audit hooks. So no
+run can read another run's numbers, whatever runs it trains with.
 """
 
 from __future__ import annotations
@@ -135,13 +142,31 @@ class TrainingJob:
     dirac_canaries: DiracRows | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
+class DefenseState:
+    """What one run of a defense derives from its own data, returned by the defense's ``prepare``.
+
+    The base is empty (most defenses derive nothing); a defense that needs more subclasses it as a
+    frozen dataclass (NbAFL's smallest client and δ, FL-TOP's public batch, calibrated clip and
+    mask). The engine keeps one per run and hands it to the hooks as :attr:`RoundContext.state`, to
+    :meth:`privacy_claim` and to the audit hooks: a defense object itself never changes after
+    construction (:class:`defenses.base.Defense` refuses attribute assignment), so this is the one
+    place a run's derived numbers can live — and it is that run's alone.
+    """
+
+
+#: the state of a defense that derives nothing from a run's data
+NO_STATE = DefenseState()
+
+
+@dataclass(frozen=True)
 class RoundContext:
     """What a defense's hooks know about the current round.
 
     Besides the participants, it carries the global model the clients started from and the
     clients' data and mini-batch schedule, so that a privatisation step that needs them (e.g.
-    LUS's gradient at the final local model) can compute it.
+    LUS's gradient at the final local model) can compute it, and the run's :class:`DefenseState`.
+    Frozen: a hook that needs another context builds one (``dataclasses.replace``).
     """
 
     round: int  # 0-based
@@ -163,6 +188,8 @@ class RoundContext:
     #: the Dirac canary clients taking part this round, after the real ``participants`` (they
     #: count in :attr:`participant_count`); privatised by the same defense hooks as dense rows
     canaries: DiracRows | None = None
+    #: what the defense derived from this run's data (its ``prepare``)
+    state: DefenseState = NO_STATE
 
     @property
     def participant_count(self) -> int:
@@ -198,6 +225,7 @@ class RunState:
     model: nn.Module
     layout: ParamLayout
     global_vector: torch.Tensor
+    defense_state: DefenseState  # what the defense derived from this run's data (its prepare)
     members: torch.Tensor  # pool indices of every client's records (for the training-set metrics)
     trajectory: list[float] | None
     test_x: torch.Tensor | None = None  # the split accuracy is measured on (Defense.test_split)
@@ -209,6 +237,13 @@ class RunState:
     global_models: dict[str, torch.Tensor] = field(default_factory=dict)
     #: each Dirac canary's upload at its own coordinate per round [T, K] (NaN: it did not take part)
     dirac_uploads: torch.Tensor | None = None
+
+
+class ReleaseAnomaly(Exception):
+    """What a defense released cannot be the mechanism its claim accounts for, whatever the noise:
+    another number of uploads than participants, a step of another length than the model, views
+    that change shape between trials, or non-finite values for finite inputs. The conformance audit
+    turns it into a *violates* verdict with this message as its reason."""
 
 
 class TrainingDiverged(RuntimeError):

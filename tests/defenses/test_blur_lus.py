@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from audit.core.errors import UserInputError
-from defenses.blocks.flat import ParamLayout, parameters_of
+from defenses.blocks.flat import parameters_of
 from defenses.blocks.local_training import LocalObjective, mean_loss_gradient
 from defenses.blocks.sparsify import kept_per_tensor
 from defenses.blur_lus import (
@@ -35,21 +35,15 @@ def _same(a, b) -> bool:
 def _round_context(job, defense, round_index=0):
     """A round context built exactly as the engine builds it, with the clients' raw updates.
 
-    Like the engine, it binds ``defense`` to the model's layout and calls its ``prepare`` with the
-    initial model (in place, so the caller's object is the prepared one).
+    Like the engine, it binds ``defense`` to the model's layout and prepares the run
+    (:meth:`FederatedEngine.start`): the context carries the run's state. A defense is a value, so a
+    caller that needs the bound one (a claim that depends on the layout) binds its own.
     """
-    from audit.core.seeding import seed_torch
-
     engine = FederatedEngine(defense, job)
-    seed_torch(job.seed, "torch")
-    model = job.model_factory()
-    layout = ParamLayout.of(model)
-    start = layout.flatten(parameters_of(model))
-    if defense.layout is None:
-        defense.layout = layout
-        defense.prepare(job, model, {n: v.clone() for n, v in layout.unflatten(start).items()})
+    state = engine.start()
     participants = np.arange(len(job.clients))
-    ctx = engine.context(round_index, participants, model, layout, start, job.training.lr)
+    ctx = engine.context(round_index, participants, state.model, state.layout, state.global_vector, job.training.lr,
+                         state.defense_state)
     return ctx, engine.local_updates(ctx)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -96,7 +97,7 @@ def test_ddgauss_zero_noise_decodes_to_the_mean(digits_job):
     job = digits_job(sampling="fixed", clients_per_round=4)
     defense = _bound_ddgauss(job, noise_multiplier=0.0, bits=16, clip=0.5)
     ctx, updates = _round_context(job, defense)
-    ctx.participants, ctx.client_data = ctx.participants[:4], ctx.client_data[:4]
+    ctx = replace(ctx, participants=ctx.participants[:4], client_data=ctx.client_data[:4])
     updates = updates[:4]
     setting = defense.setting(ctx.training, ctx.num_clients)
     uploads, _ = defense.privatize(updates, ctx)
@@ -164,7 +165,7 @@ def test_ddgauss_needs_a_fixed_number_of_clients_per_round():
 def _real_round(job, defense, clients: int):
     """The engine's round context for the first ``clients`` clients of ``job``, with zero updates."""
     ctx, updates = _round_context(job, defense)
-    ctx.participants, ctx.sizes, ctx.client_data = ctx.participants[:clients], ctx.sizes[:clients], ctx.client_data[:clients]
+    ctx = replace(ctx, participants=ctx.participants[:clients], sizes=ctx.sizes[:clients], client_data=ctx.client_data[:clients])
     return ctx, torch.zeros_like(updates[:clients])
 
 
@@ -192,8 +193,6 @@ def test_ddgauss_summed_noise_is_the_accounted_one_with_and_without_canaries(dig
     so. The d′ coordinates are independent, so with v the accounted variance N·s²/v ~ χ²_N (a sum of
     discrete Gaussians of scale 2500 is Gaussian far within the tolerance): s² must lie in
     [χ²_N(α/2), χ²_N(1 − α/2)]·v/N at α = 1e-6."""
-    from dataclasses import replace
-
     from defenses.federated.engine import FederatedEngine
 
     clip, sigma = 0.5, 1.0

@@ -61,8 +61,7 @@ def test_frozen_coordinates_stay_bit_exact(digits_job):
     layout = ParamLayout.of(model)
     start = layout.flatten(parameters_of(model))
     bound = defense.bind(layout)
-    bound.prepare(job, model, layout.unflatten(start))
-    mask = bound._mask
+    mask = bound.prepare(job, model, layout.unflatten(start)).mask
     assert int(mask.sum()) == kept_count(0.1, layout.dim)
     for key, global_model in outcome.global_models.items():
         assert torch.equal(global_model[~mask], start[~mask]), key
@@ -122,7 +121,7 @@ def test_clip_calibration_clipping_and_noise(digits_job, cls, params):
     job = digits_job()
     bound = cls(params)
     ctx, updates = _round_context(job, bound)
-    clip = bound._clip
+    clip = ctx.state.clip
     assert clip > 0, "S calibrated on the public batch"
     mask = bound.trainable(ctx)
     uploads, diagnostics = bound.privatize(torch.zeros_like(updates), ctx)
@@ -163,9 +162,9 @@ def test_the_public_batch_never_scores_the_model(digits_job):
     """FL-TOP's public batch comes from the held-out split: those records leave the split accuracy is measured on."""
     job = digits_job()
     defense = FLTopDP(FLTopDPParams(public_size=10))
-    _round_context(job, defense)
-    test_x, _ = defense.test_split(job)
-    public_x, _ = defense._public
+    ctx, _ = _round_context(job, defense)
+    test_x, _ = defense.test_split(job, ctx.state)
+    public_x = ctx.state.public_x
     assert len(test_x) == len(job.test_x) - 10 and len(public_x) == 10
 
     def rows(x):

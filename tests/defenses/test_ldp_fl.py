@@ -191,14 +191,14 @@ def test_a_constant_tensor_keeps_its_value_under_an_adaptive_range(digits_job):
     defense = LDPFL(LDPFLParams(range_mode="adaptive", epsilon=2.0, radius=0.05))
     ctx, updates = _round_context(job, defense)
     bias = ctx.layout.slices()[ctx.layout.names[1]]
-    ctx.global_vector = ctx.global_vector.clone()
+    ctx = replace(ctx, global_vector=ctx.global_vector.clone())
     ctx.global_vector[bias] = 0.3  # a constant tensor, e.g. a freshly initialised norm layer
     ranges = defense._ranges(ctx.global_vector[None, :].double().expand(len(ctx.participants), -1), ctx)
     c, r = ranges[1]
     assert torch.allclose(c, torch.full_like(c, 0.3)) and torch.allclose(r, torch.full_like(r, 0.05))
     reports = []
     for t in range(200):
-        ctx.round = t
+        ctx = replace(ctx, round=t)
         uploads, _ = defense.with_params(server_view="linked").privatize(torch.zeros_like(updates), ctx)
         reports.append((ctx.global_vector[bias] + uploads[:, bias]).double())
     mean = torch.stack(reports).mean()
@@ -260,7 +260,7 @@ def test_a_near_constant_tensor_is_reported_without_bias(digits_job, source, wid
     bias = ctx.layout.slices()[ctx.layout.names[1]]
     size = bias.stop - bias.start
     spread = torch.linspace(0, 1, size, dtype=torch.float64)
-    ctx.global_vector = ctx.global_vector.clone()
+    ctx = replace(ctx, global_vector=ctx.global_vector.clone())
     updates = torch.zeros_like(updates)
     if source == "global_prev":
         ctx.global_vector[bias] = (0.5 + width * spread).float()
@@ -274,7 +274,7 @@ def test_a_near_constant_tensor_is_reported_without_bias(digits_job, source, wid
     assert bool((c - r <= values.min()).all()) and bool((values.max() <= c + r).all()), "the range holds the tensor"
     averages = []
     for t in range(rounds):
-        ctx.round = t
+        ctx = replace(ctx, round=t)
         uploads, _ = defense.privatize(updates, ctx)
         averages.append(ctx.global_vector[bias].double() + defense.aggregate(uploads, ctx)[bias].double())
     decoded = float(torch.stack(averages).mean())

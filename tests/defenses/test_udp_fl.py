@@ -96,12 +96,10 @@ def test_group_noise_is_keyed_by_everything_it_depends_on(digits_job):
     """The harmonized noise of a group depends on ε, δ, the conversion and the steps, not on ε alone."""
     job = digits_job(rounds=2, local_steps=1)
     defense = _udp(client_epsilons=[2.0, 4.0]).bind(ParamLayout.of(job.model_factory()))
-    defense.prepare(job)
-    first = defense.group_mechanism(2.0, job.training)
-    defense._delta = 1e-3
-    assert defense.group_mechanism(2.0, job.training).parameter < first.parameter  # a larger δ needs less noise
-    defense._delta = 1e-5
-    assert defense.group_mechanism(2.0, replace(job.training, rounds=8)).parameter > first.parameter
+    first = defense.group_mechanism(2.0, job.training, 1e-5, "improved")
+    assert defense.group_mechanism(2.0, job.training, 1e-3, "improved").parameter < first.parameter  # larger δ: less noise
+    assert defense.group_mechanism(2.0, replace(job.training, rounds=8), 1e-5, "improved").parameter > first.parameter
+    assert defense.group_mechanism(2.0, job.training, 1e-5, "classic").parameter != first.parameter
 
 
 def test_shuffling_leaves_the_model_unchanged_and_hides_identities(digits_job):
@@ -124,8 +122,9 @@ def test_heterogeneous_epsilons(digits_job):
     claim = outcome.claim
     assert claim.epsilon == pytest.approx(8.0, rel=1e-3) and "heterogeneous" in claim.notes
     bound = defense.bind(ParamLayout.of(job.model_factory()))
-    bound.prepare(job)
-    strict, loose = bound.group_mechanism(1.0, job.training), bound.group_mechanism(8.0, job.training)
+    conversion = job.accounting.conversion
+    strict, loose = (bound.group_mechanism(1.0, job.training, job.delta, conversion),
+                     bound.group_mechanism(8.0, job.training, job.delta, conversion))
     assert strict.parameter > loose.parameter  # more noise for the smaller ε
     with pytest.raises(UserInputError, match="client_epsilons"):
         defense.calibrate(2.0, 1e-5, job.training, 8, AccountingSettings())
@@ -162,7 +161,6 @@ def test_nbafl_noise_formulas_and_privatisation(digits_job):
     assert downlink_std(10.0, 4.0, 1e-5, 5, 40, clients=8, rounds=100) == pytest.approx(expected)
     job = digits_job(rounds=1)
     defense = NbAFL(NbAFLParams(clip=1.0, epsilon=50.0)).bind(ParamLayout.of(job.model_factory()))
-    defense.prepare(job)
     ctx, updates = _round_context(job, defense)
     uploads, diagnostics = defense.privatize(torch.zeros_like(updates), ctx)
     models = ctx.global_vector + uploads
@@ -172,7 +170,7 @@ def test_nbafl_noise_formulas_and_privatisation(digits_job):
     residual = (models.double() - ctx.global_vector.double() * min(1.0, 1.0 / clean_norm)).flatten().numpy()
     statistic = float((residual ** 2).sum() / std ** 2)
     assert stats.chi2.ppf(5e-4, residual.size) < statistic < stats.chi2.ppf(1 - 5e-4, residual.size)
-    claim = defense.privacy_claim(job.training, 8, 1, job.delta, AccountingSettings())
+    claim = defense.privacy_claim(job.training, 8, 1, job.delta, AccountingSettings(), ctx.state)
     # the sound headline: two clipped models differ by ≤ 2C, each upload carries σ_U, one round — the exact
     # Gaussian ε of μ = 2C/σ_U at δ (Balle & Wang 2018) is below it (RDP is an upper bound) and close to it
     from tests.defenses.privacy.test_claims import exact_gaussian_epsilon

@@ -18,7 +18,7 @@ from audit.core.seeding import derive_seed
 from audit.planning import canary_context, plan_audit
 from audit.store import RunStore
 from audit.training import train_runs
-from defenses.base import DEFENSES
+from defenses.base import DEFENSES, NO_STATE
 from defenses.fedavg import DPFedAvg, DPFedAvgParams, FedAvg
 from defenses.federated.engine import initial_vector
 
@@ -175,9 +175,9 @@ class _OverclaimingDPFedAvg(DPFedAvg):
     name = "test-overclaiming-dp-fedavg"
     Params = _OverclaimingParams
 
-    def privacy_claim(self, training, num_clients, rounds, delta, accounting):
+    def privacy_claim(self, training, num_clients, rounds, delta, accounting, state=NO_STATE):
         honest = DPFedAvg(DPFedAvgParams(clip=self.params.clip, noise_multiplier=self.params.claimed_noise_multiplier))
-        return honest.privacy_claim(training, num_clients, rounds, delta, accounting)
+        return honest.privacy_claim(training, num_clients, rounds, delta, accounting, state)
 
 
 def test_an_unsound_claim_is_reported_as_a_violation(tmp_path):

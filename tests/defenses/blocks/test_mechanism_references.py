@@ -5,6 +5,7 @@ fixed-size sampling accounting, and Poisson sampling exercised end to end."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -106,7 +107,7 @@ def test_fl_cs_dp_privatize_compresses_clips_and_noises(digits_job):
     clean = FLCSDP(FLCSDPParams(keep_fraction=0.1, clip=0.2, noise_multiplier=1e-9))
     samples = []
     for t in range(20):  # the sketch's rows change every round: compare each round with its own clean part
-        ctx.round = t
+        ctx = replace(ctx, round=t)
         samples.append(noisy.privatize(updates, ctx)[0].numpy() - clean.privatize(updates, ctx)[0].numpy())
     noise = np.concatenate(samples).ravel()
     std = 0.2 * 2.0 / math.sqrt(len(updates))

@@ -5,6 +5,7 @@ with a Gaussian claim — and the issue's own measurement of the summed aggregat
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -36,7 +37,7 @@ def test_per_coordinate_noise_of_each_view(name):
     does not reach the view (a coordinate outside this round's random subset) carry no such test."""
     setup = probe_setup(seed=1)
     probe = DEFENSES.get(name)().audit_hooks().release_probe(setup.job)
-    claim = probe.defense.privacy_claim(setup.training, len(setup.job.clients), 1, setup.delta, setup.accounting)
+    claim = probe.defense.privacy_claim(setup.training, len(setup.job.clients), 1, setup.delta, setup.accounting, probe.state)
     gaussian = [a for a in claim.adversaries if a.covered and a.noise_multiplier is not None]
     if not gaussian:
         pytest.skip(f"{name}: no Gaussian claim (pure ε-LDP per weight)")
@@ -86,11 +87,11 @@ def _summed_noise(defense, clip: float, rounds: int = 30) -> np.ndarray:
     setup = probe_setup(seed=2)
     engine = FederatedEngine(defense, setup.job)
     state = engine.start()
-    ctx: RoundContext = engine.context(0, np.arange(8), state.model, state.layout, state.global_vector, 0.1)
+    ctx: RoundContext = engine.context(0, np.arange(8), state.model, state.layout, state.global_vector, 0.1,
+                                       state.defense_state)
     rows = []
     for t in range(rounds):
-        ctx.round = t
-        uploads, _ = engine.defense.privatize(torch.zeros(8, state.layout.dim), ctx)
+        uploads, _ = engine.defense.privatize(torch.zeros(8, state.layout.dim), replace(ctx, round=t))
         rows.append(uploads.double().sum(0).numpy())
     return np.var(np.stack(rows), axis=0, ddof=1) / (defense.params.noise_multiplier * clip) ** 2
 
