@@ -37,6 +37,29 @@ def test_the_plan_and_its_experiments_cannot_be_assigned_to(config):
     assert not any(hasattr(plan, name) for name in ("run_ids", "canary_ids", "skipped", "diverged"))
 
 
+def test_the_plan_is_immutable_all_the_way_down(config):
+    """Its experiments' defenses, its attacks, its task and its membership design: nothing a stage holds
+    can be changed under another stage (or another run)."""
+    plan = plan_audit(config)
+    assert isinstance(plan.experiments, tuple) and isinstance(plan.attacks, tuple)
+    with pytest.raises(AttributeError, match="immutable value"):
+        plan.experiments[0].defense.layout = None
+    with pytest.raises(AttributeError, match="immutable value"):
+        plan.attacks[0].label = "other"
+    with pytest.raises(FrozenInstanceError):
+        plan.task.pool = plan.task.test  # type: ignore[misc]
+    with pytest.raises(FrozenInstanceError):
+        plan.task.pool.labels = plan.task.test.labels  # type: ignore[misc]
+    with pytest.raises(FrozenInstanceError):
+        plan.membership.keep = plan.membership.keep  # type: ignore[misc]
+    membership = plan.membership
+    arrays = [membership.keep, membership.owners, *membership.parts, *(c for run in membership.clients for c in run)]
+    assert all(not a.flags.writeable for a in arrays)
+    with pytest.raises(ValueError, match="read-only"):
+        membership.keep[0, 0] = not membership.keep[0, 0]
+    assert isinstance(membership.clients, tuple) and all(isinstance(run, tuple) for run in membership.clients)
+
+
 def test_the_training_record_lists_exactly_the_runs_in_the_store(config, tmp_path):
     plan = plan_audit(config)
     trained = train(plan, tmp_path)

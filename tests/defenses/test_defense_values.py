@@ -198,3 +198,56 @@ def test_nbafl_runs_keep_their_own_smallest_client(digits_job):
     assert len({c.epsilon for c in alone}) == 3
     assert [f"m = {m})" in c.mechanism for c, m in zip(alone, (2, 12, 22))] == [True] * 3
     assert np.all(np.diff([c.epsilon for c in alone]) > 0)  # a smaller m means more noise: a smaller ε
+
+
+def _writes_self(target) -> bool:
+    """Whether an assignment target writes into ``self``: ``self.x``, ``self.x[k]``, ``self.x.y`` (a
+    container a defense holds, too), or any of them inside a tuple target."""
+    import ast
+
+    if isinstance(target, ast.Tuple | ast.List):
+        return any(_writes_self(t) for t in target.elts)
+    if not isinstance(target, ast.Attribute | ast.Subscript):
+        return False
+    while isinstance(target, ast.Attribute | ast.Subscript):
+        target = target.value
+    return isinstance(target, ast.Name) and target.id == "self"
+
+
+def _assigned_attributes(cls: type) -> list[str]:
+    """``self.x = …``, ``self.x[k] = …`` (or ``+=``, or ``setattr(self, …)``/``object.__setattr__(self, …)``)
+    in the methods ``cls`` defines itself, as ``file:line``."""
+    import ast
+    import inspect
+    import textwrap
+
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return []
+    start = inspect.getsourcelines(cls)[1]
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        targets = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id == "self":
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if name in ("setattr", "__setattr__"):
+                found.append(f"{inspect.getsourcefile(cls)}:{start + node.lineno - 1}")
+        if any(_writes_self(target) for target in targets):
+            found.append(f"{inspect.getsourcefile(cls)}:{start + node.lineno - 1}")
+    return found
+
+
+def test_no_defense_class_writes_to_itself():
+    """Statically, beside the runtime guard: no method of any class in a registered defense's hierarchy
+    assigns to ``self`` — except :class:`Defense.__init__`, which sets ``params`` and ``layout`` once."""
+    classes = {klass for name in NAMES for klass in DEFENSES.get(name).__mro__
+               if isinstance(klass, type) and issubclass(klass, Defense) and klass is not Defense}
+    assert len(classes) > len(NAMES) // 2
+    offenders = {klass.__qualname__: _assigned_attributes(klass) for klass in classes}
+    assert not {k: v for k, v in offenders.items() if v}
+    assert len(_assigned_attributes(Defense)) == 2  # params and layout, in __init__, through object.__setattr__

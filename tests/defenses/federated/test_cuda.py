@@ -93,3 +93,31 @@ def test_benchmark_workload_trains_on_cuda():
         gpu = DPFedAvg(defense.params).train(_on(job, "cuda"))
     for name, value in cpu.final_params.items():
         torch.testing.assert_close(gpu.final_params[name].cpu(), value, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["dp-fedavg", "fedavg", "nbafl", "fl-top-dp", "dp-fedsam", "fed-smp-topk"])
+def test_runs_alone_and_together_on_cuda(digits_job, name):
+    """The company a run keeps, on a GPU: each run trained alone (its own defense object) and the runs
+    trained together (the one object planning binds). The claim and the participants depend on the
+    run's data only, so they are equal exactly; the model may differ in its last bits where a batched
+    kernel reduces in another order for another batch shape (benchmarks/company_spread.py measures
+    that spread for every defense), and must agree to float tolerance."""
+    from defenses.base import DEFENSES
+    from defenses.blocks.flat import ParamLayout
+    from defenses.run_batch import train_together
+    from tests.defenses.test_defense_values import _job_for, _runs, _train_alone
+
+    cls = DEFENSES.get(name)
+    job = _on(_job_for(cls, digits_job(rounds=2, local_steps=1)), "cuda")
+    layout = ParamLayout.of(job.model_factory())
+    runs = [run if run.dirac_canaries is None else  # the canary rows on the device, as the pipeline builds them
+            replace(run, dirac_canaries=replace(run.dirac_canaries, coords=run.dirac_canaries.coords.cuda(),
+                                                values=run.dirac_canaries.values.cuda()))
+            for run in _runs(job, cls(None, layout))]
+    alone = [_train_alone(cls(None, layout), run) for run in runs]
+    together = train_together(cls(None, layout), runs)
+    for a, b in zip(alone, together):
+        assert a.claim.as_dict() == b.claim.as_dict()
+        assert [m["participants"] for m in a.metrics] == [m["participants"] for m in b.metrics]
+        for key, value in a.final_params.items():
+            torch.testing.assert_close(b.final_params[key], value, rtol=1e-4, atol=1e-5)
