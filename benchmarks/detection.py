@@ -112,11 +112,23 @@ VARIANTS = (
     Variant("noise-0.8-after-round-1", f"{BROKEN}:NoiseShrunkAfterFirstRound", "0.8 of the noise std from round 2 on", _shrunk),
     Variant("clip-at-3S", f"{BROKEN}:ClipsAtThreeTimesTheBound", "clips to 3·S, noise and claim for S",
             lambda rounds, clients: 3.0),
-    # the deployment's |P_t| (all N clients at q = 1); during the audit its canaries make it ≈ 10⁴
+    # the deployment's |P_t| (all N clients at q = 1): canaries count in no |P_t|
     Variant("noise-over-count", f"{BROKEN}:NoiseOverCountNotItsRoot", "upload noise std Sσ/|P_t|, not Sσ/√|P_t|",
             lambda rounds, clients: math.sqrt(clients)),
     Variant("one-client-unclipped", f"{BROKEN}:OneClientUnclippedAfterFirstRound",
             "one participant a round unclipped from round 2 on", None),
+    # written as a user writes them: privatize rewritten with plain tensors, no hook of DP-FedAvg's
+    Variant("user-written", f"{BROKEN}:UserWrittenHonest", "honest, privatize rewritten with plain tensors",
+            lambda rounds, clients: 1.0),
+    Variant("user-halved-noise", f"{BROKEN}:UserHalvedNoise", "the user's rewrite with half the noise std",
+            lambda rounds, clients: 2.0),
+    Variant("user-pairs-cancel", f"{BROKEN}:UserNoiseCancelledInPairs", "odd participants upload the previous one's "
+            "noise negated: the sum carries none", None),
+    Variant("user-noise-reused", f"{BROKEN}:UserNoiseReusedEveryRound", "one noise draw per client, reused every round",
+            None),
+    Variant("user-uniform-noise", f"{BROKEN}:UserUniformNoise", "uniform noise of the accounted variance", None),
+    Variant("claims-absent-sampling", f"{BROKEN}:ClaimsSamplingItDoesNotDo", "accounted (and calibrated) at q = 0.25, "
+            "every client every round", lambda rounds, clients: 1.0),  # its own σ at q = 1
 )
 
 #: the central-DP Gaussian defenses with a client-level claim (LDP-FL's per-weight local DP,

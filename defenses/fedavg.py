@@ -42,7 +42,6 @@ from audit.core.vocabulary import Observer, Unit
 from defenses.audit_hooks import AuditHooks
 from defenses.base import DEFENSES, NO_STATE, AccountingSettings, Defense, PrivacyClaim
 from defenses.blocks.clipping import clip_rows, clip_rows_per_tensor, joined_rows
-from defenses.blocks.dirac_rows import DiracRows
 from defenses.blocks.noise import gaussian_rows
 from defenses.federated.training_job import RoundContext, TrainingConfig
 from defenses.privacy.accounting import (
@@ -242,25 +241,17 @@ class DPFedAvg(Defense):
         """Transform the noisy uploads (e.g. keep only a top-k support)."""
         return noisy
 
-    def clip(self, updates: torch.Tensor | DiracRows) -> tuple[torch.Tensor | DiracRows, torch.Tensor, torch.Tensor]:
-        if isinstance(updates, DiracRows):  # one coordinate: its flat and its per-tensor norm are |value|
-            return updates.clipped(self.params.clip)
+    def clip(self, updates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.params.clip_mode == "flat":
             return clip_rows(updates, self.params.clip)
         return clip_rows_per_tensor(updates, self.params.clip, list(self.layout.slices().values()))
 
     def upload_noise_std(self, ctx: RoundContext) -> float:
         """The std of each upload's noise under client placement: S·σ/√|P_t|, so that the sum of
-        the |P_t| uploads carries N(0, S²σ²) — Dirac canary clients count in |P_t| and add shares."""
+        the |P_t| uploads carries N(0, S²σ²)."""
         return self.params.clip * self.params.noise_multiplier / math.sqrt(ctx.participant_count)
 
-    def privatize(self, updates: torch.Tensor | DiracRows, ctx: RoundContext) -> tuple[torch.Tensor | DiracRows, dict]:
-        if isinstance(updates, DiracRows):
-            clipped_rows, _, _ = self.clip(updates)
-            assert isinstance(clipped_rows, DiracRows)
-            if self.params.noise_placement == "client":
-                clipped_rows = clipped_rows.with_gaussian_noise(self.upload_noise_std(ctx), ctx.canary_generator("noise"))
-            return clipped_rows, {}
+    def privatize(self, updates: torch.Tensor, ctx: RoundContext) -> tuple[torch.Tensor, dict]:
         return self._privatize_rows([(self, updates, ctx)])[0]
 
     def privatize_together(self, runs: list[tuple[Any, torch.Tensor, RoundContext]]) -> list[tuple[torch.Tensor, dict]]:
@@ -302,16 +293,13 @@ class DPFedAvg(Defense):
         return out
 
     def divisor(self, ctx: RoundContext) -> float:
-        """What :meth:`aggregate` divides the sum by: |P_t| as realised (Dirac canary clients
-        included), or the expected qN."""
+        """What :meth:`aggregate` divides the sum by: |P_t| as realised, or the expected qN."""
         if self.params.denominator == "expected":
             return ctx.training.sampling_rate(ctx.num_clients) * ctx.num_clients
         return float(ctx.participant_count)
 
     def aggregate(self, uploads: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
         total = uploads.sum(0)
-        if ctx.canaries is not None:  # the Dirac canary clients' uploads (noise shares included)
-            total = total + ctx.canaries.total().to(total)
         if self.params.noise_placement == "aggregate":
             std = self.params.clip * self.params.noise_multiplier
             total = total + gaussian_rows(1, uploads.shape[1], std, [ctx.server_generator("noise")], uploads.device)[0]
@@ -322,8 +310,9 @@ class DPFedAvg(Defense):
 
 
 class DPFedAvgAuditHooks(AuditHooks):
-    """DP-FedAvg's family as the audits see it: canaries carry the clip S, Dirac rows go through the
-    privatisation where it treats them as dense ones, the released step divides by :meth:`DPFedAvg.divisor`."""
+    """DP-FedAvg's family as the audits see it: canaries carry the clip S, Dirac canary clients are
+    measured through the family's own privatisation (:mod:`defenses.federated.dirac_passage`) where
+    it keeps each coordinate apart, the released step divides by :meth:`DPFedAvg.divisor`."""
 
     defense: DPFedAvg
 
@@ -331,9 +320,11 @@ class DPFedAvgAuditHooks(AuditHooks):
         super().__init__(defense, update_canaries=update_canaries, clips_updates=True)
 
     def dirac_canaries_refused(self, training: TrainingConfig) -> str | None:
-        """DP-FedAvg and the variants that only change local training clip, noise and sum Dirac
-        rows exactly as dense ones; a variant that transforms each dense upload (sparsifies it
-        before clipping, masks or filters it after the noise) does not take them."""
+        """DP-FedAvg and its subclasses — a user's override of ``privatize`` included — take Dirac
+        canary clients: their probe rows go through the defense's own code. A variant that
+        transforms each dense upload (sparsifies it before clipping from the client's data, masks
+        or filters it after the noise) moves a one-coordinate probe's output with its data and
+        noise, so its canaries could not be read one coordinate at a time."""
         kind = type(self.defense)
         if kind.pre_clip is not DPFedAvg.pre_clip or kind.post_noise is not DPFedAvg.post_noise \
                 or self.defense.noise_support().kept_only:

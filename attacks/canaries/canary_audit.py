@@ -91,7 +91,7 @@ class CanaryRun:
     iterates: torch.Tensor | None = None  # global model after each round [rounds, d] (when the audit needs them)
     server_view: dict[str, torch.Tensor] | None = None  # what the run recorded of the server's view
     metrics: list[dict] | None = None  # the run's per-round metrics
-    claim: PrivacyClaim | None = None  # the run's own claim (its population includes canary clients)
+    claim: PrivacyClaim | None = None  # the run's own claim
 
 
 class CanaryAudit(Attack):

@@ -6,12 +6,19 @@ canary clients; Nasr et al. 2023, "Tight Auditing of Differentially Private Mach
 Dirac canaries read at every iterate; Steinke, Nasr, Jagielski 2023, one-run counting): run r
 gets one canary client per coordinate j of a random permutation — at most d canaries — with a
 random sign s and an independent fair coin. An inserted canary's *raw* update is s·U·e_j with
-U = ``amplitude``·S (S the defense's clip) and enters the defense's own privatisation before
-clipping (:class:`defenses.blocks.dirac_rows.DiracRows` through :meth:`Defense.privatize` and
-:meth:`Defense.aggregate`): a clip that is skipped shows as an upload of U instead of S, lower
-noise as a larger standardised shift. A held-out canary follows the claim's relation: under
-zero-out it takes part and uploads zero, under add/remove it is absent. Canaries join rounds
-like clients (Poisson at the clients' rate).
+U = ``amplitude``·S (S the defense's clip). Canaries join rounds like clients (Poisson at the
+clients' rate). A held-out canary follows the claim's relation: under zero-out it takes part and
+uploads zero, under add/remove it is absent.
+
+**One code path** (:mod:`defenses.federated.dirac_passage`). What a canary contributes is read off
+the defense's own ``privatize_together`` and ``aggregate`` run on dense probe rows among the real
+clients' rows — a user's override included — so a clip that is skipped shows as a contribution of
+U instead of S. Canaries add that signal and no noise of their own: the noise on their
+coordinates is the noise the defense's code gives the real uploads, in a round of exactly the
+real participants (|P_t| counts no canary). Lower noise in the dense code is lower noise in
+every canary statistic. Where the canaries' path cannot be isolated (the defense's output for a
+one-coordinate input spreads, or a canary's input changes other uploads), the run says why and
+the audit reads no statistic: it never falls back to code of its own.
 
 **Why canaries do not interfere.** The aggregate is a sum: canaries on distinct coordinates add
 to distinct coordinates, and each is clipped on its own. What remains is training dynamics —
@@ -40,8 +47,12 @@ coordinate carries little of the real clients' signal.
   (one client a round left unclipped) cannot move a one-run count over 10⁵ coins, but one upload
   of ±U where ±S belongs is beyond any Gaussian noise.
 
-The server's figure is the run's own: canary clients are clients, so its population is N + K
-and a figure that depends on it (one upload's noise σS/√|P_t|) is the one for N + K.
+The server's figure is the run's own, for its N real clients: canaries count in no |P_t|, so a
+real upload's noise σS/√|P_t| is what it is in a canary-free run.
+
+What canaries cannot see by construction: a canary contributes the same value in every round it
+joins, so noise reused across rounds only adds to its readings' spread (the conformance audit's
+fresh-noise test sees it, :mod:`attacks.mechanism_audits.conformance_checks`).
 """
 
 from __future__ import annotations
@@ -111,6 +122,28 @@ def preregistered_levels(claim: PrivacyClaim | None, coins: int) -> dict[str, tu
     return out
 
 
+def real_drift(run: CanaryRun) -> np.ndarray:
+    """[T, K]: the real clients' noise-free share of each step on each canary's coordinate, which an
+    observer who knows the other clients' data could compute from the released models
+    (:func:`defenses.federated.dirac_passage.real_share`); zeros where the run could not tell it
+    from the noise (the readings then keep it: less power, the same validity)."""
+    coords = run.injection.dirac_coords
+    view = run.server_view or {}
+    if "dirac/drift" not in view:
+        return np.zeros((run.iterates.shape[0] if run.iterates is not None else 0, 0 if coords is None else len(coords)))
+    return view["dirac/drift"].to(torch.float64).numpy()
+
+
+def path_anomaly(runs: list[CanaryRun]) -> str | None:
+    """Why the canaries' path through the defense's code was not isolated in some round of some run
+    (:mod:`defenses.federated.dirac_passage`), None where it was in every one."""
+    for i, run in enumerate(runs):
+        for row in run.metrics or []:
+            if row.get("dirac_path"):
+                return f"run {i + 1}, round {row.get('round')}: {row['dirac_path']}"
+    return None
+
+
 @ATTACKS.register("dirac-canaries")
 class DiracCanaries(CanaryAudit):
     name = "dirac-canaries"
@@ -169,9 +202,17 @@ class DiracCanaries(CanaryAudit):
             raise ValueError("the Dirac canary audit needs each run's own claim")
         released = claim.against(Observer.RELEASED)
         sigma = released.noise_multiplier if released is not None else None
+        unread = path_anomaly(runs)
         results = []
         for observer in self.params.observers:
-            if observer == Observer.SERVER:
+            if unread is not None:
+                observation = Observation(observer) if observer != Observer.SERVER else (
+                    Observation.EACH_UPLOAD if context.defense.observes == "uploads" else Observation.AGGREGATE)
+                who = Observer.SERVER if observer == Observer.SERVER else Observer.RELEASED
+                results.append(self._result(context, runs, inserted, None, observation, claim.for_observer(who),
+                                            f"the canaries' path through the defense's own code could not be "
+                                            f"isolated ({unread}), and no other path is audited"))
+            elif observer == Observer.SERVER:
                 result = self._server_result(context, runs, inserted, claim, sigma)
             else:
                 scores = np.stack([self._released_scores(context, run, observer, sigma) for run in runs]) \
@@ -210,7 +251,8 @@ class DiracCanaries(CanaryAudit):
     def _released_scores(self, context: CanaryContext, run: CanaryRun, observer: str, sigma: float | None) -> np.ndarray:
         coords, signs = self._coords_signs(run)
         if observer == Observation.FINAL_MODEL:
-            return signs * (run.final - run.initial).to(torch.float64).numpy()[coords]
+            change = (run.final - run.initial).to(torch.float64).numpy()[coords]
+            return signs * (change - context.training.server_lr * real_drift(run).sum(0))
         assert sigma is not None
         readings = self._iterate_readings(context, run, coords, signs, sigma)
         rate = context.training.sampling_rate(context.clients)
@@ -234,8 +276,7 @@ class DiracCanaries(CanaryAudit):
                                     "takes part, would read participation itself")
             taken = ~np.isnan(uploads)
             if observation == Observation.EACH_UPLOAD:
-                counts = np.array([float(r.get("participants", 0)) + float(r.get("canary_participants", 0))
-                                   for r in run.metrics])
+                counts = np.array([float(r.get("participants", 0)) for r in run.metrics])  # canaries count in no |P_t|
                 # one upload's noise is S·σ/√|P_t|: reading z = s·u·√|P_t|/(σS), shift μ_t = √|P_t|/σ
                 shifts = np.sqrt(counts) / sigma
                 z = (signs[None, :] * np.nan_to_num(uploads) * shifts[:, None] / self._clip(context)).T
@@ -269,12 +310,14 @@ class DiracCanaries(CanaryAudit):
     @classmethod
     def _iterate_readings(cls, context: CanaryContext, run: CanaryRun, coords: np.ndarray, signs: np.ndarray,
                           sigma: float) -> np.ndarray:
-        """z_{k,t} = s_k·(w_t − w_{t−1})_{j_k}·D_t/(η_g·σ·S): [K, T], N(0, 1) plus the real
-        clients' drift for a held-out canary, shifted by 1/σ in a round an inserted one joined."""
+        """z_{k,t} = s_k·(w_t − w_{t−1} − η_g·r_t)_{j_k}·D_t/(η_g·σ·S): [K, T], r_t the real clients'
+        noise-free share of the step (:func:`real_drift`): N(0, 1) for a held-out canary, shifted by
+        1/σ in a round an inserted one joined."""
         if run.iterates is None or run.metrics is None:
             raise ValueError("the all-iterates statistic needs every round's global model and the run's metrics")
         models = torch.cat([run.initial[None, :], run.iterates]).to(torch.float64)
         deltas = (models[1:] - models[:-1])[:, torch.as_tensor(coords)].numpy()  # [T, K]
+        deltas = deltas - context.training.server_lr * real_drift(run)
         divisors = np.array([float(r.get("divisor") or 1.0) for r in run.metrics])[:, None]
         z = deltas * divisors / (context.training.server_lr * sigma * cls._clip(context))
         return (signs[None, :] * z).T

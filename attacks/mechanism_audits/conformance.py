@@ -80,13 +80,12 @@ from attacks.mechanism_audits.conformance_checks import (
     CONFORMS,
     NO_PROBE,
     NOT_APPLICABLE,
-    SIGMA_TESTS,
     UNCHECKED,
     VIOLATES,
     AdversaryCheck,
     Survey,
     audit_probe,
-    scope_count,
+    sigma_test_count,
     survey,
 )
 from attacks.mechanism_audits.conformance_statistics import epsilon_ceiling
@@ -164,8 +163,7 @@ class DefensePlan:
     def sigma_tests(self) -> int:
         if self.probe is None or self.found is None:
             return 0
-        return sum(len(self.found.candidates) * SIGMA_TESTS * scope_count(self.probe)
-                   for c in self.claims if c.noise_multiplier is not None)
+        return sum(sigma_test_count(self.probe, c, len(self.found.candidates)) for c in self.claims)
 
     def epsilon_tests(self) -> list[tuple[int, float]]:
         """(candidates, one-round ε) of every observer with an ε to test."""

@@ -9,18 +9,20 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+from scipy import stats
 
+from attacks.mechanism_audits.conformance_results import AdversaryCheck, Candidate, CandidateResult, Failure
 from attacks.mechanism_audits.conformance_statistics import (
     MIN_INFLUENTIAL,
-    ScopeResult,
     epsilon_bound,
     epsilon_ceiling,
     sigma_scopes,
 )
 from audit.core.lazy_modules import lazy_module
+from audit.core.noise_shape import fresh_noise_p
 from audit.core.seeding import derive_seed
 from audit.core.vocabulary import ConformanceStatus, Relation
 from defenses.federated.release_probe import ReleaseProbe, Trial
@@ -40,93 +42,34 @@ NO_PROBE, UNCHECKED = ConformanceStatus.NO_PROBE, ConformanceStatus.UNCHECKED
 INPUT_SCALE = 1000.0
 #: candidate inputs per observer at most
 CANDIDATES = 3
-#: the σ tests of one scope (a round, or all rounds pooled): the χ² interval and the KS shortfall test
-SIGMA_TESTS = 2
-
-
-@dataclass
-class Candidate:
-    name: str
-    vector: torch.Tensor
-
-
-@dataclass
-class CandidateResult:
-    input: str
-    influential: int
-    multiplier: float | None
-    interval: tuple[float, float] | None
-    epsilon_lower_bound: float | None
-    scopes: list[ScopeResult] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"input": self.input, "influential_trials": self.influential, "noise_multiplier": self.multiplier,
-                "interval": list(self.interval) if self.interval else None, "epsilon_lower_bound": self.epsilon_lower_bound,
-                "scopes": [s.as_dict() for s in self.scopes]}
-
-
-@dataclass
-class Failure:
-    """One σ test that rejected: which input and scope, and in words."""
-
-    input: str
-    scope: str
-    test: str  # "interval" or "shortfall"
-    text: str
-    strength: float  # for ordering: how far past its level (larger is stronger)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"input": self.input, "scope": self.scope, "test": self.test, "detail": self.text}
-
-
-@dataclass
-class AdversaryCheck:
-    adversary: str
-    claim: AdversaryClaim
-    status: str = CONFORMS
-    detail: str = ""
-    candidates: list[CandidateResult] = field(default_factory=list)
-    #: the ε test: whether it was run, and the largest ε_LB the trial count could ever give
-    epsilon_test: bool = False
-    epsilon_ceiling: float | None = None
-    sigma_tests: int = 0
-    failures: list[Failure] = field(default_factory=list)
-
-    @property
-    def worst_multiplier(self) -> CandidateResult | None:
-        measured = [c for c in self.candidates if c.multiplier is not None]
-        return min(measured, key=lambda c: math.inf if c.multiplier is None else c.multiplier) if measured else None
-
-    @property
-    def worst_epsilon(self) -> CandidateResult | None:
-        measured = [c for c in self.candidates if c.epsilon_lower_bound is not None]
-        return max(measured, key=lambda c: -math.inf if c.epsilon_lower_bound is None else c.epsilon_lower_bound) \
-            if measured else None
-
-    def as_dict(self) -> dict[str, Any]:
-        worst, strongest = self.worst_multiplier, self.worst_epsilon
-        claimed = self.claim.noise_multiplier
-        within = (None if claimed is None or worst is None or worst.interval is None
-                  else bool(worst.interval[0] <= claimed <= worst.interval[1]))
-        epsilon_test: dict[str, Any] = {"run": self.epsilon_test, "ceiling": self.epsilon_ceiling}
-        if not self.epsilon_test and self.claim.round_epsilon is not None and self.epsilon_ceiling is not None:
-            epsilon_test["why_not"] = (f"the trials can show at most ε_LB = {self.epsilon_ceiling:.3g} (every count "
-                                       f"perfect) ≤ the one-round ε = {self.claim.round_epsilon:.3g}")
-        return {"adversary": self.adversary, "status": self.status, "relation": self.claim.relation,
-                "observes": self.claim.observes, "claimed_noise_multiplier": claimed,
-                "measured_noise_multiplier": worst.multiplier if worst else None,
-                "interval": list(worst.interval) if worst and worst.interval else None,
-                "within_interval": within, "worst_input": worst.input if worst else None,
-                "claimed_round_epsilon": self.claim.round_epsilon,
-                "epsilon_lower_bound": strongest.epsilon_lower_bound if strongest else None,
-                "epsilon_input": strongest.input if strongest else None, "epsilon_test": epsilon_test,
-                "sigma_tests": self.sigma_tests, "failed_tests": [f.as_dict() for f in self.failures],
-                "detail": self.detail, "candidates": [c.as_dict() for c in self.candidates]}
+#: the σ tests of one scope (a round, or all rounds pooled): the χ² interval, the KS shortfall test
+#: and the shape test (tails lighter than Gaussian)
+SIGMA_TESTS = 3
+#: pairs of trials, one seed and the same participants in two rounds, of the fresh-noise test
+FRESH_PAIRS = 60
 
 
 def scope_count(probe: ReleaseProbe) -> int:
     """σ-test scopes per candidate: each round, and all rounds pooled when there are several."""
     return probe.rounds + (1 if probe.rounds > 1 else 0)
+
+
+def fresh_test_runs(probe: ReleaseProbe, claim: AdversaryClaim) -> bool:
+    """Whether the fresh-noise test runs for this observer: Gaussian noise and several rounds."""
+    return claim.noise_multiplier is not None and probe.rounds > 1
+
+
+def participation_test_runs(probe: ReleaseProbe, claim: AdversaryClaim) -> bool:
+    """Whether the participation test runs: the claim accounts a sampling rate below 1 and the
+    probe's trials draw participants."""
+    return claim.participation_rate is not None and claim.participation_rate < 1 and probe.draw is not None
+
+
+def sigma_test_count(probe: ReleaseProbe, claim: AdversaryClaim, candidates: int) -> int:
+    """The tests of the noise one observer's check runs (all in the family): per candidate and
+    scope the :data:`SIGMA_TESTS`, the fresh-noise test and the participation test."""
+    gaussian = candidates * SIGMA_TESTS * scope_count(probe) if claim.noise_multiplier is not None else 0
+    return gaussian + int(fresh_test_runs(probe, claim)) + int(participation_test_runs(probe, claim))
 
 
 @dataclass
@@ -218,10 +161,10 @@ def audit_probe(probe: ReleaseProbe, claims: list[AdversaryClaim], trials: int, 
         epsilon = check.claim.round_epsilon
         check.epsilon_ceiling = ceiling
         check.epsilon_test = epsilon is not None and (ceiling > epsilon if epsilon_cutoff is None else epsilon <= epsilon_cutoff)
-        gaussian = check.claim.noise_multiplier is not None
-        check.sigma_tests = len(candidates) * SIGMA_TESTS * scope_count(probe) if gaussian else 0
+        check.sigma_tests = sigma_test_count(probe, check.claim, len(candidates))
     replace_views = [v for v in views if checks[v].claim.relation == Relation.REPLACE_ONE]
     rounds = np.array([t % probe.rounds for t in range(trials)])
+    others = 0  # participants besides the target, over the trials (the participation test)
     # per candidate and view: ⟨n_t, s_t⟩ and ‖s_t‖ of each trial (the σ tests), and the views themselves
     # only where the ε test needs them
     dots = {(k, v): np.zeros(trials) for k in range(len(candidates)) for v in views}
@@ -233,6 +176,7 @@ def audit_probe(probe: ReleaseProbe, claims: list[AdversaryClaim], trials: int, 
         # their noise, which Bonferroni allows)
         trial = probe.trial(derive_seed(seed, "trial", t), int(rounds[t]))
         zero = _run(probe, None, trial, views, found.shapes)
+        others += probe.rows(trial) - 1
         noise = {v: zero[v] - found.centre[v][rounds[t]] for v in views}
         for k, candidate in enumerate(candidates):
             moved = _run(probe, candidate.vector, trial, views, found.shapes)
@@ -256,15 +200,64 @@ def audit_probe(probe: ReleaseProbe, claims: list[AdversaryClaim], trials: int, 
             checks[v].candidates.append(CandidateResult(candidate.name, count, pooled.multiplier, pooled.interval, bound,
                                                         scopes))
     for check in checks.values():
+        if participation_test_runs(probe, check.claim):
+            _participation(check, others, trials * (probe.contributors - 1), level)
+    fresh = [v for v in views if fresh_test_runs(probe, checks[v].claim)]
+    if fresh:
+        _fresh_noise(probe, found, [checks[v] for v in fresh], seed, level)
+    for check in checks.values():
         _verdict(check, level)
     return list(checks.values())
 
 
+def _participation(check: AdversaryCheck, others: int, slots: int, level: float) -> None:
+    """Participation against the accounted rate q: in the trials, each client other than the target
+    took part ``others`` times of ``slots``; if every client takes part with probability ≤ q
+    independently, that count is stochastically at most Binomial(slots, q). More is a sampling
+    the claim's amplification (or its bound on the rounds a client joins) does not describe."""
+    rate = check.claim.participation_rate
+    assert rate is not None
+    p = float(stats.binom.sf(others - 1, slots, rate))
+    check.participation = {"accounted_rate": rate, "observed_rate": others / slots if slots else 0.0, "p_value": p}
+    if p < 1.0 - level:
+        check.failures.append(Failure("participation", "every round", "participation",
+                                      f"clients took part at rate {others / slots:.3g} ({others} of {slots} draws) where the "
+                                      f"claim accounts q = {rate:.3g} (one-sided binomial test, p = {p:.2g})",
+                                      -math.log10(max(p, 1e-300)) + math.log10(1.0 - level)))
+
+
+def _fresh_noise(probe: ReleaseProbe, found: Survey, checks: list[AdversaryCheck], seed: int, level: float) -> None:
+    """Noise drawn afresh each round (:func:`audit.core.noise_shape.fresh_noise_p`): pairs of trials
+    with one seed and the same participants in consecutive rounds, all contributions zero."""
+    views = [c.adversary for c in checks]
+    firsts: dict[str, list[np.ndarray]] = {v: [] for v in views}
+    seconds: dict[str, list[np.ndarray]] = {v: [] for v in views}
+    for i in range(FRESH_PAIRS):
+        a = i % probe.rounds
+        b = (a + 1) % probe.rounds
+        one = probe.trial(derive_seed(seed, "fresh", i), a)
+        other = Trial(one.seed, b, one.target, one.participants)
+        first, second = _run(probe, None, one, views, found.shapes), _run(probe, None, other, views, found.shapes)
+        for v in views:
+            firsts[v].append(first[v] - found.centre[v][a])
+            seconds[v].append(second[v] - found.centre[v][b])
+    for check in checks:
+        v = check.adversary
+        p = fresh_noise_p(np.stack(firsts[v]).reshape(FRESH_PAIRS, -1), np.stack(seconds[v]).reshape(FRESH_PAIRS, -1))
+        check.fresh_p = p
+        if p is not None and p < 1.0 - level:
+            check.failures.append(Failure("zero inputs", "consecutive rounds", "fresh",
+                                          f"the noise of one round repeats in the next (one-sided t-test of the noise "
+                                          f"correlation between rounds, same seed and participants: p = {p:.2g}): "
+                                          "differences of consecutive releases carry no noise",
+                                          -math.log10(max(p, 1e-300)) + math.log10(1.0 - level)))
+
+
 def _failures(check: AdversaryCheck, level: float) -> list[Failure]:
     claimed = check.claim.noise_multiplier
-    out: list[Failure] = []
+    out: list[Failure] = list(check.failures)  # the fresh-noise and participation tests
     if claimed is None:
-        return out
+        return sorted(out, key=lambda f: -f.strength)
     for candidate in check.candidates:
         for scope in candidate.scopes:
             where = f"{scope.scope}, {candidate.input}"
@@ -280,6 +273,11 @@ def _failures(check: AdversaryCheck, level: float) -> list[Failure]:
                                    f"(one-sided KS against the half-normal: D⁺ = {scope.shortfall:.3f}, "
                                    f"p = {scope.shortfall_p:.2g}; {where})",
                                    -math.log10(max(scope.shortfall_p, 1e-300)) + math.log10(1.0 - level)))
+            if scope.shape_p is not None and scope.shape_p < 1.0 - level:
+                out.append(Failure(candidate.input, scope.scope, "shape",
+                                   f"the noise has lighter tails than the accounted Gaussian (D'Agostino's kurtosis "
+                                   f"test, p = {scope.shape_p:.2g}; {where}): bounded noise has an unbounded privacy loss",
+                                   -math.log10(max(scope.shape_p, 1e-300)) + math.log10(1.0 - level)))
     return sorted(out, key=lambda f: -f.strength)
 
 
@@ -291,12 +289,13 @@ def _verdict(check: AdversaryCheck, level: float) -> None:
         return
     reasons, remarks = [], []
     worst, strongest = check.worst_multiplier, check.worst_epsilon
-    if worst is None and strongest is None:
+    check.failures = _failures(check, level)
+    if worst is None and strongest is None and not check.failures:
         check.detail = "the target's contribution never reached this view (no effect to measure)"
         return
-    check.failures = _failures(check, level)
     if check.failures:
-        shown = [next(f for f in check.failures if f.test == test) for test in ("interval", "shortfall")
+        shown = [next(f for f in check.failures if f.test == test)
+                 for test in ("interval", "shortfall", "shape", "fresh", "participation")
                  if any(f.test == test for f in check.failures)]
         reasons += [f.text for f in shown]
         if len(check.failures) > len(shown):

@@ -1,8 +1,9 @@
 """The statistics of the conformance audit (:mod:`attacks.mechanism_audits.conformance`, steps 4–6):
 from coupled trials, the noise along the target's effect per unit of it, r_t = ⟨n_t, s_t⟩/‖s_t‖²;
 two tests of σ_t ≥ σ on it — the χ² interval of σ_eff = √mean(r_t²) and a one-sided
-Kolmogorov–Smirnov test (Smirnov 1939, D⁺) of |r_t|/σ against the half-normal law — per round and
-pooled; and the optimal test's held-out ε lower bound (Jagielski, Ullman, Oprea 2020; Nasr et al.
+Kolmogorov–Smirnov test (Smirnov 1939, D⁺) of |r_t|/σ against the half-normal law — and a test of
+its shape (tails lighter than Gaussian: bounded noise, :mod:`audit.core.noise_shape`), per round
+and pooled; and the optimal test's held-out ε lower bound (Jagielski, Ullman, Oprea 2020; Nasr et al.
 2021) with its ceiling.
 """
 
@@ -16,6 +17,7 @@ import numpy as np
 from scipy import stats
 
 from audit.core.metrics import epsilon_lower_bound, held_out_epsilon_lower_bound
+from audit.core.noise_shape import lighter_tails_p
 
 #: trials in which the target must move the view before its effect is measured
 MIN_INFLUENTIAL = 10
@@ -32,11 +34,12 @@ class ScopeResult:
     interval: tuple[float, float] | None = None
     shortfall: float | None = None  # the one-sided KS statistic D⁺ of |r_t|/σ against the half-normal
     shortfall_p: float | None = None
+    shape_p: float | None = None  # D'Agostino's one-sided test of lighter tails than Gaussian (audit.core.noise_shape)
 
     def as_dict(self) -> dict[str, Any]:
         return {"scope": self.scope, "influential_trials": self.influential, "noise_multiplier": self.multiplier,
                 "interval": list(self.interval) if self.interval else None, "ks_statistic": self.shortfall,
-                "ks_p_value": self.shortfall_p}
+                "ks_p_value": self.shortfall_p, "light_tails_p_value": self.shape_p}
 
 
 @dataclass
@@ -97,6 +100,7 @@ def _scope(name: str, ratios: np.ndarray, level: float, claimed: float | None) -
     result = ScopeResult(name, len(ratios), multiplier, interval)
     if claimed is not None and claimed > 0:
         result.shortfall, result.shortfall_p = shortfall_test(ratios, claimed)
+        result.shape_p = lighter_tails_p(ratios)
     return result
 
 

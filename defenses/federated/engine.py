@@ -38,6 +38,7 @@ from audit.core.seeding import numpy_rng, philox_rng, seed_torch
 from defenses.blocks.dirac_rows import DiracRows
 from defenses.blocks.flat import ParamLayout, parameters_of
 from defenses.blocks.local_training import TRAINERS, LocalSchedule, OptimizerSettings
+from defenses.federated.dirac_passage import DiracPassage, dirac_passage, real_share, released_step
 from defenses.federated.evaluation import evaluate_many
 from defenses.federated.round_defense import RoundDefense
 from defenses.federated.round_metrics import divergences, norm_summaries
@@ -215,19 +216,16 @@ class FederatedEngine:
                       client_data=list(ctx.client_data) + [empty] * len(chosen))
         return torch.cat([updates, rows]), ctx
 
-    def dirac_round(self, ctx: RoundContext, row: dict[str, Any]) -> tuple[RoundContext, np.ndarray]:
+    def dirac_round(self, ctx: RoundContext, row: dict[str, Any]) -> tuple[DiracRows, np.ndarray]:
         """This round's Dirac canary clients (:attr:`TrainingJob.dirac_canaries`): each joins
-        like a client — Poisson at the clients' sampling rate, from its own stream — and counts in
-        |P_t|. Returns the context carrying them and which canaries (positions) joined."""
+        like a client — Poisson at the clients' sampling rate, from its own stream. Returns the
+        joined canaries' rows and their positions."""
         canaries = self.job.dirac_canaries
         assert canaries is not None
         chosen = sample_canaries(len(canaries), self.job.training.sampling_rate(len(self.job.clients)), self.job.seed,
                                  ctx.round)
         row["canary_participants"] = int(len(chosen))
-        index = torch.as_tensor(chosen, dtype=torch.long)
-        rows = DiracRows(canaries.coords[index.to(canaries.coords.device)], canaries.values[index.to(canaries.values.device)],
-                         canaries.dim)
-        return replace(ctx, canaries=rows), chosen
+        return canaries.subset(torch.as_tensor(chosen, dtype=torch.long)), chosen
 
     def start(self) -> RunState:
         """Initialise the run: the initial global model, the bound defense, what the defense derives
@@ -253,6 +251,7 @@ class FederatedEngine:
             if reason is not None:
                 raise ValueError(f"{defense.name} cannot take Dirac canary clients: {reason}")
             state.dirac_uploads = torch.full((training.rounds, len(job.dirac_canaries)), math.nan)
+            state.dirac_drift = torch.full((training.rounds, len(job.dirac_canaries)), math.nan, dtype=torch.float64)
         return state
 
     def begin_round(self, state: RunState, t: int) -> tuple[RoundContext | None, dict[str, Any]]:
@@ -274,22 +273,43 @@ class FederatedEngine:
             raise diverged
 
     def with_canaries(self, state: RunState, t: int, ctx: RoundContext, updates: torch.Tensor,
-                      row: dict[str, Any]) -> tuple[torch.Tensor, RoundContext]:
-        """The round's update canaries and Dirac canary clients joined to its updates and context
-        (Dirac canaries privatised here, by the same hooks as the real clients' rows)."""
-        job, defense = self.job, self.defense
+                      row: dict[str, Any]) -> tuple[torch.Tensor, RoundContext, DiracPassage | None]:
+        """The round's update canaries joined to its updates and context, and what its Dirac
+        canary clients contribute, measured through the defense's own privatisation
+        (:func:`~defenses.federated.dirac_passage.dirac_passage`; None without Dirac canaries)."""
+        job = self.job
         if job.update_canaries is not None:
             updates, ctx = self.add_canaries(updates, ctx, row)
-        if job.dirac_canaries is not None:
-            ctx, joined = self.dirac_round(ctx, row)
-            assert ctx.canaries is not None and state.dirac_uploads is not None
-            # the same hooks as the real clients' rows: clipping, noise (a share of σS/√|P_t|)
-            canary_uploads, _ = defense.privatize(ctx.canaries, ctx)
-            ctx = replace(ctx, canaries=canary_uploads)
-            state.dirac_uploads[t, torch.as_tensor(joined, dtype=torch.long)] = \
-                canary_uploads.own_uploads().detach().float().cpu()
-            row["divisor"] = defense.audit_hooks().divisor(ctx)
-        return updates, ctx
+        if job.dirac_canaries is None:
+            return updates, ctx, None
+        rows, joined = self.dirac_round(ctx, row)
+        assert state.dirac_uploads is not None
+        passage = dirac_passage(self.defense, ctx, updates, rows)
+        if passage.anomaly is not None:
+            row["dirac_path"] = passage.anomaly
+        state.dirac_uploads[t, torch.as_tensor(joined, dtype=torch.long)] = passage.readings.float().cpu()
+        return updates, ctx, passage
+
+    def release(self, state: RunState, t: int, updates: torch.Tensor, uploads: torch.Tensor, ctx: RoundContext,
+                passage: DiracPassage | None, row: dict[str, Any]) -> torch.Tensor:
+        """The round's released step: the defense's ``aggregate`` of the uploads, carrying the
+        Dirac canaries' signal where they take part (:func:`~defenses.federated.dirac_passage.released_step`,
+        which also gives the divisor the audit standardises the step with), and the real clients'
+        noise-free share of it on the canaries' coordinates (:func:`~defenses.federated.dirac_passage.real_share`)."""
+        if passage is None:
+            return self.defense.aggregate(uploads, ctx)
+        canaries = self.job.dirac_canaries
+        assert canaries is not None and state.dirac_drift is not None
+        step, divisor, anomaly = released_step(self.defense, uploads, ctx, passage, canaries.coords)
+        row["divisor"] = divisor
+        if anomaly is not None and "dirac_path" not in row:
+            row["dirac_path"] = anomaly
+        share = real_share(self.defense, updates, uploads, ctx)
+        if share is None:
+            row["dirac_drift"] = "the real clients' share depends on the noise draw: left in the readings"
+        else:
+            state.dirac_drift[t] = share[canaries.coords.to(share.device)].cpu()
+        return step
 
     def record_uploads(self, state: RunState, round_number: int, ctx: RoundContext, uploads: torch.Tensor,
                        step: torch.Tensor) -> None:
@@ -310,14 +330,15 @@ class FederatedEngine:
 
     def outcome(self, state: RunState) -> TrainingOutcome:
         job, training = self.job, self.job.training
-        # Dirac canary clients are clients of the run: a figure that depends on the population (the
-        # server's view of one upload, σS/√|P_t|) is the one for the population the run had
-        population = len(job.clients) + (len(job.dirac_canaries) if job.dirac_canaries is not None else 0)
-        claim = self.defense.privacy_claim(training, population, training.rounds, job.delta, job.accounting,
+        # Dirac canary clients add signal only and count in no |P_t|: the run's claim is the canary-free one
+        claim = self.defense.privacy_claim(training, len(job.clients), training.rounds, job.delta, job.accounting,
                                            state.defense_state)
         final = {n: v.clone() for n, v in state.layout.unflatten(state.global_vector).items()}
         if state.dirac_uploads is not None:  # what a server that sees each upload reads of each canary
             state.server_view["dirac/uploads"] = state.dirac_uploads
+        if state.dirac_drift is not None and not any("dirac_drift" in row for row in state.metrics):
+            # the real clients' noise-free share of each step on each canary's coordinate (0 in a skipped round)
+            state.server_view["dirac/drift"] = torch.nan_to_num(state.dirac_drift, nan=0.0)
         return TrainingOutcome(final, state.layout, state.metrics, claim, state.server_view, state.global_models)
 
     def run(self, on_round: Callable[[int, int, dict[str, Any]], None] | None = None) -> TrainingOutcome:
@@ -349,7 +370,7 @@ def finish_rounds(engines: list[FederatedEngine], states: list[RunState], t: int
     training = engines[0].job.training
     round_number, total = t + 1, training.rounds
     live = [k for k, ctx in enumerate(contexts) if ctx is not None]
-    joined: dict[int, tuple[torch.Tensor, RoundContext]] = {}
+    joined: dict[int, tuple[torch.Tensor, RoundContext, Any]] = {}
     for k in live:
         ctx, delta = contexts[k], updates[k]
         assert ctx is not None and delta is not None
@@ -358,8 +379,8 @@ def finish_rounds(engines: list[FederatedEngine], states: list[RunState], t: int
     privatized = engines[live[0]].defense.privatize_together(runs) if live else []
     norms, steps = [], {}
     for k, (uploads, diagnostics) in zip(live, privatized):
-        delta, ctx = joined[k]
-        steps[k] = engines[k].defense.aggregate(uploads, ctx)
+        delta, ctx, passage = joined[k]
+        steps[k] = engines[k].release(states[k], t, delta, uploads, ctx, passage, rows[k])
         if steps[k].shape != states[k].global_vector.shape:
             raise ReleaseAnomaly(f"defense '{engines[k].defense.name}': aggregate returned a step of shape "
                                  f"{tuple(steps[k].shape)} for a model of {states[k].layout.dim} parameters")

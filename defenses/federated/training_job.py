@@ -137,8 +137,8 @@ class TrainingJob:
     canary_rounds: tuple[int, int] | None = None
     #: Dirac canary clients at scale (:mod:`defenses.blocks.dirac_rows`): canary k's raw update is
     #: ``values[k]`` on coordinate ``coords[k]`` (0 for a held-out canary of a zero-out design);
-    #: each round a canary joins like a client and its update goes through the defense's own
-    #: clipping, noise and aggregation (:meth:`defenses.federated.engine.FederatedEngine.dirac_round`)
+    #: each round a canary joins like a client; what the defense's own clipping, noise and
+    #: aggregation make of it is measured on dense probe rows (:mod:`defenses.federated.dirac_passage`)
     dirac_canaries: DiracRows | None = None
 
 
@@ -185,21 +185,14 @@ class RoundContext:
     schedule: LocalSchedule | None = None
     lr: float = 0.0
     chunk_size: int = 0
-    #: the Dirac canary clients taking part this round, after the real ``participants`` (they
-    #: count in :attr:`participant_count`); privatised by the same defense hooks as dense rows
-    canaries: DiracRows | None = None
     #: what the defense derived from this run's data (its ``prepare``)
     state: DefenseState = NO_STATE
 
     @property
     def participant_count(self) -> int:
-        """|P_t|: the real participants and the Dirac canary clients of this round."""
-        return len(self.participants) + (len(self.canaries) if self.canaries is not None else 0)
-
-    def canary_generator(self, purpose: str) -> torch.Generator:
-        """The stream of this round's Dirac canary clients (one for the block: their noise is
-        drawn jointly, :meth:`defenses.blocks.dirac_rows.DiracRows.with_gaussian_noise`)."""
-        return torch_generator(self.seed, "round", self.round, "dirac-canaries", purpose)
+        """|P_t|: the clients taking part this round (Dirac canary clients add signal only and are
+        not among them, :mod:`defenses.federated.dirac_passage`)."""
+        return len(self.participants)
 
     def client_generator(self, client: int, purpose: str) -> torch.Generator:
         return torch_generator(self.seed, "round", self.round, "client", int(client), purpose)
@@ -237,6 +230,8 @@ class RunState:
     global_models: dict[str, torch.Tensor] = field(default_factory=dict)
     #: each Dirac canary's upload at its own coordinate per round [T, K] (NaN: it did not take part)
     dirac_uploads: torch.Tensor | None = None
+    #: the real clients' noise-free share of each step on each Dirac canary's coordinate [T, K]
+    dirac_drift: torch.Tensor | None = None
 
 
 class ReleaseAnomaly(Exception):

@@ -104,6 +104,9 @@ class AdversaryClaim:
         "help": "the per-round Gaussian noise multiplier accounted, per change one unit can make in what this observer sees"})
     round_epsilon: float | None = field(default=None, metadata={
         "help": "ε of one round without sampling (what the conformance audit compares with)"})
+    participation_rate: float | None = field(default=None, metadata={
+        "min": 0, "max": 1, "help": "the rate q at which the claim accounts each unit to take part in a round (its "
+                                    "amplification, or its bound on the rounds a unit joins); null: not accounted"})
     notes: str = ""
 
     def __post_init__(self) -> None:
@@ -296,7 +299,7 @@ def gaussian_adversaries(noise: GaussianRounds, delta: float, accountant: str, c
             Observer.RELEASED, report.epsilon, delta, Relation.REPLACE_ONE if fixed else Relation.ADD_REMOVE,
             "the global model after every round", report.label, amplification=noise.rate < 1, rounds=noise.rounds,
             noise_multiplier=per_change, round_epsilon=gaussian_round_epsilon(per_change, delta, accountant, conversion),
-            notes=schedule.describe()))
+            participation_rate=noise.rate, notes=schedule.describe()))
     views = {"aggregate": (noise.aggregate, "the aggregate of every round it runs"),
              "uploads": (noise.upload, "every client's upload")}
     for adversary in (Observer.SERVER, Observer.LOCAL):
@@ -318,6 +321,7 @@ def gaussian_adversaries(noise: GaussianRounds, delta: float, accountant: str, c
         out.append(AdversaryClaim(
             adversary, epsilon, delta, Relation.ZERO_OUT, observes, label, amplification=False, rounds=counted,
             noise_multiplier=multiplier, round_epsilon=gaussian_round_epsilon(multiplier, delta, accountant, conversion),
+            participation_rate=noise.rate,
             notes=server_notes(notes, noise.server_note) if adversary == Observer.SERVER else notes))
     return tuple(out)
 

@@ -1,7 +1,8 @@
 """Dirac canary clients end to end: ``dpfl-audit run`` on a small design must find a DP-FedAvg
-whose noise is secretly halved in VIOLATION of the claim it keeps, and must not find one in the
-honest DP-FedAvg (the canaries go through the defense's own clipping and noise: a canary path
-that skipped either would make the honest run violate)."""
+whose noise is secretly halved — in a ``privatize`` rewritten with plain tensors, as a user
+writes it — in VIOLATION of the claim it keeps, and must not find one in the honest DP-FedAvg (the
+canaries' clipping and noise are the defense's own: a canary path that skipped either would make
+the honest run violate)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ partition: {clients: 20}
 training: {rounds: 10, local_steps: 1}
 defenses:
   - {name: dp-fedavg, epsilons: [4]}
-  - {name: "tests.defenses.broken_dp_fedavg:HalvedNoise", label: halved, epsilons: [4]}
+  - {name: "tests.defenses.broken_dp_fedavg:UserHalvedNoise", label: halved, epsilons: [4]}
   - {name: "tests.defenses.broken_dp_fedavg:OneClientUnclippedAfterFirstRound", label: unclipped, epsilons: [4]}
 membership: {runs: 2}
 attacks:
@@ -45,10 +46,18 @@ def _statuses(experiment, observation):
     return {v["metric"]: v["status"] for v in record["verdicts"]}, record
 
 
-def test_the_secretly_halved_noise_violates_the_claim(results):
-    statuses, record = _statuses(_experiment(results, "halved"), "all iterates")
-    assert "violation" in statuses.values(), record["verdicts"]
+def test_the_secretly_halved_noise_of_a_user_rewrite_violates_the_claim(results):
+    """The rewrite's halved noise is a VIOLATION of the claim, and the released models' canary
+    statistic measures that noise: its Gaussian-fit ε (true ε ≈ 8.5 at μ = 2√T/σ) lies above the
+    claimed 4, where the honest run's does not. (Its one-run bound, ≈ 4 at 2·10⁴ coins and this
+    μ, sits at the claim: the design's power against 2ε is what decides, not this one seed.)"""
+    halved = _experiment(results, "halved")
+    assert halved["soundness"] == "violation"
+    statuses, record = _statuses(halved, "all iterates")
     assert record["adversary"] == "released" and "likelihood ratio" in record["statistic"]
+    assert statuses["epsilon_gaussian_fit"] == "estimate above claim", record["verdicts"]
+    honest, _ = _statuses(_experiment(results, "dp-fedavg"), "all iterates")
+    assert honest["epsilon_gaussian_fit"] != "estimate above claim"
 
 
 def test_one_client_unclipped_after_round_one_violates_the_claimed_mechanism(results):
@@ -76,7 +85,8 @@ def test_the_honest_dp_fedavg_does_not_violate(results):
 
 def test_a_canary_upload_is_clipped_and_noised_by_the_defense():
     """One round of DP-FedAvg with Dirac canaries of raw value ±1000·S: each canary's upload at
-    its coordinate is ±S plus N(0, (σS)²/|P_t|) — never ±1000·S, never noiseless."""
+    its coordinate is ±S plus N(0, (σS)²/|P_t|), |P_t| the 4 real clients (canaries add signal
+    only) — never ±1000·S, never noiseless."""
     from defenses.blocks.dirac_rows import DiracRows
     from defenses.fedavg import DPFedAvg, DPFedAvgParams
     from defenses.federated.engine import FederatedEngine
@@ -93,6 +103,6 @@ def test_a_canary_upload_is_clipped_and_noised_by_the_defense():
     outcome = FederatedEngine(DPFedAvg(DPFedAvgParams(clip=clip, noise_multiplier=sigma)), job).run()
     uploads = outcome.server_view["dirac/uploads"][0].double()
     residual = (uploads - torch.sign(values).double() * clip).numpy()
-    share = clip * sigma / np.sqrt(4 + count)
+    share = clip * sigma / np.sqrt(4)
     assert np.all(np.abs(residual) < 6 * share)  # ±S, not ±1000·S
     assert np.std(residual) > 0.3 * share  # noised

@@ -205,15 +205,20 @@ def test_every_registered_defense_conforms(everything):
 
 
 def test_the_family_counts_only_tests_that_run(everything):
-    """K = the σ tests (χ² interval and KS, per candidate, per round and pooled) + the ε tests that can
-    fire; an ε test is run exactly where its ceiling exceeds the one-round ε, and the level is 1 − α/K."""
+    """K = the σ tests (χ² interval, KS and the shape test, per candidate, per round and pooled; the
+    fresh-noise and participation tests once per observer) + the ε tests that can fire; an ε test is
+    run exactly where its ceiling exceeds the one-round ε, and the level is 1 − α/K."""
     sigma = epsilon = 0
     for entry in everything["defenses"]:
         for check in entry["adversaries"]:
             candidates = len(check["candidates"])
             scopes = len(check["candidates"][0]["scopes"]) if candidates else 0
-            if check["claimed_noise_multiplier"] is not None:
-                assert check["sigma_tests"] == candidates * 2 * scopes
+            gaussian = check["claimed_noise_multiplier"] is not None
+            # the fresh-noise test where rounds are several; the participation test where q < 1 is accounted
+            fresh = gaussian and scopes > 1
+            participation = check["participation"] is not None
+            assert not participation or check["participation"]["accounted_rate"] < 1
+            assert check["sigma_tests"] == candidates * 3 * scopes * gaussian + fresh + participation
             sigma += check["sigma_tests"]
             test = check["epsilon_test"]
             assert test["ceiling"] == pytest.approx(everything["epsilon_ceiling"])
@@ -403,15 +408,16 @@ def test_measure_on_a_known_gaussian_round():
 
 def test_audit_probe_power_and_null():
     """Through audit_probe: a round with the noise its claim says conforms; one with 30 % of it on the
-    target's coordinate is rejected. The check is a family of five tests (two candidate inputs × the χ²
-    interval and the KS test, and the ε test), each at 1 − 0.01/5."""
-    level = 1 - 0.01 / 5
-    claim = AdversaryClaim("released", 1.0, 1e-5, "zero-out", "synthetic", noise_multiplier=2.0, round_epsilon=2.3)
+    target's coordinate is rejected. The check is a family of seven tests (two candidate inputs × the χ²
+    interval, the KS test and the shape test, and the ε test; one round: no fresh-noise test, no
+    sampling: no participation test), each at 1 − 0.01/7."""
+    level = 1 - 0.01 / 7
+    claim = AdversaryClaim("released", 1.0, 1e-5, "zero-out", "synthetic", noise_multiplier=2.0, round_epsilon=2.2)
     honest = audit_probe(_gaussian_probe(2.0), [claim], 300, 0, level, 1e-5)[0]
     short = audit_probe(_gaussian_probe(2.0, masked=0.3), [claim], 300, 0, level, 1e-5)[0]
     assert honest.status == CONFORMS and short.status == VIOLATES
-    assert honest.sigma_tests == 4 and len(honest.candidates) == 2
-    assert honest.epsilon_test and honest.epsilon_ceiling > 2.3  # 300 trials at this level can show ε_LB up to 2.34
+    assert honest.sigma_tests == 6 and len(honest.candidates) == 2
+    assert honest.epsilon_test and honest.epsilon_ceiling > 2.2  # 300 trials at this level can show ε_LB up to 2.29
 
 
 # --------------------------------------------------------------------------- the command

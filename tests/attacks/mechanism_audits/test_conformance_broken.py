@@ -165,3 +165,33 @@ def test_an_honest_user_rewrite_conforms():
 
     result = conformance([Honest()], trials=TRIALS)
     assert result["status"] == "conforms", json.dumps(result["defenses"][0]["adversaries"], indent=1)[:2000]
+
+
+@pytest.mark.parametrize("broken, test, trials", [
+    ("UserHalvedNoise", "interval", TRIALS),
+    ("UserNoiseCancelledInPairs", "interval", TRIALS),
+    ("UserNoiseReusedEveryRound", "fresh", TRIALS),
+    ("UserUniformNoise", "shape", 600),
+    ("ClaimsSamplingItDoesNotDo", "participation", TRIALS),
+])
+def test_bug_classes_beyond_the_noise_level_violate(broken, test, trials):
+    """Bugs written as a user writes them, each caught by the test built for its class: noise
+    short of the claim (interval), noise reused every round (the fresh-noise test), uniform noise
+    of the claimed variance (the shape test: uniform's excess kurtosis is −1.2, a Gaussian's 0) and
+    amplification by a sampling the rounds never do (the participation test)."""
+    from tests.defenses import broken_dp_fedavg
+
+    entry = conformance([getattr(broken_dp_fedavg, broken)()], trials=trials)["defenses"][0]
+    assert entry["status"] == VIOLATES, json.dumps(entry["adversaries"], indent=1)[:3000]
+    failed = {f["test"] for c in entry["adversaries"] for f in c["failed_tests"]}
+    assert test in failed, failed
+
+
+def test_the_honest_user_rewrite_passes_the_new_tests():
+    """The fixture module's honest rewrite: fresh noise, Gaussian tails, participation as accounted."""
+    from tests.defenses.broken_dp_fedavg import UserWrittenHonest
+
+    entry = conformance([UserWrittenHonest()], trials=600)["defenses"][0]
+    assert entry["status"] == "conforms", json.dumps(entry["adversaries"], indent=1)[:3000]
+    for check in entry["adversaries"]:
+        assert check["fresh_noise_p_value"] is not None and check["participation"]["p_value"] > 0

@@ -1,0 +1,126 @@
+"""Dirac canary clients through the defense's own code (defenses.federated.dirac_passage): the noise a
+canary statistic measures is the noise the defense's dense code gives the real uploads — whatever
+that code is, a user's rewrite of ``privatize`` included — and no noise comes from code of the
+canaries' own. Expected values follow from the definitions: a canary adds its clipped value, ±S,
+and nothing else, so the released step with canaries less their signal is the canary-free step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from defenses.blocks.dirac_rows import DiracRows
+from defenses.fedavg import DPFedAvg, DPFedAvgParams
+from defenses.federated.engine import FederatedEngine, initial_vector
+from defenses.federated.training_job import TrainingConfig, TrainingJob
+from tests.defenses import broken_dp_fedavg as broken
+
+CLIP, SIGMA, DIM, CLIENTS = 0.5, 2.0, 210, 6
+
+
+class _Noiseless(broken.UserWrittenHonest):
+    """The user's rewrite without noise: what every fixture's release is without its noise."""
+
+    def user_noise(self, ctx, std):
+        return torch.zeros(len(ctx.participants), ctx.layout.dim)
+
+
+def _job(canaries: DiracRows | None, seed: int = 4) -> TrainingJob:
+    generator = torch.Generator().manual_seed(0)
+    x, y = torch.randn(60, 20, generator=generator), torch.randint(0, 10, (60,), generator=generator)
+    training = TrainingConfig(rounds=1, local_steps=1, batch_size=5)
+    return TrainingJob(lambda: torch.nn.Linear(20, 10), x, y, [np.arange(i, 60, CLIENTS) for i in range(CLIENTS)], x, y,
+                       training, seed=seed, dirac_canaries=canaries)
+
+
+def _canaries() -> DiracRows:
+    """One canary per coordinate, ±1000·S raw (the clip must act), signs alternating."""
+    signs = torch.where(torch.arange(DIM) % 2 == 0, 1.0, -1.0)
+    return DiracRows(torch.arange(DIM), 1000.0 * CLIP * signs, DIM)
+
+
+def _step(kind: type[DPFedAvg], canaries: DiracRows | None) -> tuple[torch.Tensor, list[dict]]:
+    job = _job(canaries)
+    outcome = FederatedEngine(kind(DPFedAvgParams(clip=CLIP, noise_multiplier=SIGMA)), job).run()
+    _, layout, start = initial_vector(job.model_factory, job.seed)
+    return (layout.flatten(outcome.final_params) - start).double(), outcome.metrics
+
+
+FIXTURES = [broken.UserWrittenHonest, broken.UserHalvedNoise, broken.UserNoiseCancelledInPairs, broken.UserUniformNoise,
+            broken.HalvedNoise, DPFedAvg]
+
+
+@pytest.fixture(scope="module")
+def noiseless() -> torch.Tensor:
+    return _step(_Noiseless, None)[0]
+
+
+@pytest.mark.parametrize("kind", FIXTURES, ids=lambda k: k.__name__)
+def test_the_canaries_measure_the_noise_the_real_aggregate_carries(kind, noiseless):
+    """Every coordinate carries a canary (all joined: q = 1). The released step less the canaries'
+    signal (±S each, over the divisor the step shows) is the canary-free step, coordinate by
+    coordinate: the canaries' statistic has exactly the real aggregate's noise — halved where the
+    user's code halves it, cancelled where it cancels — and canary-only code contributes none."""
+    free, _ = _step(kind, None)
+    with_canaries, metrics = _step(kind, _canaries())
+    divisor = metrics[0]["divisor"]
+    assert divisor == pytest.approx(CLIENTS)  # |P_t|: the real clients, no canary
+    assert "dirac_path" not in metrics[0]
+    signal = CLIP * torch.where(torch.arange(DIM) % 2 == 0, 1.0, -1.0).double() / divisor
+    canary_noise = (with_canaries - signal - noiseless) * divisor
+    real_noise = (free - noiseless) * divisor
+    assert torch.allclose(canary_noise, real_noise, rtol=0, atol=1e-5 * CLIP * SIGMA)
+
+
+def test_the_noise_ratio_of_a_broken_rewrite_is_the_real_aggregates():
+    """The probe of the canaries' path: the canary statistic's noise std over the honest rewrite's
+    equals the real aggregate's ratio within 5 % (exactly, here) — ½ for halved noise, ≈ 0 for
+    noise cancelled in pairs (an even number of participants)."""
+    _, noiseless_metrics = _step(_Noiseless, _canaries())
+    stds = {}
+    for kind in (broken.UserWrittenHonest, broken.UserHalvedNoise, broken.UserNoiseCancelledInPairs):
+        with_canaries, metrics = _step(kind, _canaries())
+        free, _ = _step(kind, None)
+        base, _ = _step(_Noiseless, _canaries())
+        stds[kind.__name__] = (float((with_canaries - base).std()), float((free - _step(_Noiseless, None)[0]).std()))
+    honest = stds["UserWrittenHonest"]
+    for name, (canary, real) in stds.items():
+        assert canary / honest[0] == pytest.approx(real / honest[1], rel=0.05, abs=1e-6), name
+    assert stds["UserHalvedNoise"][0] / honest[0] == pytest.approx(0.5, rel=1e-3)
+    assert stds["UserNoiseCancelledInPairs"][0] / honest[0] < 1e-5
+
+
+def test_the_readings_of_each_upload_are_the_clipped_value_plus_one_uploads_noise():
+    """A server that sees each upload reads ±S plus one upload's noise N(0, (σS)²/|P_t|), |P_t| the
+    real clients: the residuals' variance lies in its 99.9 % χ² interval."""
+    from scipy import stats
+
+    outcome = FederatedEngine(DPFedAvg(DPFedAvgParams(clip=CLIP, noise_multiplier=SIGMA)), _job(_canaries())).run()
+    readings = outcome.server_view["dirac/uploads"][0].double().numpy()
+    signs = np.where(np.arange(DIM) % 2 == 0, 1.0, -1.0)
+    residual = readings - signs * CLIP
+    total, n = float(np.sum(residual ** 2)), len(residual)
+    low, high = total / stats.chi2.ppf(0.9995, n), total / stats.chi2.ppf(0.0005, n)
+    assert low <= (CLIP * SIGMA) ** 2 / CLIENTS <= high
+
+
+def test_noise_the_audit_cannot_couple_is_reported_not_read_around():
+    """Noise from torch's global generator cannot be reproduced for the spike and the zero row: the
+    round says why, and the canaries' path is not read."""
+    _, metrics = _step(broken.UserGlobalRandomNoise, _canaries())
+    assert "keyed streams" in metrics[0]["dirac_path"]
+
+
+def test_a_skipped_clip_shows_as_the_raw_value():
+    """A user's rewrite that forgets to clip: each canary contributes its raw ±1000·S."""
+
+    class Unclipped(broken.UserWrittenHonest):
+        def privatize(self, updates, ctx):
+            return updates + self.user_noise(ctx, CLIP * SIGMA / len(updates) ** 0.5).to(updates), {}
+
+    with_canaries, metrics = _step(Unclipped, _canaries())
+    free, _ = _step(Unclipped, None)
+    shift = (with_canaries - free) * metrics[0]["divisor"]
+    assert torch.allclose(shift.abs(), torch.full((DIM,), 1000.0 * CLIP, dtype=torch.float64), rtol=1e-4)
