@@ -22,7 +22,7 @@ summed noise has the same scale σc as DP-FedAvg's. Kairouz et al. analyse a rou
 clients; under Poisson sampling a round with fewer clients than expected would carry less noise
 than accounted, so ``validate`` requires a fixed number per round (fixed-size sampling, or every
 client every round), and a round whose realised number of real clients is not n is refused. Canary
-clients of an update-space audit (:meth:`defenses.federated.engine.FederatedEngine.add_canaries`) round
+clients of an update-space audit (:func:`defenses.federated.canary_clients.add_canaries`) round
 and upload their vector like a client but add no noise share: the n real shares already sum to
 the accounted σc, and each further share would make the audit run with more noise than the claim
 accounts (its ε lower bound biased low). For the same reason the sum is divided by the configured
@@ -63,7 +63,7 @@ from defenses.blocks.clipping import clip_rows
 from defenses.blocks.noise import discrete_gaussian
 from defenses.blocks.rotation import padded_dimension, random_signs, rotate, unrotate
 from defenses.blocks.secure_aggregation import modular_sum, wrap
-from defenses.federated.engine import canary_clients
+from defenses.federated.canary_clients import canary_clients
 from defenses.federated.training_job import RoundContext, TrainingConfig
 from defenses.privacy.accounting import accountant_label, rdp_to_epsilon
 from defenses.privacy.calibration import smallest_noise

@@ -21,7 +21,7 @@ What the adversary observes (``params.observation``; each is its own result, nam
 
 Both read the aggregate the server forms, which is what a client-level claim on the released
 models covers. Canary clients join the rounds like any client
-(:meth:`defenses.federated.engine.FederatedEngine.add_canaries`): sampled at the clients' rate — only in
+(:func:`defenses.federated.canary_clients.add_canaries`): sampled at the clients' rate — only in
 ``params.round_range`` when one is given — their update scaled by
 :meth:`defenses.audit_hooks.AuditHooks.canary_rows` (the clip S where the defense clips updates; S for
 *every* tensor under per-tensor clipping) and privatised like every other upload. Under

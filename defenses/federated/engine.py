@@ -28,16 +28,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import numpy_rng, philox_rng, seed_torch
-from defenses.blocks.dirac_rows import DiracRows
 from defenses.blocks.flat import ParamLayout, parameters_of
 from defenses.blocks.local_training import TRAINERS, LocalSchedule, OptimizerSettings
+from defenses.federated.canary_clients import add_canaries, dirac_round
 from defenses.federated.dirac_passage import DiracPassage, dirac_passage, real_share, released_step
 from defenses.federated.evaluation import evaluate_many
 from defenses.federated.round_defense import RoundDefense
@@ -82,17 +81,6 @@ def batch_stream(seed: int, round_index: int, client: int) -> np.random.Generato
     """The stream of client ``client``'s mini-batch order in round ``round_index`` (a keyed Philox:
     the engine creates one per participant and round, so creation cost matters)."""
     return philox_rng(seed, "round", round_index, "client", int(client), "batches")
-
-
-def sample_canaries(count: int, rate: float, seed: int, round_index: int) -> np.ndarray:
-    """Canary clients joining round ``round_index`` (Poisson at the clients' sampling rate)."""
-    return np.flatnonzero(numpy_rng(seed, "round", round_index, "canaries").random(count) < rate)
-
-
-def canary_clients(ctx: RoundContext) -> np.ndarray:
-    """Which participants of ``ctx`` are canary clients (a boolean per participant):
-    :meth:`FederatedEngine.add_canaries` gives them the ids N, N+1, ... after the N real clients."""
-    return np.asarray(ctx.participants) >= ctx.num_clients
 
 
 def initial_vector(model_factory: Callable[[], nn.Module], seed: int) -> tuple[nn.Module, ParamLayout, torch.Tensor]:
@@ -184,49 +172,6 @@ class FederatedEngine:
         starts = ctx.global_vector.expand(len(ctx.schedule.steps), -1)
         return train_in_chunks(ctx.schedule.steps, ctx.chunk_size, train, starts) - ctx.global_vector
 
-    def add_canaries(self, updates: torch.Tensor, ctx: RoundContext, row: dict[str, Any]) -> tuple[torch.Tensor, RoundContext]:
-        """Append the canary clients of this round (ids N, N+1, ...) after the real participants.
-
-        A canary uploads its direction scaled by the defense's audit hooks
-        (:meth:`~defenses.audit_hooks.AuditHooks.canary_rows`, to
-        the clip S, per tensor under per-tensor clipping), only in the job's ``canary_rounds``, and
-        then goes through the same privatisation and aggregation as every client (a defense that
-        must tell them apart, as DDGauss, whose noise shares are set for its real clients, uses
-        :func:`canary_clients`). Canaries join only rounds with at least one real participant
-        (the hooks need a round to exist).
-        """
-        job = self.job
-        directions = job.update_canaries
-        chosen = sample_canaries(len(directions), job.training.sampling_rate(len(job.clients)), job.seed, ctx.round)
-        first, last = job.canary_rounds or (1, job.training.rounds)
-        if not first <= ctx.round + 1 <= last:  # the audit targets other rounds
-            chosen = chosen[:0]
-        row["canary_participants"] = int(len(chosen))
-        if not len(chosen):
-            return updates, ctx
-        honest = torch.linalg.vector_norm(updates, dim=1, dtype=torch.float64)
-        # clients without data (a zero-out design's held-out ones) upload nothing: a canary is
-        # scaled like the clients that trained, not like the empty ones
-        trained = torch.as_tensor(np.asarray(ctx.sizes) > 0, device=honest.device)
-        rows = self.defense.audit_hooks().canary_rows(directions[torch.as_tensor(chosen, device=directions.device)].to(updates),
-                                                      honest[trained] if bool(trained.any()) else honest, ctx.state)
-        empty = np.array([], dtype=np.int64)
-        ctx = replace(ctx, participants=np.concatenate([ctx.participants, len(job.clients) + chosen]),
-                      sizes=np.concatenate([ctx.sizes, np.full(len(chosen), max(1, int(np.median(ctx.sizes))))]),
-                      client_data=list(ctx.client_data) + [empty] * len(chosen))
-        return torch.cat([updates, rows]), ctx
-
-    def dirac_round(self, ctx: RoundContext, row: dict[str, Any]) -> tuple[DiracRows, np.ndarray]:
-        """This round's Dirac canary clients (:attr:`TrainingJob.dirac_canaries`): each joins
-        like a client — Poisson at the clients' sampling rate, from its own stream. Returns the
-        joined canaries' rows and their positions."""
-        canaries = self.job.dirac_canaries
-        assert canaries is not None
-        chosen = sample_canaries(len(canaries), self.job.training.sampling_rate(len(self.job.clients)), self.job.seed,
-                                 ctx.round)
-        row["canary_participants"] = int(len(chosen))
-        return canaries.subset(torch.as_tensor(chosen, dtype=torch.long)), chosen
-
     def start(self) -> RunState:
         """Initialise the run: the initial global model, the bound defense, what the defense derives
         from this run's data (its state, kept here for this run only), its ε trajectory."""
@@ -279,10 +224,10 @@ class FederatedEngine:
         (:func:`~defenses.federated.dirac_passage.dirac_passage`; None without Dirac canaries)."""
         job = self.job
         if job.update_canaries is not None:
-            updates, ctx = self.add_canaries(updates, ctx, row)
+            updates, ctx = add_canaries(self.defense, job, updates, ctx, row)
         if job.dirac_canaries is None:
             return updates, ctx, None
-        rows, joined = self.dirac_round(ctx, row)
+        rows, joined = dirac_round(job, ctx, row)
         assert state.dirac_uploads is not None
         passage = dirac_passage(self.defense, ctx, updates, rows)
         if passage.anomaly is not None:

@@ -19,6 +19,7 @@ from defenses.blocks.noise import discrete_gaussian
 from defenses.blocks.rotation import hadamard, padded_dimension, random_signs, rotate, unrotate
 from defenses.blocks.secure_aggregation import modular_sum, wrap
 from defenses.ddgauss import DDGauss, DDGaussParams, DDGaussSetting
+from defenses.federated.canary_clients import add_canaries
 from defenses.federated.training_job import TrainingConfig
 from defenses.privacy.accounting import GaussianSchedule, compute_epsilon, rdp_per_round, rdp_to_epsilon
 from defenses.privacy.subsampled_rdp import poisson_subsampled_rdp
@@ -193,7 +194,6 @@ def test_ddgauss_summed_noise_is_the_accounted_one_with_and_without_canaries(dig
     so. The d′ coordinates are independent, so with v the accounted variance N·s²/v ~ χ²_N (a sum of
     discrete Gaussians of scale 2500 is Gaussian far within the tolerance): s² must lie in
     [χ²_N(α/2), χ²_N(1 − α/2)]·v/N at α = 1e-6."""
-    from defenses.federated.engine import FederatedEngine
 
     clip, sigma = 0.5, 1.0
     job = digits_job(sampling="fixed", clients_per_round=4)
@@ -219,7 +219,7 @@ def test_ddgauss_summed_noise_is_the_accounted_one_with_and_without_canaries(dig
     assert low <= summed_variance(uploads) <= high
 
     canaries = replace(job, update_canaries=torch.zeros(16, ctx.layout.dim))
-    with_canaries, canary_ctx = FederatedEngine(defense, canaries).add_canaries(updates, ctx, {})
+    with_canaries, canary_ctx = add_canaries(defense, canaries, updates, ctx, {})
     joined = len(canary_ctx.participants) - 4
     assert joined > 0 and (canary_ctx.participants[4:] >= 8).all()
     uploads, _ = defense.privatize(with_canaries, canary_ctx)

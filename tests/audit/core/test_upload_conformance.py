@@ -100,7 +100,8 @@ def test_a_bias_or_more_noise_never_fires():
 
 
 def test_power_is_that_of_the_pooled_test_against_half_the_noise():
-    """power(α) is P(χ²_n/4 below the α/(2(T'+1)) quantile of χ²_n): checked by simulating it."""
+    """power(α) is P(χ²_n/4 below the α/(4(T'+1)) quantile of χ²_n) — four tests of one hypothesis
+    (noise, clip, fresh noise, tails), the noise's own T' + 1: checked by simulating it."""
     from scipy import stats
 
     rng = np.random.default_rng(5)
@@ -108,7 +109,7 @@ def test_power_is_that_of_the_pooled_test_against_half_the_noise():
     u = u[:, :12]  # a tiny design, where the power is not 1
     inserted = inserted[:12]
     result = upload_conformance([u], [inserted], S, STD)
-    n, tail = result.held_out, 0.05 / (2 * (result.rounds + 1))
+    n, tail = result.held_out, 0.05 / (4 * (result.rounds + 1))
     simulated = np.mean(rng.chisquare(n, 200_000) / 4 <= stats.chi2.ppf(tail, n))
     assert result.power(0.05) == pytest.approx(simulated, abs=0.01)
     assert 0.0 < result.power(0.05) < 1.0
@@ -119,3 +120,24 @@ def test_without_held_out_uploads_there_is_nothing_to_measure():
     assert upload_conformance([u], [np.ones(4, dtype=bool)], S, STD) is None
     with pytest.raises(ValueError, match="positive"):
         upload_conformance([u], [np.zeros(4, dtype=bool)], 0.0, STD)
+
+
+def test_noise_reused_every_round_is_rejected_and_named():
+    """One noise draw per canary, repeated every round (a stream keyed without the round)."""
+    rng = np.random.default_rng(8)
+    inserted = rng.random(CANARIES) < 0.5
+    noise = rng.standard_normal(CANARIES) * STD
+    uploads = np.where(inserted, S, 0.0)[None, :] + noise[None, :].repeat(ROUNDS, axis=0)
+    test = upload_conformance([uploads], [inserted], S, STD)
+    assert test.p_value < 1e-10 and test.fresh_correlation > 0.99
+    assert "repeats from round to round" in test.failure()
+
+
+def test_uniform_noise_of_the_claimed_variance_is_rejected_and_named():
+    """Uniform noise with the claimed std (±√3·std): the level and clip tests see nothing wrong."""
+    rng = np.random.default_rng(9)
+    inserted = rng.random(CANARIES) < 0.5
+    noise = rng.uniform(-1, 1, size=(ROUNDS, CANARIES)) * STD * np.sqrt(3)
+    test = upload_conformance([np.where(inserted, S, 0.0)[None, :] + noise], [inserted], S, STD)
+    assert test.p_tails < 1e-6 and test.p_value < 1e-5
+    assert "lighter tails" in test.failure()
