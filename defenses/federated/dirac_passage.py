@@ -11,8 +11,10 @@ dense rows, and they must not change the mechanism the real clients meet. So the
   value on one of its canaries' coordinates, replaces a real row at a random position of the round
   (its participant id replaced by a probe id, so its noise is a fresh client's) and goes through
   ``privatize_together`` — a user's override of ``privatize`` included — twice: with the spike and
-  with a zero row, on the same round context, so every keyed noise stream is the same. The
-  difference is what the defense's code made of the spike: the class's clipped value c.
+  with a zero row, on the same round context, so every keyed noise stream is the same (and torch's
+  and numpy's global generators, which user code often draws from, are seeded alike for both and
+  restored after). The difference is what the defense's code made of the spike: the class's
+  clipped value c.
 * **Noise.** The canaries add their clipped values Σ c_k e_{j_k} to the round's sum and no noise
   of their own: the noise on their coordinates in the released step is the real clients' noise,
   drawn by the defense's own code for a round of exactly the real participants (|P_t| counts no
@@ -28,8 +30,8 @@ dense rows, and they must not change the mechanism the real clients meet. So the
   variance to a canary statistic, and costs power, never validity.
 
 What cannot be isolated is reported, never read around (:attr:`DiracPassage.anomaly`): uploads
-that differ between two computations of one round (noise not drawn from the round's keyed
-streams), a probe whose output differs from its zero row off its own coordinate (an update spread
+that differ between two computations of one round (noise from a source no seed reaches, such as
+a generator seeded from the clock), a probe whose output differs from its zero row off its own coordinate (an update spread
 over coordinates, noise that depends on the input), another client's upload changed by a canary's
 input, a row count that differs, or a step that is not the sum's share of the canaries' signal.
 The clipped value is read on one coordinate per class: a defense that treats coordinates of one
@@ -38,6 +40,8 @@ tensor differently is measured on the probed one.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -88,6 +92,28 @@ def probe_classes(rows: DiracRows, boundaries: np.ndarray) -> tuple[np.ndarray, 
     return classes, np.asarray(firsts, dtype=np.int64)
 
 
+@contextmanager
+def _global_streams(key: int, device: torch.device) -> Iterator[None]:
+    """Torch's and numpy's global generators seeded with ``key`` for one computation, and restored
+    after it: a defense that draws its noise from them (``torch.randn_like``, ``np.random.normal``)
+    gives the same draws to the two computations of a probe, and the run's own streams are untouched."""
+    devices = [device.index or 0] if device.type == "cuda" else []
+    state = np.random.get_state()
+    try:
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(key % (1 << 63))
+            np.random.seed(key % (1 << 32))
+            yield
+    finally:
+        np.random.set_state(state)
+
+
+def _privatized(defense: RoundDefense, rows: torch.Tensor, ctx: RoundContext, key: int) -> torch.Tensor:
+    """The defense's own uploads of ``rows`` in ``ctx``, its global generators (if it uses them) seeded with ``key``."""
+    with _global_streams(key, rows.device):
+        return defense.privatize_together([(defense, rows, ctx)])[0][0]
+
+
 def _changed(a: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
     return (a - b).abs() > TOLERANCE * max(scale, 1.0)
 
@@ -125,7 +151,8 @@ def dirac_passage(defense: RoundDefense, ctx: RoundContext, updates: torch.Tenso
             if probe is not None:
                 spiked[int(p), probe[0]] = probe[1]
         # the zero rows twice: a round's computation must repeat exactly to be compared with itself
-        outputs = [defense.privatize_together([(defense, x, probe_ctx)])[0][0] for x in (zero, zero, spiked)]
+        key = derive_seed(ctx.seed, "round", ctx.round, "dirac-probe", g, "global-streams")
+        outputs = [_privatized(defense, x, probe_ctx, key) for x in (zero, zero, spiked)]
         if any(tuple(o.shape) != tuple(zero.shape) for o in outputs):
             anomaly = (f"privatize returned {[tuple(o.shape) for o in outputs]} for {tuple(zero.shape)} rows with the "
                        "canary probes")
@@ -133,8 +160,8 @@ def dirac_passage(defense: RoundDefense, ctx: RoundContext, updates: torch.Tenso
         again, base, moved = (o.detach().to(torch.float64) for o in outputs)
         scale = float(base.abs().max()) if base.numel() else 1.0
         if bool(_changed(again, base, scale).any()):
-            anomaly = ("the defense's uploads differ between two computations of one round (noise not drawn from the "
-                       "round's keyed streams): the canaries' clipped values cannot be read")
+            anomaly = ("the defense's uploads differ between two computations of one round (noise from a source no "
+                       "seed reaches): the canaries' clipped values cannot be read")
             break
         others = np.setdiff1d(np.arange(n), positions)
         if len(others) and bool(_changed(moved[others], base[others], scale).any()):
@@ -201,7 +228,8 @@ def real_share(defense: RoundDefense, updates: torch.Tensor, uploads: torch.Tens
     the claim counts on)."""
 
     def step(rows: torch.Tensor, context: RoundContext) -> torch.Tensor:
-        out = defense.privatize_together([(defense, rows, context)])[0][0]
+        # the keyed streams alone: noise from the global generators is not the release's and cannot cancel
+        out = _privatized(defense, rows, context, derive_seed(context.seed, "round", context.round, "dirac-drift"))
         return defense.aggregate(out, context).detach().to(torch.float64)
 
     zeros = torch.zeros_like(updates)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 
 import torch
 
@@ -178,13 +179,23 @@ class UserUniformNoise(UserWrittenHonest):
 
 
 class UserGlobalRandomNoise(UserWrittenHonest):
-    """Honest noise from torch's global generator (``torch.randn_like``): correct, but not drawn
-    from the round's keyed streams, so no audit can couple two computations of one round."""
+    """Honest noise from torch's global generator (``torch.randn``), as most user code draws it."""
 
     name = "dp-fedavg-user-global-random-noise"
 
     def user_noise(self, ctx, std):
         return torch.randn(len(ctx.participants), ctx.layout.dim) * std
+
+
+class UserClockSeededNoise(UserWrittenHonest):
+    """Honest noise from a generator seeded from the clock: no seed the audit sets reaches it, so
+    two computations of one round differ and the canaries' path cannot be isolated."""
+
+    name = "dp-fedavg-user-clock-seeded-noise"
+
+    def user_noise(self, ctx, std):
+        generator = torch.Generator().manual_seed(time.time_ns())
+        return torch.randn(len(ctx.participants), ctx.layout.dim, generator=generator) * std
 
 
 class ClaimsSamplingItDoesNotDo(DPFedAvg):

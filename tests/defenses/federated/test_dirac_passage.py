@@ -107,10 +107,24 @@ def test_the_readings_of_each_upload_are_the_clipped_value_plus_one_uploads_nois
 
 
 def test_noise_the_audit_cannot_couple_is_reported_not_read_around():
-    """Noise from torch's global generator cannot be reproduced for the spike and the zero row: the
-    round says why, and the canaries' path is not read."""
+    """Noise from a generator seeded from the clock cannot be reproduced for the spike and the zero
+    row: the round says why, and the canaries' path is not read."""
+    _, metrics = _step(broken.UserClockSeededNoise, _canaries())
+    assert "differ between two computations of one round" in metrics[0]["dirac_path"]
+
+
+def test_noise_from_the_global_generator_is_coupled_and_the_run_left_as_it_was():
+    """User code drawing from torch's global generator: the probes seed it alike for the spike and
+    the zero row (the clipped values are read), and restore it — the run's own draws are those of
+    the same run without canaries' probes."""
+    torch.manual_seed(7)
+    free, _ = _step(broken.UserGlobalRandomNoise, None)
+    after_free = torch.rand(3)
+    torch.manual_seed(7)
     _, metrics = _step(broken.UserGlobalRandomNoise, _canaries())
-    assert "keyed streams" in metrics[0]["dirac_path"]
+    assert "dirac_path" not in metrics[0] and metrics[0]["divisor"] == pytest.approx(CLIENTS)
+    assert "dirac_drift" in metrics[0]  # its release's noise is not reproducible: the real share stays in the readings
+    assert torch.equal(torch.rand(3), after_free)
 
 
 def test_a_skipped_clip_shows_as_the_raw_value():
