@@ -171,7 +171,7 @@ def test_an_honest_user_rewrite_conforms():
     ("UserHalvedNoise", "interval", TRIALS),
     ("UserNoiseCancelledInPairs", "interval", TRIALS),
     ("UserNoiseReusedEveryRound", "fresh", TRIALS),
-    ("UserUniformNoise", "shape", 600),
+    ("UserUniformNoise", "shape", 400),
     ("ClaimsSamplingItDoesNotDo", "participation", TRIALS),
 ])
 def test_bug_classes_beyond_the_noise_level_violate(broken, test, trials):
@@ -191,7 +191,7 @@ def test_the_honest_user_rewrite_passes_the_new_tests():
     """The fixture module's honest rewrite: fresh noise, Gaussian tails, participation as accounted."""
     from tests.defenses.broken_dp_fedavg import UserWrittenHonest
 
-    entry = conformance([UserWrittenHonest()], trials=600)["defenses"][0]
+    entry = conformance([UserWrittenHonest()], trials=400)["defenses"][0]
     assert entry["status"] == "conforms", json.dumps(entry["adversaries"], indent=1)[:3000]
     for check in entry["adversaries"]:
         assert check["fresh_noise_p_value"] is not None and check["participation"]["p_value"] > 0
