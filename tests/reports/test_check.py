@@ -576,32 +576,29 @@ def _smoke_policy(path: Path) -> Path:
 
 
 def test_on_the_smoke_preset_a_rule_that_cannot_fail_is_reported_and_strict_exits_1(smoke_runs, tmp_path, capsys):
-    """The smoke preset's real output, its first run as the baseline. The Dirac canaries read in
-    each upload find every canary (AUC 1 [1, 1], TPR 1 [1, 1]: the server sees an upload before
-    the aggregate's noise), so a regression rule on them compares with thresholds AUC ≤ 1 and
-    TPR ≤ 1: it cannot fail — the warning says so, and --strict exits 1. Every comparison the
-    warnings name has its threshold at or beyond 1, and every one that has is named (the smoke
-    preset's 5 clients give intervals wide enough to put some of the leakage rule's there too,
-    the issue's "AUC ≤ 1.082"); the rules that can fail get no warning."""
+    """The smoke preset's real output, its first run as the baseline. A comparison whose threshold
+    lies at or beyond the metric's range (AUC ≤ 1 or more, as a no-regression rule gives when the
+    baseline's interval reaches 1: the smoke preset's 5 clients give intervals that wide) cannot
+    fail: every such comparison is named in a warning, and only those; the rules that can fail get
+    no warning; --strict exits 1 naming them."""
     _, (baseline, new) = smoke_runs
     policy = _smoke_policy(tmp_path / "policy.yaml")
     arguments = ["check", str(new), "--policy", str(policy), "--baseline", str(baseline)]
     assert main(arguments) == 0
     out = capsys.readouterr().out
     warnings = [line for line in out.splitlines() if line.startswith("warning: ")]
-    assert "warning: rules[5] (each-upload canaries): cannot fail, auc ≤ 1, tpr_at_fpr_1% ≤ 1" in warnings, warnings
+    assert warnings and all("cannot fail" in w for w in warnings), warnings
     assert not [w for w in warnings if "near chance" in w or " still " in w or "soundness" in w]  # rules that can fail
     assert out.strip().splitlines()[-1].startswith("check passed: all ")
     assert main([*arguments, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     beyond = {(o["rule"], o["target"]) for o in report["outcomes"] if o["metric"] in ("auc", "tpr_at_fpr_1%")
               and o["verdict"] == PASS and o["threshold"] >= 1}
-    assert beyond == {(w["rule"], t) for w in report["warnings"] for t in w["targets"]}
+    assert beyond and beyond == {(w["rule"], t) for w in report["warnings"] for t in w["targets"]}
     assert main([*arguments, "--strict"]) == 1
     out = capsys.readouterr().out
-    assert "FAIL each-upload canaries — dp-fedavg-eps8/dirac-canaries-each-upload/auc" in out
-    assert "fails under --strict: it cannot fail (auc ≤ 1)" in out
-    assert out.strip().splitlines()[-1].startswith("check FAILED: ") and "'each-upload canaries'" in out
+    assert "fails under --strict: it cannot fail" in out
+    assert out.strip().splitlines()[-1].startswith("check FAILED: ")
 
 
 def test_the_summary_counts_decided_checks_alike_when_passing_and_failing():
