@@ -193,12 +193,12 @@ def dirac_passage(defense: RoundDefense, ctx: RoundContext, updates: torch.Tenso
 
 
 def released_step(defense: RoundDefense, uploads: torch.Tensor, ctx: RoundContext, passage: DiracPassage,
-                  coords: torch.Tensor) -> tuple[torch.Tensor, float | None, str | None]:
+                  coords: torch.Tensor, step: torch.Tensor) -> tuple[torch.Tensor, float | None, str | None]:
     """The round's step with the canaries' signal, through the defense's own ``aggregate``: the
-    signal added to the first upload (a sum carries it whichever upload it rides on). Returns
+    signal added to the first upload (a sum carries it whichever upload it rides on); ``step`` is
+    the defense's step of the same uploads without the canaries. Returns
     (step, the divisor the step shows: signal / its share of the step, anomaly or None). Where no
     canary contributes, a unit on the first canary coordinate, not released, measures the divisor."""
-    step = defense.aggregate(uploads, ctx)
     signal = passage.signal.to(uploads)
     test = signal if bool(signal.abs().max() > 0) else torch.zeros_like(signal).index_fill_(0, coords[:1].to(signal.device), 1.0)
     carried = uploads.clone()
@@ -218,7 +218,7 @@ def released_step(defense: RoundDefense, uploads: torch.Tensor, ctx: RoundContex
     return (with_signal if test is signal else step), divisor, None
 
 
-def real_share(defense: RoundDefense, updates: torch.Tensor, uploads: torch.Tensor, ctx: RoundContext) -> torch.Tensor | None:
+def real_share(defense: RoundDefense, updates: torch.Tensor, plain: torch.Tensor, ctx: RoundContext) -> torch.Tensor | None:
     """The step the real clients' contributions make without noise — what a canary's coordinate
     carries besides the canary and the noise (the real clients' drift), which an observer who knows
     the other clients' data and the released model could compute — or None where it cannot be told
@@ -233,7 +233,7 @@ def real_share(defense: RoundDefense, updates: torch.Tensor, uploads: torch.Tens
         return defense.aggregate(out, context).detach().to(torch.float64)
 
     zeros = torch.zeros_like(updates)
-    first = defense.aggregate(uploads, ctx).detach().to(torch.float64) - step(zeros, ctx)
+    first = plain.detach().to(torch.float64) - step(zeros, ctx)
     other = replace(ctx, seed=derive_seed(ctx.seed, "dirac-drift"))
     second = step(updates.clone(), other) - step(zeros, other)
     if first.shape != second.shape:

@@ -245,11 +245,12 @@ class FederatedEngine:
             return self.defense.aggregate(uploads, ctx)
         canaries = self.job.dirac_canaries
         assert canaries is not None and state.dirac_drift is not None
-        step, divisor, anomaly = released_step(self.defense, uploads, ctx, passage, canaries.coords)
+        plain = self.defense.aggregate(uploads, ctx)  # the step without the canaries, computed once for both
+        step, divisor, anomaly = released_step(self.defense, uploads, ctx, passage, canaries.coords, plain)
         row["divisor"] = divisor
         if anomaly is not None and "dirac_path" not in row:
             row["dirac_path"] = anomaly
-        share = real_share(self.defense, updates, uploads, ctx)
+        share = real_share(self.defense, updates, plain, ctx)
         if share is None:
             row["dirac_drift"] = "the real clients' share depends on the noise draw: left in the readings"
         else:
