@@ -146,7 +146,10 @@ class WeightedRoc:
         members whose FPR is at most it; (0, 0) and (1, 1) added."""
         with np.errstate(invalid="ignore", divide="ignore"):
             own_fpr = np.where(total > 0, (above + tied) / np.where(total > 0, total, 1.0), 1.0)
-        order = np.argsort(own_fpr, kind="stable")
+        # members tied on an FPR are summed together (only each FPR's last member is kept), and the
+        # weights are whole multiplicities whose sums are exact: their order within a tie is free,
+        # so the far faster unstable sort gives the same curve
+        order = np.argsort(own_fpr)
         fpr_sorted, weight_sorted = own_fpr[order], w[order]
         cumulative = np.cumsum(weight_sorted) / max(float(w.sum()), 1e-300)
         last = np.r_[fpr_sorted[1:] != fpr_sorted[:-1], True]  # the last member at each FPR value
