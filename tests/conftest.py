@@ -13,7 +13,10 @@ from audit.core.datasets import load_dataset
 from audit.core.models import build_model
 from audit.partitions import partition
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# the suite runs in pytest-xdist workers (pyproject's addopts): the cores are shared between them,
+# and a worker with more torch threads than its share only waits on the others
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
 
 # property tests draw the same examples on every run: a failure is reproducible, and CI is not a lottery
 settings.register_profile("deterministic", derandomize=True)
