@@ -176,8 +176,14 @@ class LeaveOneRunOutAccuracy:
 
     A threshold predicts "member" for scores at or above it; the best one maximises the weighted
     count of members above plus non-members below it (ties between thresholds go to the highest,
-    and predicting no member at all wins a tie with every threshold), computed for all targets at
-    once from each run's weighted cumulative counts over the distinct scores.
+    and predicting no member at all wins a tie with every threshold).
+
+    Over the distinct scores g (descending), the other runs' correct count at threshold g is, up
+    to a constant, F(g) − F_r(g): F the cumulative member-minus-non-member weight of all runs,
+    F_r that of run r alone. F_r changes only at run r's own scores, so between them the best
+    threshold is F's maximum on that stretch: one ``maximum.reduceat`` over F gives every run's
+    best, where a table of every run's counts at every score cost runs² × units. The weights are
+    whole multiplicities: every sum is exact, and ties fall as they would in the table.
     """
 
     def __init__(self, scores: np.ndarray, truth: np.ndarray):
@@ -188,25 +194,44 @@ class LeaveOneRunOutAccuracy:
         distinct = np.unique(scores)
         self.groups = len(distinct)
         self.group = (self.groups - 1 - np.searchsorted(distinct, scores)).astype(np.int64)
-        self.cell = (np.arange(self.runs)[:, None] * self.groups + self.group).ravel()
+        self.flat_group = self.group.ravel()
+        # per run: its cells in group order, and the stretches of groups on which its own cumulative
+        # weight is constant — they start at 0 and at each of its groups; ``value_at`` points into
+        # [0, its cumulative weights at its cells] at each stretch (0: before its first group)
+        self.order = np.argsort(self.group, axis=1, kind="stable")
+        ordered = np.take_along_axis(self.group, self.order, axis=1)
+        units = self.group.shape[1]
+        runs, starts, value_at = [], [], []
+        for r, row in enumerate(ordered):
+            last = np.flatnonzero(np.r_[row[1:] != row[:-1], True])
+            lead = [] if row.size and row[0] == 0 else [0]
+            starts.append(np.r_[lead, row[last]].astype(np.int64) + r * self.groups)
+            value_at.append(np.r_[[r * (units + 1)] * len(lead), r * (units + 1) + 1 + last].astype(np.int64))
+            runs.append(np.full(len(starts[-1]), r))
+        self.starts, self.value_at = np.concatenate(starts), np.concatenate(value_at)
+        self.stretch_run = np.concatenate(runs)
+        self.first_stretch = np.r_[0, np.cumsum([len(x) for x in starts])[:-1]].astype(np.int64)
 
     def correct(self, weights: np.ndarray) -> np.ndarray:
         """correct[r, u]: does run r's prediction at its re-fitted threshold match the truth?"""
         w = np.asarray(weights, dtype=np.float64)
-        size = self.runs * self.groups
-
-        def cumulative(mask: np.ndarray) -> np.ndarray:
-            per_group = np.bincount(self.cell, weights=(w * mask).ravel(), minlength=size).reshape(self.runs, self.groups)
-            return np.cumsum(per_group, axis=1)  # [run, g]: weight at or above group g's score
-
-        members, others = cumulative(self.truth), cumulative(~self.truth)
-        members_above = members.sum(0)[None, :] - members  # over the other runs
-        non_members_above = others.sum(0)[None, :] - others
-        non_members = non_members_above[:, -1]
-        correct = members_above + (non_members[:, None] - non_members_above)
-        best = np.argmax(correct, axis=1)
-        calls_members = correct[np.arange(self.runs), best] > non_members  # else: nobody is called a member
-        cut = np.where(calls_members, best, -1)
+        signed = np.where(self.truth, w, -w)  # a member counts for a threshold above it, a non-member against
+        everyone = np.cumsum(np.bincount(self.flat_group, weights=signed.ravel(), minlength=self.groups))
+        own = np.cumsum(np.take_along_axis(signed, self.order, axis=1), axis=1)
+        own = np.concatenate([np.zeros((self.runs, 1)), own], axis=1).ravel()  # F_r at each stretch, by value_at
+        # every run's stretches in one pass over F repeated per run (the starts then rise throughout)
+        tiled = np.tile(everyone, self.runs)
+        gain = np.maximum.reduceat(tiled, self.starts) - own[self.value_at]
+        best_gain = np.maximum.reduceat(gain, self.first_stretch)
+        first = np.flatnonzero(gain == best_gain[self.stretch_run])
+        runs_seen, at = np.unique(self.stretch_run[first], return_index=True)
+        best = np.empty(self.runs, dtype=np.int64)
+        best[runs_seen] = first[at]  # the first stretch of the best gain: ties go to the highest threshold
+        ends = np.r_[self.starts[1:], self.runs * self.groups]
+        cut = np.full(self.runs, -1, dtype=np.int64)
+        for r in np.flatnonzero(best_gain > 0):  # else nobody is called a member
+            s = best[r]
+            cut[r] = self.starts[s] + int(np.argmax(tiled[self.starts[s]:ends[s]])) - r * self.groups
         return (self.group <= cut[:, None]) == self.truth
 
     def __call__(self, weights: np.ndarray) -> float:
