@@ -211,6 +211,7 @@ class LeaveOneRunOutAccuracy:
         self.starts, self.value_at = np.concatenate(starts), np.concatenate(value_at)
         self.stretch_run = np.concatenate(runs)
         self.first_stretch = np.r_[0, np.cumsum([len(x) for x in starts])[:-1]].astype(np.int64)
+        self.ends = np.r_[self.starts[1:], self.runs * self.groups]  # where each stretch stops
 
     def correct(self, weights: np.ndarray) -> np.ndarray:
         """correct[r, u]: does run r's prediction at its re-fitted threshold match the truth?"""
@@ -227,11 +228,10 @@ class LeaveOneRunOutAccuracy:
         runs_seen, at = np.unique(self.stretch_run[first], return_index=True)
         best = np.empty(self.runs, dtype=np.int64)
         best[runs_seen] = first[at]  # the first stretch of the best gain: ties go to the highest threshold
-        ends = np.r_[self.starts[1:], self.runs * self.groups]
         cut = np.full(self.runs, -1, dtype=np.int64)
         for r in np.flatnonzero(best_gain > 0):  # else nobody is called a member
             s = best[r]
-            cut[r] = self.starts[s] + int(np.argmax(tiled[self.starts[s]:ends[s]])) - r * self.groups
+            cut[r] = self.starts[s] + int(np.argmax(tiled[self.starts[s]:self.ends[s]])) - r * self.groups
         return (self.group <= cut[:, None]) == self.truth
 
     def __call__(self, weights: np.ndarray) -> float:

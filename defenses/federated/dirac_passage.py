@@ -164,15 +164,12 @@ def dirac_passage(defense: RoundDefense, ctx: RoundContext, updates: torch.Tenso
             break
         base, moved = (o.detach().to(torch.float64) for o in outputs)
         scale = float(base.abs().max()) if base.numel() else 1.0
-        # every upload but the spikes' coordinates must repeat exactly: what differs there comes from
-        # a source no seed reaches (the same round computed twice differs) or from another row's input
-        unchanged = moved.clone()
-        for p, probe in zip(positions, group):
-            if probe is not None:
-                unchanged[int(p), probe[0]] = base[int(p), probe[0]]
+        # every row without a spike (the zero probe row's included) must repeat exactly: what differs
+        # comes from a source no seed reaches or from another row's input; the spike rows are
+        # checked off their coordinate below
         spike_rows = [int(p) for p, probe in zip(positions, group) if probe is not None]
         still = np.setdiff1d(np.arange(n), spike_rows)
-        if len(still) and bool(_changed(unchanged[still], base[still], scale).any()):
+        if len(still) and bool(_changed(moved[still], base[still], scale).any()):
             anomaly = ("the defense's uploads differ between two computations of one round that differ only in the "
                        "canary probes' inputs (noise from a source no seed reaches, or an upload that depends on "
                        "another client's input): the canaries' clipped values cannot be read")
