@@ -34,6 +34,17 @@ else:  # imported when first used (audit.core.lazy_modules)
 DENSE_ONLY = "its privatisation handles dense uploads only (the dense client-canaries and gradient-canaries audits apply)"
 
 
+def fixed_sampling_refused(training: TrainingConfig) -> str | None:
+    """Why Dirac canaries cannot audit a run of ``training``'s sampling (None: they can). They join
+    each round independently at the clients' rate, which is the sampled mechanism a Poisson claim
+    accounts; under fixed-size sampling that is a mechanism the claim (m of N without
+    replacement) does not state, so no canary verdict could be held to it."""
+    if training.sampling == "fixed":
+        return ("the canaries would join rounds independently at rate m/N, a mechanism the fixed-size claim does not "
+                "account (use sampling: poisson to audit with Dirac canaries)")
+    return None
+
+
 class AuditHooks:
     """A defense as the audits see it.
 
@@ -99,6 +110,13 @@ class AuditHooks:
         them like dense rows)."""
         return DENSE_ONLY
 
+    def dirac_canaries_alike(self) -> bool:
+        """Whether the defense's privatisation is *known* to treat alike every Dirac canary of one
+        class — one tensor, one value — so that one probe row per class reads them all
+        (:mod:`defenses.federated.dirac_passage`); False (the default, always sound): every canary
+        is read on a probe row of its own."""
+        return False
+
     def divisor(self, ctx: RoundContext) -> float | None:
         """What ``aggregate`` divides the round's sum by (None: not a sum over a public divisor);
         the Dirac canary audit standardises the released steps with it."""
@@ -124,4 +142,4 @@ class AuditHooks:
         return engine_probe(self.defense, job) if self.engine_rounds else None
 
 
-__all__ = ["DENSE_ONLY", "AuditHooks"]
+__all__ = ["DENSE_ONLY", "AuditHooks", "fixed_sampling_refused"]

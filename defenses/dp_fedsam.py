@@ -29,7 +29,7 @@ Reductions (tests): ρ = 0 gives DP-FedAvg bit for bit; p = 1 gives DP-FedSAM.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from audit.core.lazy_modules import lazy_module
 from defenses.base import DEFENSES, NO_STATE, Defense, PrivacyClaim
@@ -145,6 +145,9 @@ class DPFedSAMTopK(DPFedSAM):
     summary = "DP-FedSAM whose noisy uploads keep only each tensor's top-⌈p·d⌉ coordinates"
     reference = "Shi et al. 2023, Towards the Flatter Landscape ... under Client-level DP (Def. 5, Eq. 12)"
     Params = DPFedSAMTopKParams
+    #: each tensor's top-⌈p·d_l⌉ (≥ 1) of a one-coordinate update is the update itself (before the
+    #: noise; a mask chosen after it is not alike: ``noise_support().kept_only``)
+    canaries_alike: ClassVar[bool] = True
 
     def keep(self, ctx: RoundContext) -> list[int]:
         return kept_per_tensor(ctx.layout, self.params.topk_fraction, "ceil")

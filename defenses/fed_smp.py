@@ -22,7 +22,7 @@ sparse update and adds Gaussian noise:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from audit.core.lazy_modules import lazy_module
 from defenses.base import DEFENSES
@@ -72,6 +72,8 @@ class FedSMPTopK(_FedSMP):
     name = "fed-smp-topk"
     summary = "Fed-SMP: top-k (magnitude) sparsified update, clipped, Gaussian noise (dense, or on the kept coordinates)"
     reference = "Hu, Guo, Gong 2022, Federated Learning with Sparsified Model Perturbation (top_k)"
+    #: the top-k of a one-coordinate update (k ≥ 1) is the update itself, whichever its coordinate
+    canaries_alike: ClassVar[bool] = True
 
     def pre_clip(self, updates: torch.Tensor, ctx: RoundContext) -> tuple[torch.Tensor, torch.Tensor]:
         mask = top_rows(updates.abs(), self.kept(updates.shape[1]))

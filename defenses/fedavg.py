@@ -32,14 +32,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
 from audit.core.vocabulary import Observer, Unit
-from defenses.audit_hooks import AuditHooks
+from defenses.audit_hooks import AuditHooks, fixed_sampling_refused
 from defenses.base import DEFENSES, NO_STATE, AccountingSettings, Defense, PrivacyClaim
 from defenses.blocks.clipping import clip_rows, clip_rows_per_tensor, joined_rows
 from defenses.blocks.noise import gaussian_rows
@@ -120,6 +120,9 @@ class DPFedAvg(Defense):
     reference = "McMahan, Ramage, Talwar, Zhang 2018, Learning Differentially Private Recurrent Language Models (Alg. 1)"
     Params = DPFedAvgParams
     private = True
+    #: the privatisation below treats alike every one-coordinate update of one tensor and value
+    #: (:meth:`DPFedAvgAuditHooks.dirac_canaries_alike`); a subclass that changes it declares its own
+    canaries_alike: ClassVar[bool] = True
 
     # ---------------------------------------------------------------- configuration
 
@@ -309,6 +312,11 @@ class DPFedAvg(Defense):
         return DPFedAvgAuditHooks(self)
 
 
+#: the members whose code a Dirac canary's upload goes through (:meth:`DPFedAvgAuditHooks.dirac_canaries_alike`)
+_PRIVATISATION = ("privatize", "privatize_together", "_privatize_rows", "pre_clip", "clip", "upload_noise_std",
+                  "post_noise")
+
+
 class DPFedAvgAuditHooks(AuditHooks):
     """DP-FedAvg's family as the audits see it: canaries carry the clip S, Dirac canary clients are
     measured through the family's own privatisation (:mod:`defenses.federated.dirac_passage`) where
@@ -320,18 +328,25 @@ class DPFedAvgAuditHooks(AuditHooks):
         super().__init__(defense, update_canaries=update_canaries, clips_updates=True)
 
     def dirac_canaries_refused(self, training: TrainingConfig) -> str | None:
-        """DP-FedAvg and its subclasses — a user's override of ``privatize`` included — take Dirac
-        canary clients: their probe rows go through the defense's own code. A variant that
-        transforms each dense upload (sparsifies it before clipping from the client's data, masks
-        or filters it after the noise) moves a one-coordinate probe's output with its data and
-        noise, so its canaries could not be read one coordinate at a time."""
+        """DP-FedAvg and its subclasses — their sparsifiers and masks and a user's override of
+        ``privatize`` included — take Dirac canary clients: every canary's value is read off the
+        defense's own code (:mod:`defenses.federated.dirac_passage`), and what cannot be read
+        there (a one-coordinate input whose upload spreads over coordinates, a mask chosen on the
+        noisy upload) stops the audit with the reason. Fixed-size sampling is refused: the
+        canaries join each round independently at the clients' rate m/N, a Poisson-sampled
+        mechanism the claim (accounted for sampling m of N without replacement) does not state."""
+        return fixed_sampling_refused(training)
+
+    def dirac_canaries_alike(self) -> bool:
+        """Whether one probe per class (tensor, value) reads every Dirac canary: the nearest class
+        of the defense that declares ``canaries_alike`` (DP-FedAvg: its clip and noise treat every
+        coordinate alike, per tensor under per-tensor clipping; a top-k sparsifier, which keeps a
+        one-coordinate update whole) must own every member on the canaries' path, so a variant's
+        sparsifier or mask, or a user's override of one of these members, is read canary by canary."""
         kind = type(self.defense)
-        if kind.pre_clip is not DPFedAvg.pre_clip or kind.post_noise is not DPFedAvg.post_noise \
-                or self.defense.noise_support().kept_only:
-            return "it transforms each dense upload before clipping or after the noise"
-        if training.sampling == "fixed":
-            return "fixed-size sampling draws m of the clients, so canary clients would change who else is sampled"
-        return None
+        owner = next((k for k in kind.__mro__ if k.__dict__.get("canaries_alike")), None)
+        return owner is not None and not self.defense.noise_support().kept_only and \
+            all(getattr(kind, member) is getattr(owner, member) for member in _PRIVATISATION)
 
     def divisor(self, ctx: RoundContext) -> float:
         return self.defense.divisor(ctx)

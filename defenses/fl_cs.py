@@ -26,7 +26,7 @@ from defenses.blocks.clipping import clip_rows
 from defenses.blocks.noise import gaussian_rows
 from defenses.blocks.partial_dct import PartialDCT
 from defenses.blocks.sparsify import exact_count
-from defenses.federated.training_job import RoundContext
+from defenses.federated.training_job import RoundContext, TrainingConfig
 from defenses.subset_training import SubsetAuditHooks, SubsetFL, SubsetParams, SubsetState, masked_public_update, run_clip
 
 if TYPE_CHECKING:
@@ -100,6 +100,13 @@ class CompressedAuditHooks(SubsetAuditHooks):
 
     def release_statistic(self, uploads: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
         return self.defense.compressed_mean(uploads, ctx)
+
+    def dirac_canaries_refused(self, training: TrainingConfig) -> str | None:
+        """A client uploads m ≪ d measurements of its update (a partial DCT), not one value per
+        coordinate: a one-coordinate canary spreads over every measurement, and the server's ℓ1
+        reconstruction is not a sum of the uploads, so no canary coordinate can be read alone."""
+        return ("its uploads are compressed measurements (partial DCT) reconstructed by ℓ1 at the server, not one value "
+                "per coordinate summed: a Dirac canary cannot be read alone (the dense client-canaries audit applies)")
 
 
 @DEFENSES.register("fl-cs")

@@ -33,6 +33,7 @@ from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import numpy_rng
 from audit.core.vocabulary import Observer, Unit
+from defenses.audit_hooks import fixed_sampling_refused
 from defenses.base import AccountingSettings, AuditHooks, Defense, PrivacyClaim
 from defenses.blocks.clipping import clip_rows
 from defenses.blocks.local_training import (
@@ -323,3 +324,12 @@ class SubsetAuditHooks(AuditHooks):
     def clip_bound(self, state: DefenseState | None = None) -> float | None:
         clip = state.clip if isinstance(state, SubsetState) else getattr(self.defense.params, "clip", 0.0)
         return float(clip) if self.defense.private and clip > 0 else None
+
+    def dirac_canaries_refused(self, training: TrainingConfig) -> str | None:
+        """The DP variants take Dirac canary clients, each read off the defense's own round
+        (:mod:`defenses.federated.dirac_passage`): restricted to the trainable coordinates, clipped to
+        the run's S, noised only where clients exchange. A canary on a coordinate the round does
+        not train contributes nothing there, as a client would: its coin is read all the same."""
+        if not self.defense.private:
+            return "it makes no DP claim"
+        return fixed_sampling_refused(training)

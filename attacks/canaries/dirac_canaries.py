@@ -155,9 +155,7 @@ class DiracCanaries(CanaryAudit):
     unit = Unit.CLIENT
 
     def not_applicable(self, defense) -> str | None:
-        if not defense.audit_hooks().update_canaries:
-            return (f"'{defense.name}' cannot take canary clients (its privatisation needs client data, or clients "
-                    "do not upload updates)")
+        # a defense that reads a client's data to privatise (LUS) takes them: a probe row keeps its client's data
         if not defense.private:
             return f"'{defense.name}' makes no DP claim: Dirac canaries audit a claim"
         return None

@@ -6,15 +6,20 @@ that is zero except ``value`` on one coordinate j. 10⁴ of them join a round, f
 dense rows, and they must not change the mechanism the real clients meet. So they contribute
 **signal only**, and every number about them comes from the defense's own code:
 
-* **Clipping and selection.** The canaries of one round fall into a few classes — the tensor their
-  coordinate lies in and their value (±U). One *probe row* per class, a dense row with the class's
-  value on one of its canaries' coordinates, replaces a real row at a random position of the round
-  (its participant id replaced by a probe id, so its noise is a fresh client's) and goes through
-  ``privatize_together`` — a user's override of ``privatize`` included — twice: with the spike and
-  with a zero row, on the same round context, so every keyed noise stream is the same (and torch's
-  and numpy's global generators, which user code often draws from, are seeded alike for both and
-  restored after). The difference is what the defense's code made of the spike: the class's
-  clipped value c.
+* **Clipping and selection.** Each canary's value is read on a *probe row*: a dense row with the
+  canary's value on its coordinate, which replaces a real row at a random position of the round
+  (its participant id replaced by a probe id, so its noise is a fresh client's; its data, which a
+  defense such as LUS reads, stays) and goes through ``privatize_together`` — a user's override of
+  ``privatize`` included — against one computation with every probe row zero, on the same round
+  context, so every keyed noise stream is the same (and torch's and numpy's global generators,
+  which user code often draws from, are seeded alike for all of them and restored after). The
+  difference is what the defense's code made of the spike: the canary's clipped value c — zero
+  where a mask (rand-k, a frozen coordinate, a top-k that drops it) kept it out. The spikes of one
+  computation sit in distinct rows, so a round of n clients reads n − 1 canaries a computation.
+  Where the defense's code is *known* to treat alike the canaries of one class — the tensor their
+  coordinate lies in and their value (±U), as DP-FedAvg's own clip and noise do
+  (:meth:`~defenses.audit_hooks.AuditHooks.dirac_canaries_alike`) — one probe per class reads
+  them all; any other code, a user's override included, is read canary by canary.
 * **Noise.** The canaries add their clipped values Σ c_k e_{j_k} to the round's sum and no noise
   of their own: the noise on their coordinates in the released step is the real clients' noise,
   drawn by the defense's own code for a round of exactly the real participants (|P_t| counts no
@@ -34,8 +39,6 @@ that differ between two computations of one round (noise from a source no seed r
 a generator seeded from the clock), a probe whose output differs from its zero row off its own coordinate (an update spread
 over coordinates, noise that depends on the input), another client's upload changed by a canary's
 input, a row count that differs, or a step that is not the sum's share of the canaries' signal.
-The clipped value is read on one coordinate per class: a defense that treats coordinates of one
-tensor differently is measured on the probed one.
 """
 
 from __future__ import annotations
@@ -123,80 +126,108 @@ def _changed(a: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
     return (a - b).abs() > TOLERANCE * max(scale, 1.0)
 
 
-def dirac_passage(defense: RoundDefense, ctx: RoundContext, updates: torch.Tensor, rows: DiracRows) -> DiracPassage:
+def each_canary(rows: DiracRows) -> tuple[np.ndarray, np.ndarray]:
+    """(class of each canary, the canary representing each class) with every live canary a class
+    of its own: each is measured on its own probe row; zero-valued canaries are class −1."""
+    classes = np.full(len(rows), -1, dtype=np.int64)
+    live = np.flatnonzero(rows.values.detach().cpu().numpy() != 0.0)
+    classes[live] = np.arange(live.size)
+    return classes, live
+
+
+def dirac_passage(defense: RoundDefense, ctx: RoundContext, updates: torch.Tensor, rows: DiracRows, *,
+                  alike: bool = False) -> DiracPassage:
     """The round's canaries ``rows`` through ``defense``'s own privatisation, beside the real raw
-    ``updates`` of ``ctx``'s participants (see the module docstring)."""
+    ``updates`` of ``ctx``'s participants (see the module docstring). ``alike``: the defense's code
+    is known to treat the canaries of one class (tensor, value) alike, so one probe per class
+    reads them all; otherwise every canary is read on a probe row of its own."""
     assert ctx.layout is not None
     dim, device, dtype = updates.shape[1], updates.device, updates.dtype
     boundaries = np.cumsum((0,) + ctx.layout.sizes[:-1])
-    classes, firsts = probe_classes(rows, boundaries)
+    classes, firsts = probe_classes(rows, boundaries) if alike else each_canary(rows)
     coords = rows.coords.to(device)
-    # the probes: one spike per class, then the zero row whose upload gives each canary its noise
-    spikes = [(int(rows.coords[k]), float(rows.values[k])) for k in firsts]
-    probes: list[tuple[int, float] | None] = [*spikes, None]
-    clipped = torch.zeros(len(spikes), dtype=torch.float64)
-    zero_upload: torch.Tensor | None = None
+    coords_np = rows.coords.cpu().numpy()
+    values_np = rows.values.detach().double().cpu().numpy()
+    # the probe rows replace real rows at random positions (their ids a fresh client's, so their noise
+    # is); the last is the zero row, whose upload gives each canary its noise; the others carry the
+    # spikes, as many computations as it takes, all against one computation with every probe row zero
     n = len(ctx.participants)
+    slots = min(n, len(firsts) + 1)
+    positions = np.sort(numpy_rng(ctx.seed, "round", ctx.round, "dirac-probe", 0).choice(n, slots, replace=False))
+    spike_slots = positions[:-1] if slots > 1 else positions
+    participants = np.array(ctx.participants, copy=True)
+    participants[positions] = ctx.num_clients + np.arange(slots)
+    sizes = np.array(ctx.sizes, copy=True)
+    sizes[positions] = max(1, int(np.median(ctx.sizes)))
+    # a probe row keeps the data of the client it replaces (or, where that one holds none, a
+    # participant's that does): a defense that reads a client's data to privatise its update
+    # (LUS's |g ⊙ Δ|) meets a client with data whose update is the spike
+    data = list(ctx.client_data)
+    holders = [i for i in range(n) if len(data[i])]
+    empty = [int(p) for p in positions if not len(data[int(p)])]
+    for k, p in enumerate(empty if holders else []):
+        data[p] = data[holders[k % len(holders)]]
+    probe_ctx = replace(ctx, participants=participants, sizes=sizes, client_data=data)
+    zero = updates.clone()
+    zero[torch.as_tensor(positions, device=device)] = 0
+    # every computation of the round on the same global streams: user code that draws its noise from
+    # them gives the zero row and each spike the same draws
+    key = derive_seed(ctx.seed, "round", ctx.round, "dirac-probe", 0, "global-streams")
+    base_out = _privatized(defense, zero, probe_ctx, key)
+    clipped = torch.zeros(len(firsts), dtype=torch.float64)
     anomaly = None
-    for g, start in enumerate(range(0, len(probes), n)):
-        group = probes[start:start + n]
-        positions = np.sort(numpy_rng(ctx.seed, "round", ctx.round, "dirac-probe", g).choice(n, len(group), replace=False))
-        participants = np.array(ctx.participants, copy=True)
-        participants[positions] = ctx.num_clients + start + np.arange(len(group))
-        sizes = np.array(ctx.sizes, copy=True)
-        sizes[positions] = max(1, int(np.median(ctx.sizes)))
-        data = list(ctx.client_data)
-        for p in positions:
-            data[int(p)] = np.array([], dtype=np.int64)
-        probe_ctx = replace(ctx, participants=participants, sizes=sizes, client_data=data)
-        zero = updates.clone()
-        zero[torch.as_tensor(positions, device=device)] = 0
-        spiked = zero.clone()
-        for p, probe in zip(positions, group):
-            if probe is not None:
-                spiked[int(p), probe[0]] = probe[1]
-        # the zero row and the spikes: two computations of one round that differ only in the probes' inputs
-        key = derive_seed(ctx.seed, "round", ctx.round, "dirac-probe", g, "global-streams")
-        outputs = [_privatized(defense, x, probe_ctx, key) for x in (zero, spiked)]
-        if any(tuple(o.shape) != tuple(zero.shape) for o in outputs):
-            anomaly = (f"privatize returned {[tuple(o.shape) for o in outputs]} for {tuple(zero.shape)} rows with the "
-                       "canary probes")
-            break
-        base, moved = (o.detach().to(torch.float64) for o in outputs)
+    if tuple(base_out.shape) != tuple(zero.shape):
+        anomaly = f"privatize returned {tuple(base_out.shape)} for {tuple(zero.shape)} rows with the canary probes"
+    else:
+        base = base_out.detach().to(torch.float64)
         scale = float(base.abs().max()) if base.numel() else 1.0
-        # every row without a spike (the zero probe row's included) must repeat exactly: what differs
-        # comes from a source no seed reaches or from another row's input; the spike rows are
-        # checked off their coordinate below
-        spike_rows = [int(p) for p, probe in zip(positions, group) if probe is not None]
-        still = np.setdiff1d(np.arange(n), spike_rows)
-        if len(still) and bool(_changed(moved[still], base[still], scale).any()):
-            anomaly = ("the defense's uploads differ between two computations of one round that differ only in the "
-                       "canary probes' inputs (noise from a source no seed reaches, or an upload that depends on "
-                       "another client's input): the canaries' clipped values cannot be read")
-            break
-        for i, (p, probe) in enumerate(zip(positions, group)):
-            row = moved[int(p)] - base[int(p)]
-            if probe is None:
-                zero_upload = base[int(p)]
-                continue
-            off = row.clone()
-            off[probe[0]] = 0
-            if bool((off.abs() > TOLERANCE * max(scale, abs(float(row[probe[0]])), 1.0)).any()):
-                anomaly = ("a one-coordinate input's upload differs from the zero row's off that coordinate (the update "
-                           "spread over coordinates, or noise that depends on the input): the canaries' clipped values "
-                           "cannot be read")
+        for start in range(0, len(firsts), len(spike_slots)):
+            group = firsts[start:start + len(spike_slots)]
+            used = spike_slots[:len(group)]
+            spiked = zero.clone()
+            at_rows = torch.as_tensor(used, device=device)
+            at_coords = torch.as_tensor(coords_np[group], device=device)
+            spiked[at_rows, at_coords] = torch.as_tensor(values_np[group], dtype=dtype, device=device)
+            anomaly = _read_spikes(_privatized(defense, spiked, probe_ctx, key), base, scale, used, coords_np[group],
+                                   clipped[start:start + len(group)])
+            if anomaly is not None:
                 break
-            clipped[start + i] = row[probe[0]]
-        if anomaly is not None:
-            break
-    if anomaly is not None or zero_upload is None:
+    if anomaly is not None:
         empty = torch.zeros(len(rows), dtype=torch.float64)
-        return DiracPassage(torch.zeros(dim, dtype=dtype, device=device), empty, anomaly or "no zero probe row")
+        return DiracPassage(torch.zeros(dim, dtype=dtype, device=device), empty, anomaly)
+    zero_upload = base[int(positions[-1])]
     values = torch.where(torch.as_tensor(classes >= 0), clipped[torch.as_tensor(np.maximum(classes, 0))],
                          torch.zeros(len(rows), dtype=torch.float64))
     signal = torch.zeros(dim, dtype=torch.float64).index_add_(0, coords.cpu(), values)
     readings = values + zero_upload.cpu()[coords.cpu()]
     return DiracPassage(signal.to(device=device, dtype=dtype), readings)
+
+
+def _read_spikes(output: torch.Tensor, base: torch.Tensor, scale: float, used: np.ndarray, coords: np.ndarray,
+                 into: torch.Tensor) -> str | None:
+    """Each spike row's clipped value (its upload less the zero computation's, on its coordinate)
+    written ``into``; or why the spikes cannot be read."""
+    if tuple(output.shape) != tuple(base.shape):
+        return f"privatize returned {tuple(output.shape)} for {tuple(base.shape)} rows with the canary probes"
+    moved = output.detach().to(torch.float64)
+    # every row without a spike (the zero probe row's included) must repeat exactly: what differs
+    # comes from a source no seed reaches or from another row's input
+    still = np.setdiff1d(np.arange(base.shape[0]), used)
+    if len(still) and bool(_changed(moved[still], base[still], scale).any()):
+        return ("the defense's uploads differ between two computations of one round that differ only in the canary "
+                "probes' inputs (noise from a source no seed reaches, or an upload that depends on another client's "
+                "input): the canaries' clipped values cannot be read")
+    at_rows = torch.as_tensor(used, device=base.device)
+    at_coords = torch.as_tensor(coords, device=base.device)
+    change = moved[at_rows] - base[at_rows]
+    on = change[torch.arange(len(used), device=base.device), at_coords].clone()
+    change[torch.arange(len(used), device=base.device), at_coords] = 0
+    limit = TOLERANCE * torch.clamp(torch.maximum(on.abs(), torch.full_like(on, scale)), min=1.0)
+    if bool((change.abs() > limit[:, None]).any()):
+        return ("a one-coordinate input's upload differs from the zero row's off that coordinate (the update spread "
+                "over coordinates, or noise that depends on the input): the canaries' clipped values cannot be read")
+    into.copy_(on.cpu())
+    return None
 
 
 def released_step(defense: RoundDefense, uploads: torch.Tensor, ctx: RoundContext, passage: DiracPassage,

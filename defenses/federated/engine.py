@@ -229,7 +229,8 @@ class FederatedEngine:
             return updates, ctx, None
         rows, joined = dirac_round(job, ctx, row)
         assert state.dirac_uploads is not None
-        passage = dirac_passage(self.defense, ctx, updates, rows)
+        alike = self.defense.audit_hooks().dirac_canaries_alike()
+        passage = dirac_passage(self.defense, ctx, updates, rows, alike=alike)
         if passage.anomaly is not None:
             row["dirac_path"] = passage.anomaly
         state.dirac_uploads[t, torch.as_tensor(joined, dtype=torch.long)] = passage.readings.float().cpu()

@@ -12,10 +12,12 @@ import pytest
 import torch
 
 from defenses.blocks.dirac_rows import DiracRows
+from defenses.fed_smp import FedSMPParams, FedSMPRandK, FedSMPTopK
 from defenses.fedavg import DPFedAvg, DPFedAvgParams
 from defenses.federated.engine import FederatedEngine, initial_vector
 from defenses.federated.training_job import TrainingConfig, TrainingJob
 from tests.defenses import broken_dp_fedavg as broken
+from tests.defenses import broken_families as families
 
 CLIP, SIGMA, DIM, CLIENTS = 0.5, 2.0, 210, 6
 
@@ -138,3 +140,81 @@ def test_a_skipped_clip_shows_as_the_raw_value():
     free, _ = _step(Unclipped, None)
     shift = (with_canaries - free) * metrics[0]["divisor"]
     assert torch.allclose(shift.abs(), torch.full((DIM,), 1000.0 * CLIP, dtype=torch.float64), rtol=1e-4)
+
+
+# ---------------------------------------------------------------- each canary on its own probe row
+
+
+def _shift(defense, canaries: DiracRows) -> tuple[torch.Tensor, list[dict]]:
+    """What the canaries add to the released step, times its divisor: the canaries' signal."""
+    outcome = [FederatedEngine(defense, _job(rows)).run() for rows in (canaries, None)]
+    job = _job(None)
+    _, layout, _ = initial_vector(job.model_factory, job.seed)
+    steps = [layout.flatten(o.final_params).double() for o in outcome]
+    return (steps[0] - steps[1]) * outcome[0].metrics[0]["divisor"], outcome[0].metrics
+
+
+def test_a_bug_on_some_coordinates_of_a_tensor_reaches_exactly_those_canaries():
+    """A user's clip that leaves every odd coordinate unclipped (noise honest): the canaries on odd
+    coordinates contribute their raw ±1000·S, those on even ones ±S. One probe per tensor would
+    have read one coordinate for all (each class here holds odd and even coordinates: the signs
+    alternate in pairs); the rewrite is read canary by canary."""
+    signs = torch.where(torch.arange(DIM) // 2 % 2 == 0, 1.0, -1.0)
+    shift, metrics = _shift(families.UserClipSkipsOddCoordinates(DPFedAvgParams(clip=CLIP, noise_multiplier=SIGMA)),
+                            DiracRows(torch.arange(DIM), 1000.0 * CLIP * signs, DIM))
+    assert "dirac_path" not in metrics[0]
+    expected = torch.where(torch.arange(DIM) % 2 == 1, 1000.0 * CLIP, CLIP).double()
+    assert torch.allclose(shift.abs(), expected, rtol=1e-4)
+
+
+def test_each_rand_k_canary_meets_a_mask_of_its_own():
+    """Fed-SMP rand-k keeps each client's coordinate with probability k/d, from that client's own
+    mask: each canary contributes ±S or nothing, and the kept share over the 210 canaries is a
+    binomial draw around k/d = 0.4 (within 5 standard deviations) — not all or none, as a
+    probe shared by every canary of a tensor would make it."""
+    defense = FedSMPRandK(FedSMPParams(clip=CLIP, noise_multiplier=SIGMA, keep_fraction=0.4))
+    shift, metrics = _shift(defense, _canaries())
+    assert "dirac_path" not in metrics[0]
+    kept = shift.abs() > CLIP / 2
+    assert torch.allclose(shift[kept].abs(), torch.full((int(kept.sum()),), CLIP, dtype=torch.float64), rtol=1e-4)
+    assert float(shift[~kept].abs().max()) < 1e-4 * CLIP
+    k = defense.kept(DIM) / DIM
+    assert abs(int(kept.sum()) - k * DIM) < 5 * (DIM * k * (1 - k)) ** 0.5
+
+
+def test_one_probe_per_class_only_for_code_known_to_treat_the_class_alike():
+    """The fast path (one probe per tensor and value) is taken for DP-FedAvg's own privatisation and
+    the top-k sparsifiers, whose one-coordinate outputs do not depend on the coordinate; any
+    override on the canaries' path, a random or data-dependent mask, or a mask chosen after the
+    noise is read canary by canary."""
+    from defenses.blur_lus import DPFedAvgBLUR, DPFedAvgLUS
+    from defenses.dp_fedsam import DPFedSAM, DPFedSAMTopK, DPFedSAMTopKParams
+
+    alike = {kind.__name__: kind().audit_hooks().dirac_canaries_alike()
+             for kind in (DPFedAvg, DPFedAvgBLUR, DPFedSAM, FedSMPTopK, DPFedSAMTopK, DPFedAvgLUS, FedSMPRandK,
+                          broken.UserWrittenHonest, broken.HalvedNoise, families.UserTopKHalvedNoise)}
+    assert alike == {"DPFedAvg": True, "DPFedAvgBLUR": True, "DPFedSAM": True, "FedSMPTopK": True, "DPFedSAMTopK": True,
+                     "DPFedAvgLUS": False, "FedSMPRandK": False, "UserWrittenHonest": False, "HalvedNoise": False,
+                     "UserTopKHalvedNoise": False}
+    after_noise = DPFedSAMTopK(DPFedSAMTopKParams(mask_stage="after_noise", topk_source="noisy"))
+    assert not after_noise.audit_hooks().dirac_canaries_alike()
+
+
+@pytest.mark.parametrize("clip_mode", ["flat", "per_tensor"])
+def test_the_fast_path_reads_what_every_canary_would(clip_mode):
+    """Where one probe per class is taken, it reads what a probe for every canary reads: the two
+    passages of one round give every canary the same clipped value. (Their readings carry the
+    noise of different zero rows: each is one upload's noise, not the same draw.)"""
+    from defenses.federated.dirac_passage import dirac_passage
+
+    defense = DPFedAvg(DPFedAvgParams(clip=CLIP, noise_multiplier=SIGMA, clip_mode=clip_mode))
+    job = _job(_canaries())
+    engine = FederatedEngine(defense, job)
+    state = engine.start()
+    ctx, _ = engine.begin_round(state, 0)
+    updates = engine.local_updates(ctx)
+    rows = _canaries()
+    one, every = (dirac_passage(engine.defense, ctx, updates, rows, alike=alike) for alike in (True, False))
+    assert one.anomaly is None and every.anomaly is None
+    assert torch.allclose(one.signal.double(), every.signal.double(), rtol=1e-6, atol=0)
+    assert float(one.signal.abs().min()) == pytest.approx(CLIP, rel=1e-6)
