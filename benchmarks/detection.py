@@ -137,6 +137,38 @@ CENTRAL_GAUSSIAN = ("dp-fedavg", "dp-fedavg-blur", "dp-fedavg-lus", "dp-fedavg-b
                     "fed-smp-randk", "fed-smp-topk", "ddgauss", "fl-basic-dp", "fl-cs-dp", "fl-std-dp", "fl-top-dp", "nbafl")
 
 
+@dataclass(frozen=True)
+class Twin:
+    """A family's defense with a bug, audited against the family's honest claim."""
+
+    family: str
+    label: str
+    defense: str  # module:Class
+    bug: str
+
+
+FAMILIES = "tests.defenses.broken_families"
+TWINS = (
+    Twin("LUS", "blur-lus-halved-noise", f"{FAMILIES}:BlurLusHalvedNoise", "BLUR+LUS, half the noise std"),
+    Twin("LUS", "lus-noise-halved-from-mid-run", f"{FAMILIES}:LusNoiseHalvedFromMidRun",
+         "LUS, half the noise std from round ⌊T/2⌋ on"),
+    Twin("LUS", "lus-user-rescaled-after-clip", f"{FAMILIES}:UserLusRescaledAfterClip",
+         "LUS rewritten: the clipped update divided by the kept share"),
+    Twin("masks", "randk-halved-noise", f"{FAMILIES}:RandKHalvedNoise", "rand-k, half the noise std"),
+    Twin("masks", "randk-user-unbiased-after-clip", f"{FAMILIES}:UserRandKUnbiasedAfterClip",
+         "rand-k rewritten: kept coordinates scaled by d/k after the clip"),
+    Twin("masks", "topk-user-halved-noise", f"{FAMILIES}:UserTopKHalvedNoise", "top-k rewritten, half the noise std"),
+    Twin("subset training", "fl-top-dp-user-halved-noise", f"{FAMILIES}:UserFLTopHalvedNoise",
+         "FL-TOP-DP rewritten, half the noise std"),
+    Twin("subset training", "fl-std-dp-user-halved-noise", f"{FAMILIES}:UserFLStdHalvedNoise",
+         "FL-STD-DP rewritten, half the noise std"),
+    Twin("subset training", "fl-std-dp-user-clip-skips-odd", f"{FAMILIES}:UserFLStdClipSkipsOddCoordinates",
+         "FL-STD-DP rewritten, odd coordinates unclipped"),
+    Twin("DP-FedAvg", "dp-fedavg-user-clip-skips-odd", f"{FAMILIES}:UserClipSkipsOddCoordinates",
+         "DP-FedAvg rewritten, odd coordinates unclipped"),
+)
+
+
 # ---------------------------------------------------------------------------- designs
 
 
@@ -361,25 +393,78 @@ def run_matrix(design: str, seeds: Sequence[int], epsilons: Sequence[float], var
     return records, failures
 
 
-def run_defense_rows(design: str, seed: int, defenses: Sequence[str], work: Path,
+def run_alone(design: str, seed: int, label: str, defense: str, epsilon: float, work: Path) -> dict[str, Any]:
+    """One defense (a registry name or module:Class) at one ε in a configuration of its own (the
+    design's neighbouring relation follows its claim, and one defense's refusal of the
+    configuration stops no other): its audit figures, or the error that stopped it."""
+    variant = Variant(label, defense, "", lambda rounds, clients: 1.0)
+    results, error = run_audit(design_config(design, seed, [entry(variant, [epsilon])]),
+                               work / f"{design}-alone-{label}-eps{epsilon:g}-seed{seed}")
+    if results is None:
+        return {"defense": label, "epsilon": epsilon, "seed": seed, "ran": False, "error": error}
+    experiment = results["experiments"][0]
+    return {"defense": label, "epsilon": epsilon, "seed": seed, "status": experiment.get("status"),
+            **audit_figures(experiment)}
+
+
+def run_defense_rows(design: str, seeds: Sequence[int], defenses: Sequence[str], work: Path,
                      log: Callable[[str], None]) -> list[dict[str, Any]]:
-    """Each central-DP Gaussian defense, honest, at ε = 4, in a configuration of its own (the
-    design's neighbouring relation follows each defense's claim, and one defense's refusal of the
-    configuration does not stop the others)."""
+    """Each central-DP Gaussian defense, honest, at ε = 4, per seed."""
     rows = []
-    for name in defenses:
-        started = time.perf_counter()
-        variant = Variant(name, name, "honest", lambda rounds, clients: 1.0)
-        results, error = run_audit(design_config(design, seed, [entry(variant, [DEFENSE_EPSILON])]),
-                                   work / f"{design}-defense-{name}-seed{seed}")
-        if results is None:
-            rows.append({"defense": name, "epsilon": DEFENSE_EPSILON, "seed": seed, "ran": False, "error": error})
-        else:
-            experiment = results["experiments"][0]
-            rows.append({"defense": name, "epsilon": DEFENSE_EPSILON, "seed": seed, "status": experiment.get("status"),
-                         **audit_figures(experiment)})
-        log(f"{name}: {time.perf_counter() - started:.0f} s")
+    for seed in seeds:
+        for name in defenses:
+            started = time.perf_counter()
+            rows.append(run_alone(design, seed, name, name, DEFENSE_EPSILON, work))
+            log(f"{name} seed {seed}: {time.perf_counter() - started:.0f} s")
     return rows
+
+
+def run_twins(design: str, seeds: Sequence[int], epsilons: Sequence[float], twins: Sequence[Twin], work: Path,
+              log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Each family's broken twins at each ε, per seed."""
+    rows = []
+    for seed in seeds:
+        for twin in twins:
+            for epsilon in epsilons:
+                started = time.perf_counter()
+                row = run_alone(design, seed, twin.label, twin.defense, float(epsilon), work)
+                rows.append({**row, "family": twin.family, "bug": twin.bug})
+                log(f"{twin.label} ε={epsilon:g} seed {seed}: {time.perf_counter() - started:.0f} s")
+    return rows
+
+
+def summarise_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (defense or twin, ε) over the seeds: audits run, VIOLATIONs (by a bound, by the uploads
+    test), the median and range of the best released ε_LB / ε, the median power against 2ε, and
+    why an audit did not run."""
+    out = []
+    for key in dict.fromkeys((r["defense"], r["epsilon"]) for r in rows):
+        mine = [r for r in rows if (r["defense"], r["epsilon"]) == key]
+        ran = [r for r in mine if r.get("ran")]
+        ratios = [r["ratio"] for r in ran if r.get("ratio") is not None]
+        powers = [r["power_2eps"] for r in ran if r.get("power_2eps") is not None]
+        out.append({"defense": key[0], "epsilon": key[1], "family": mine[0].get("family", ""), "seeds": len(mine),
+                    "audits": len(ran), "violations": sum(bool(r["violation"]) for r in ran),
+                    "violations_by_bound": sum(bool(r.get("violation_by_bound")) for r in ran),
+                    "violations_by_mechanism_test": sum(bool(r.get("violation_by_mechanism_test")) for r in ran),
+                    "median_ratio": _median(ratios), "min_ratio": min(ratios, default=None),
+                    "max_ratio": max(ratios, default=None), "median_power_2eps": _median(powers),
+                    "reason": next((r.get("error") or r.get("skipped") for r in mine if not r.get("ran")), "") or ""})
+    return out
+
+
+def format_summary(rows: list[dict[str, Any]]) -> str:
+    """The defense or twin rows as text, one line per (defense, ε)."""
+    head = ("defense", "ε", "audits", "VIOLATION", "by ε_LB", "by uploads test", "ε_LB/ε median [range]", "power 2ε",
+            "why not run")
+    lines = []
+    for r in rows:
+        ratio = "–" if r["median_ratio"] is None else \
+            f"{r['median_ratio']:.3f} [{r['min_ratio']:.3f}, {r['max_ratio']:.3f}]"
+        lines.append((r["defense"], f"{r['epsilon']:g}", f"{r['audits']}/{r['seeds']}", f"{r['violations']}/{r['audits']}",
+                      f"{r['violations_by_bound']}/{r['audits']}", f"{r['violations_by_mechanism_test']}/{r['audits']}",
+                      ratio, _percent(r["median_power_2eps"]), r["reason"]))
+    return _columns(head, lines)
 
 
 def _strict(value: Any) -> Any:
@@ -403,6 +488,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="broken variants of the matrix (default: all); the honest dp-fedavg is always in")
     parser.add_argument("--skip-matrix", action="store_true", help="leave out the matrix")
     parser.add_argument("--skip-defenses", action="store_true", help="leave out the rows of the central-DP Gaussian defenses")
+    parser.add_argument("--twins", nargs="*", choices=[t.label for t in TWINS], default=None,
+                        help="the families' broken twins (alone: all) at each --epsilons over the seeds")
     parser.add_argument("--defenses", nargs="+", default=list(CENTRAL_GAUSSIAN), help="the defense rows (registry names)")
     parser.add_argument("--honest-seeds", type=int, nargs="?", const=20, default=0, metavar="N",
                         help="only the honest dp-fedavg on the small design over N seeds (alone: 20; the target "
@@ -446,10 +533,18 @@ def main(argv: list[str] | None = None) -> int:
             report.update(cells=cells(records, variants), audits=records, failures=failures)
             print(format_table(report["cells"]), flush=True)
         if not honest_mode and not args.skip_defenses:
-            rows = run_defense_rows(design, seeds[0], args.defenses, work, log)
+            rows = run_defense_rows(design, seeds, args.defenses, work, log)
             report["defense_rows"] = rows
+            report["defense_summary"] = summarise_rows(rows)
             print(flush=True)
-            print(format_defense_rows(rows), flush=True)
+            print(format_summary(report["defense_summary"]), flush=True)
+        if not honest_mode and args.twins is not None:
+            twins = [t for t in TWINS if not args.twins or t.label in args.twins]
+            rows = run_twins(design, seeds, args.epsilons, twins, work, log)
+            report["twin_rows"] = rows
+            report["twin_summary"] = summarise_rows(rows)
+            print(flush=True)
+            print(format_summary(report["twin_summary"]), flush=True)
     log(f"({time.perf_counter() - started:.0f} s)")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(_strict(report), indent=2, allow_nan=False) + "\n", encoding="utf-8")

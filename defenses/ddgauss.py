@@ -328,4 +328,17 @@ class DDGauss(Defense):
         return (decoded / setting.clients).to(torch.float32)
 
     def audit_hooks(self) -> AuditHooks:
-        return AuditHooks(self, clips_updates=True)  # canary clients carry the clip c
+        return DDGaussAuditHooks(self, clips_updates=True)  # canary clients carry the clip c
+
+
+class DDGaussAuditHooks(AuditHooks):
+    """DDGauss as the audits see it: update canaries carry the clip c; Dirac canary clients refused."""
+
+    def dirac_canaries_refused(self, training: TrainingConfig) -> str | None:
+        """A one-coordinate update is rotated over every coordinate before the rounding, the discrete
+        noise and the modular sum: its canary would be the pre-image of a coordinate under the round's
+        public rotation, read in the rotated domain of each released step. That design is not built."""
+        return ("its uploads are rotated (a one-coordinate update spreads over every coordinate), stochastically "
+                "rounded and summed modulo 2^bits: a Dirac canary would be a coordinate's pre-image under the round's "
+                "rotation, read in the rotated domain, which this audit does not build (the dense client-canaries "
+                "audit applies)")

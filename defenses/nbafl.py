@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
 from audit.core.vocabulary import Observer, Relation, Unit
-from defenses.base import DEFENSES, Defense, PrivacyClaim
+from defenses.base import DEFENSES, AuditHooks, Defense, PrivacyClaim
 from defenses.blocks.clipping import clip_rows
 from defenses.blocks.noise import gaussian_rows
 from defenses.federated.training_job import NO_STATE, DefenseState, RoundContext, TrainingConfig
@@ -196,3 +196,20 @@ class NbAFL(Defense):
             if std > 0:
                 step = step + gaussian_rows(1, uploads.shape[1], std, [ctx.server_generator("downlink")], uploads.device)[0]
         return step
+
+    def audit_hooks(self) -> NbAFLAuditHooks:
+        return NbAFLAuditHooks(self)
+
+
+class NbAFLAuditHooks(AuditHooks):
+    """NbAFL as the audits see it: canary clients carry the median honest norm (it clips models, not
+    updates); Dirac canary clients refused."""
+
+    def dirac_canaries_refused(self, training: TrainingConfig) -> str | None:
+        """NbAFL clips each client's *model* w0 + Δ to norm C: a one-coordinate update rescales the
+        whole clipped model, so its upload differs from a zero update's on every coordinate. Its
+        canary would be a model (±C on one coordinate, against the replace-one neighbour), not an
+        update; that design is not built."""
+        return ("it clips each client's model, not its update: a one-coordinate update rescales every coordinate of the "
+                "clipped model, so a Dirac canary would have to be a model (±C on one coordinate, replace-one), which "
+                "this audit does not build (the dense client-canaries audit applies)")

@@ -263,7 +263,7 @@ class DiracCanaries(CanaryAudit):
         if not sigma:
             return self._result(context, runs, inserted, None, observation, server_claim,
                                 "the claim accounts no Gaussian noise multiplier to standardise with")
-        scores, blocks = [], []
+        scores, blocks, run_signs = [], [], []
         for run in runs:
             coords, signs = self._coords_signs(run)
             assert run.server_view is not None and run.metrics is not None
@@ -280,6 +280,7 @@ class DiracCanaries(CanaryAudit):
                 z = (signs[None, :] * np.nan_to_num(uploads) * shifts[:, None] / self._clip(context)).T
                 scores.append(standardised_sum(z, taken.T, shifts))
                 blocks.append(uploads)
+                run_signs.append(signs)
             else:
                 readings = self._iterate_readings(context, run, coords, signs, sigma)
                 scores.append(standardised_sum(readings, taken.T))
@@ -289,7 +290,8 @@ class DiracCanaries(CanaryAudit):
             # the least per-upload noise std the server's figure accounts: its multiplier per change
             # one client can make (the clip S, zero-out neighbours) times S
             clip = self._clip(context)
-            result.conformance = upload_conformance(blocks, list(inserted), clip, accounted.noise_multiplier * clip)
+            result.conformance = upload_conformance(blocks, list(inserted), clip, accounted.noise_multiplier * clip,
+                                                    signs=run_signs)
             if result.conformance is not None:
                 result.notes += f"; uploads against the claimed clip and noise: {result.conformance.describe()}"
         return result

@@ -20,7 +20,14 @@ implementation against the claim without anything about training:
   above by its χ² confidence limit ŝ_t from the same round's held-out uploads (level γ/T each,
   so all T hold with probability ≥ 1 − γ), the excess e = (|u| − S)/ŝ_t of every inserted upload
   satisfies P(e > x) ≤ P(|Z| > x) = 2Φ̄(x). Over the M inserted uploads the smallest 2Φ̄(e), Y,
-  gives the p-value γ + M·Y (a union bound; valid under any dependence between uploads).
+  gives the p-value M·Y (a union bound; valid under any dependence between uploads). One extreme
+  upload is what an unclipped client leaves; a contribution a little beyond the clip in many
+  uploads (a sparsifier's rescaling after the clip, 2.5·S on the 40 % of canaries a rand-k mask
+  keeps) is what the *count* of exceedances sees: with the canaries' signs s known, s·u − S ≤
+  s·noise, so each upload exceeds S + ŝ_t with probability at most Φ̄(1) (2Φ̄(1) without the signs),
+  independently given the contributions (each upload's noise is its own draw), and the count N
+  over the M uploads is stochastically at most Binomial(M, Φ̄(1)): its upper tail is the second
+  p-value. The clip's p-value is γ + 2·min of the two (Bonferroni).
 
 * **fresh noise** — a held-out canary's uploads in consecutive rounds are independent draws of
   symmetric noise, so the products a = u_{t,k}·u_{t+1,k} have mean 0 given the past (a martingale
@@ -60,6 +67,8 @@ MIN_HELD_OUT = 2
 TESTS = 4
 #: consecutive-round pairs of held-out uploads below which fresh noise is not tested
 MIN_PAIRS = 20
+#: the clip's count test: exceedances of S by more than this many noise stds (fixed in advance)
+COUNT_THRESHOLD = 1.0
 
 
 @dataclass(frozen=True)
@@ -82,6 +91,8 @@ class UploadConformance:
     p_fresh: float = 1.0  # noise reused across rounds (1: not tested)
     fresh_correlation: float = 0.0  # the held-out uploads' correlation between consecutive rounds
     p_tails: float = 1.0  # tails lighter than Gaussian (1: not tested)
+    exceeding: int = 0  # inserted uploads more than one noise std beyond the clip (the count test)
+    exceed_bound: float = 0.0  # the share of them the claim allows at most
 
     def power(self, level: float) -> float:
         """Probability that the test rejects at ``level`` when every upload carries half the
@@ -98,7 +109,8 @@ class UploadConformance:
         low, high = self.noise_interval
         clip = ("no inserted upload to test the clip" if self.inserted == 0 else
                 f"largest inserted upload {self.excess_clips:.4g}·S, {self.excess:+.3g} noise stds beyond the clip "
-                f"(round {self.excess_round}; p = {self.p_clip:.2g} over {self.inserted} inserted uploads)")
+                f"(round {self.excess_round}), {self.exceeding} of {self.inserted} inserted uploads more than one noise "
+                f"std beyond it where at most {self.exceed_bound:.1%} may be (p = {self.p_clip:.2g})")
         return (f"noise σ_eff/σ = {self.noise_ratio:.4f} [{low:.4f}, {high:.4f}] over {self.held_out} held-out uploads, "
                 f"least {self.least_ratio:.4f} in round {self.least_round} (p = {self.p_noise:.2g}); {clip}; "
                 f"consecutive rounds' noise correlation {self.fresh_correlation:+.3f} (p = {self.p_fresh:.2g}); "
@@ -116,67 +128,80 @@ class UploadConformance:
         if self.p_noise <= self.p_clip:
             return (f"the uploads carry less noise than the claim accounts (σ_eff/σ = {self.least_ratio:.3f} in "
                     f"round {self.least_round}, {self.noise_ratio:.3f} pooled)")
+        if self.inserted and self.exceeding / self.inserted > self.exceed_bound:
+            return (f"{self.exceeding} of {self.inserted} inserted canaries' uploads ({self.exceeding / self.inserted:.1%}) "
+                    f"lie more than one noise std beyond the clip S, where a clipped contribution leaves at most "
+                    f"{self.exceed_bound:.1%}: contributions the clip should have bounded")
         return (f"an inserted canary's upload reached {self.excess_clips:.4g}·S in round {self.excess_round}, "
                 f"{self.excess:.3g} noise stds beyond the clip S: a contribution the clip should have bounded")
 
 
 def upload_conformance(uploads: Sequence[np.ndarray], inserted: Sequence[np.ndarray], clip: float, claimed_std: float,
-                       gamma: float = STD_BOUND_LEVEL) -> UploadConformance | None:
+                       gamma: float = STD_BOUND_LEVEL, signs: Sequence[np.ndarray] | None = None) -> UploadConformance | None:
     """Both tests on the canary runs' uploads: per run, ``uploads`` [T, K] (each canary's upload on
     its own coordinate per round, NaN where it did not take part) and ``inserted`` [K] (bool: the
     canary's coin); ``clip`` S (the largest contribution one client can make there) and
     ``claimed_std`` s (the least per-upload noise std the claim accounts). A round of a run is the
     unit whose uploads share one noise std. None when no round has :data:`MIN_HELD_OUT` held-out
     uploads (an add/remove design, where held-out canaries are absent: nothing to measure the
-    noise on)."""
+    noise on). ``signs`` [K] per run (±1: each canary's raw update's sign) make the count test one-sided.
+    """
     if not (clip > 0 and claimed_std > 0 and math.isfinite(clip) and math.isfinite(claimed_std)):
         raise ValueError(f"clip and claimed_std must be positive and finite, got {clip} and {claimed_std}")
     if len(uploads) != len(inserted):
         raise ValueError(f"one inserted mask per run: {len(uploads)} runs of uploads, {len(inserted)} masks")
-    # per round of a run: (round 1-based, sum of (u/s)² over held-out uploads, their count, inserted |u|)
-    rounds: list[tuple[int, float, int, np.ndarray]] = []
-    for run_uploads, run_inserted in zip(uploads, inserted):
+    if signs is not None and len(signs) != len(uploads):
+        raise ValueError(f"one sign vector per run: {len(uploads)} runs of uploads, {len(signs)} sign vectors")
+    # per round of a run: (round 1-based, sum of (u/s)² over held-out uploads, their count, inserted |u|,
+    # inserted s·u (|u| without the signs))
+    rounds: list[tuple[int, float, int, np.ndarray, np.ndarray]] = []
+    for r, (run_uploads, run_inserted) in enumerate(zip(uploads, inserted)):
         u = np.asarray(run_uploads, dtype=np.float64)
         keep = np.asarray(run_inserted, dtype=bool)
         if u.ndim != 2 or keep.shape != (u.shape[1],):
             raise ValueError(f"uploads must be [T, K] and inserted [K], got {u.shape} and {keep.shape}")
+        signed = np.abs(u) if signs is None else u * np.asarray(signs[r], dtype=np.float64)[None, :]
         taken = ~np.isnan(u)
         for t in range(u.shape[0]):
             out = u[t, taken[t] & ~keep]
             if out.size >= MIN_HELD_OUT:
                 rounds.append((t + 1, float(np.sum((out / claimed_std) ** 2)), int(out.size),
-                               np.abs(u[t, taken[t] & keep])))
+                               np.abs(u[t, taken[t] & keep]), signed[t, taken[t] & keep]))
     if not rounds:
         return None
-    n, v = sum(c for _, _, c, _ in rounds), sum(s for _, s, _, _ in rounds)
+    n, v = sum(c for _, _, c, _, _ in rounds), sum(s for _, s, _, _, _ in rounds)
     tests = len(rounds) + 1
     # lower tails of χ²: each round's, and the pooled one
-    p_rounds = [float(stats.chi2.cdf(s, c)) for _, s, c, _ in rounds]
+    p_rounds = [float(stats.chi2.cdf(s, c)) for _, s, c, _, _ in rounds]
     p_noise = min(1.0, tests * min(min(p_rounds), float(stats.chi2.cdf(v, n))))
-    ratios = [math.sqrt(s / c) for _, s, c, _ in rounds]
+    ratios = [math.sqrt(s / c) for _, s, c, _, _ in rounds]
     least = int(np.argmin(ratios))
     interval = (math.sqrt(v / stats.chi2.ppf(0.975, n)), math.sqrt(v / stats.chi2.ppf(0.025, n)))
     # the clip: each round's noise std bounded above from its own held-out uploads
     per_round_gamma = gamma / len(rounds)
-    log_tail, tested, worst = math.inf, 0, (-math.inf, 0, 0.0)
-    for t, s, c, values in rounds:
+    log_tail, tested, worst, exceeding = math.inf, 0, (-math.inf, 0, 0.0), 0
+    for t, s, c, values, signed in rounds:
         if values.size == 0:
             continue
         upper = claimed_std * math.sqrt(s / stats.chi2.ppf(per_round_gamma, c))
         excess = (values - clip) / upper
+        exceeding += int(np.count_nonzero((signed - clip) / upper > COUNT_THRESHOLD))
         tested += values.size
         k = int(np.argmax(excess))
         # log 2Φ̄(e), finite however far the upload lies beyond the clip
         log_tail = min(log_tail, math.log(2.0) + float(stats.norm.logsf(excess[k])))
         if excess[k] > worst[0]:
             worst = (float(excess[k]), t, float(values[k] / clip))
-    p_clip = min(1.0, gamma + math.exp(min(0.0, math.log(tested) + log_tail))) if tested else 1.0
+    p_extreme = math.exp(min(0.0, math.log(tested) + log_tail)) if tested else 1.0
+    exceed_rate = float(stats.norm.sf(COUNT_THRESHOLD)) * (1.0 if signs is not None else 2.0)
+    p_count = float(stats.binom.sf(exceeding - 1, tested, exceed_rate)) if tested else 1.0
+    p_clip = min(1.0, gamma + 2.0 * min(p_extreme, p_count)) if tested else 1.0
     p_fresh, correlation = _fresh_noise(uploads, inserted)
     p_tails = _tails(uploads, inserted)
     return UploadConformance(
         held_out=n, inserted=tested, rounds=len(rounds), noise_ratio=math.sqrt(v / n), noise_interval=interval,
         least_round=rounds[least][0], least_ratio=ratios[least], excess=worst[0], excess_round=worst[1],
-        excess_clips=worst[2], p_noise=p_noise, p_clip=p_clip,
+        excess_clips=worst[2], p_noise=p_noise, p_clip=p_clip, exceeding=exceeding, exceed_bound=exceed_rate,
         p_value=min(1.0, TESTS * min(p_noise, p_clip, p_fresh, p_tails)), p_fresh=p_fresh, fresh_correlation=correlation,
         p_tails=p_tails)
 

@@ -141,3 +141,42 @@ def test_uniform_noise_of_the_claimed_variance_is_rejected_and_named():
     test = upload_conformance([np.where(inserted, S, 0.0)[None, :] + noise], [inserted], S, STD)
     assert test.p_tails < 1e-6 and test.p_value < 1e-5
     assert "lighter tails" in test.failure()
+
+
+def _signed_run(rng, stds, kept, value):
+    """[T, K] uploads of canaries with known signs: an inserted canary contributes s·``value`` in
+    the share ``kept`` of them (a mask that keeps its coordinate), 0 otherwise; + N(0, std_t²)."""
+    inserted = rng.random(CANARIES) < 0.5
+    signs = rng.choice([-1.0, 1.0], size=CANARIES)
+    passes = inserted & (rng.random(CANARIES) < kept)
+    c = np.where(passes, signs * value, 0.0)[None, :].repeat(len(stds), axis=0)
+    return c + rng.standard_normal((len(stds), CANARIES)) * np.asarray(stds)[:, None], inserted, signs
+
+
+def test_with_the_signs_honest_uploads_at_the_clip_are_rejected_at_most_alpha_of_the_time():
+    """The one-sided count test (signs known) under the worst honest case: every inserted canary
+    at exactly ±S, the noise exactly as claimed."""
+    rng = np.random.default_rng(20261202)
+    replicates, alpha, rejected = 2000, 0.05, 0
+    for _ in range(replicates):
+        u, inserted, signs = _signed_run(rng, np.full(ROUNDS, STD), 1.0, S)
+        result = upload_conformance([u], [inserted], S, STD, signs=[signs])
+        rejected += result.p_clip <= alpha
+    rate = rejected / replicates
+    assert rate <= alpha + 3.1 * np.sqrt(alpha * (1 - alpha) / replicates), rate
+
+
+def test_a_rescaling_after_the_clip_on_the_masked_share_is_counted():
+    """A sparsifier made "unbiased" after the clip: the 40 % of inserted canaries its mask keeps
+    contribute 2.5·S, with a noise std of 0.9·S — never one extreme upload, but far more than the
+    Φ̄(1) ≈ 15.9 % of uploads beyond S + one noise std a clipped contribution allows (≈ 31 % at
+    the true std, above 20 % at its upper confidence limit)."""
+    rng = np.random.default_rng(11)
+    for _ in range(20):
+        u, inserted, signs = _signed_run(rng, np.full(ROUNDS, 0.9 * S), 0.4, 2.5 * S)
+        result = upload_conformance([u], [inserted], S, 0.9 * S, signs=[signs])
+        assert result.p_clip < 1e-5 and result.p_value < 1e-4  # γ = 1e-6 is its floor
+        assert result.exceeding / result.inserted > 0.2 and "inserted canaries' uploads" in result.failure()
+    # the honest rand-k (kept at ±S) is not
+    u, inserted, signs = _signed_run(rng, np.full(ROUNDS, 0.9 * S), 0.4, S)
+    assert upload_conformance([u], [inserted], S, 0.9 * S, signs=[signs]).p_clip > 0.05
