@@ -93,6 +93,8 @@ class UploadConformance:
     p_tails: float = 1.0  # tails lighter than Gaussian (1: not tested)
     exceeding: int = 0  # inserted uploads more than one noise std beyond the clip (the count test)
     exceed_bound: float = 0.0  # the share of them the claim allows at most
+    p_count: float = 1.0  # the clip's two parts: the count of exceedances, and the largest upload
+    p_extreme: float = 1.0
 
     def power(self, level: float) -> float:
         """Probability that the test rejects at ``level`` when every upload carries half the
@@ -128,7 +130,7 @@ class UploadConformance:
         if self.p_noise <= self.p_clip:
             return (f"the uploads carry less noise than the claim accounts (σ_eff/σ = {self.least_ratio:.3f} in "
                     f"round {self.least_round}, {self.noise_ratio:.3f} pooled)")
-        if self.inserted and self.exceeding / self.inserted > self.exceed_bound:
+        if self.p_count < self.p_extreme:  # the count, not one upload, is what the clip test rejected
             return (f"{self.exceeding} of {self.inserted} inserted canaries' uploads ({self.exceeding / self.inserted:.1%}) "
                     f"lie more than one noise std beyond the clip S, where a clipped contribution leaves at most "
                     f"{self.exceed_bound:.1%}: contributions the clip should have bounded")
@@ -202,6 +204,7 @@ def upload_conformance(uploads: Sequence[np.ndarray], inserted: Sequence[np.ndar
         held_out=n, inserted=tested, rounds=len(rounds), noise_ratio=math.sqrt(v / n), noise_interval=interval,
         least_round=rounds[least][0], least_ratio=ratios[least], excess=worst[0], excess_round=worst[1],
         excess_clips=worst[2], p_noise=p_noise, p_clip=p_clip, exceeding=exceeding, exceed_bound=exceed_rate,
+        p_count=p_count, p_extreme=p_extreme,
         p_value=min(1.0, TESTS * min(p_noise, p_clip, p_fresh, p_tails)), p_fresh=p_fresh, fresh_correlation=correlation,
         p_tails=p_tails)
 
