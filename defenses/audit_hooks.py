@@ -117,6 +117,13 @@ class AuditHooks:
         is read on a probe row of its own."""
         return False
 
+    def released_coordinates(self, ctx: RoundContext) -> torch.Tensor | None:
+        """The coordinates the round can release (a public boolean mask the server fixes before any
+        upload, such as a subset every client trains; None: all). A Dirac canary on another
+        coordinate takes no part in the round — nothing of it, not even noise, is released — and a
+        canary that takes part in no round is no coin of the audit."""
+        return None
+
     def divisor(self, ctx: RoundContext) -> float | None:
         """What ``aggregate`` divides the round's sum by (None: not a sum over a public divisor);
         the Dirac canary audit standardises the released steps with it."""

@@ -333,3 +333,8 @@ class SubsetAuditHooks(AuditHooks):
         if not self.defense.private:
             return "it makes no DP claim"
         return fixed_sampling_refused(training)
+
+    def released_coordinates(self, ctx: RoundContext) -> torch.Tensor | None:
+        """The round's trainable coordinates 𝕋 (public: chosen on public data or by the server's
+        draw): the others stay as they were, noise-free."""
+        return self.defense.trainable(ctx)

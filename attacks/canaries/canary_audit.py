@@ -170,26 +170,31 @@ def gaussian_shape_note(held_out: np.ndarray) -> str:
 
 
 def canary_result(attack: str, unit: str, statistics: np.ndarray, inserted: np.ndarray, delta: float, seed: int,
-                  notes: str, confidence: float = 0.95, levels: dict[str, tuple[float, ...]] | None = None) -> AttackResult:
+                  notes: str, confidence: float = 0.95, levels: dict[str, tuple[float, ...]] | None = None,
+                  exercised: np.ndarray | None = None) -> AttackResult:
     """Metrics and the ε figures of a canary audit; statistics/inserted are [runs, canaries];
-    ``levels``: abstention levels fixed in advance per ε figure (:func:`attacks.membership_metrics.one_run_bounds`)."""
+    ``levels``: abstention levels fixed in advance per ε figure (:func:`attacks.membership_metrics.one_run_bounds`);
+    ``exercised`` [runs, canaries]: the canaries the mechanism met (public, whatever the coins) — the
+    others are no coins of the ε figures."""
     statistics = np.asarray(statistics, dtype=np.float64)
     if not np.isfinite(statistics).all():
         statistics = np.nan_to_num(statistics, nan=0.0, posinf=1e300, neginf=-1e300)
     truth = inserted.astype(bool)
+    live = np.ones(truth.size, dtype=bool) if exercised is None else np.asarray(exercised, dtype=bool).ravel()
     flat = statistics.ravel()
     metrics: dict[str, IntervalEstimate] = {}
     roc: tuple[list[float], list[float]] = ([], [])
     evidence = {}
-    if truth.any() and (~truth).any():
-        metrics, roc, evidence = membership_metrics(statistics, truth, seed, confidence, delta, coins=(flat, truth.ravel()),
-                                                    accuracy=False, levels=levels)
+    if truth.ravel()[live].any() and (~truth.ravel()[live]).any():
+        metrics, roc, evidence = membership_metrics(statistics, truth, seed, confidence, delta,
+                                                    coins=(flat[live], truth.ravel()[live]), accuracy=False, levels=levels)
         if "epsilon_one_run" in evidence:
             audit = evidence["epsilon_one_run"]
             notes += f"; one-run audit: {audit.correct} of {audit.guesses} guesses right{gdp_note(evidence)}"
-        if truth.sum() >= 2 and (~truth).sum() >= 2 and delta > 0:
-            metrics["epsilon_gaussian_fit"] = gaussian_fit_epsilon(flat[truth.ravel()], flat[~truth.ravel()], delta, confidence)
-            notes += gaussian_shape_note(flat[~truth.ravel()])
+        inside, outside = truth.ravel() & live, ~truth.ravel() & live
+        if inside.sum() >= 2 and outside.sum() >= 2 and delta > 0:
+            metrics["epsilon_gaussian_fit"] = gaussian_fit_epsilon(flat[inside], flat[outside], delta, confidence)
+            notes += gaussian_shape_note(flat[outside])
         elif delta <= 0:
             notes += "; no Gaussian-fit estimate at δ = 0: a Gaussian pair has no finite ε there"
     else:

@@ -122,6 +122,18 @@ def preregistered_levels(claim: PrivacyClaim | None, coins: int) -> dict[str, tu
     return out
 
 
+def exercised_canaries(runs: list[CanaryRun]) -> np.ndarray:
+    """[runs, K]: whether each canary's coordinate was released in a round it joined (the run's
+    ``dirac/exercised``, written where some was not; public — the defense's trainable subset —
+    whatever the coins). A canary the mechanism never met is no coin."""
+    out = []
+    for run in runs:
+        view = run.server_view or {}
+        count = len(run.injection.inserted)
+        out.append(view["dirac/exercised"].numpy().astype(bool) if "dirac/exercised" in view else np.ones(count, dtype=bool))
+    return np.stack(out)
+
+
 def real_drift(run: CanaryRun) -> np.ndarray:
     """[T, K]: the real clients' noise-free share of each step on each canary's coordinate, which an
     observer who knows the other clients' data could compute from the released models
@@ -226,18 +238,23 @@ class DiracCanaries(CanaryAudit):
                 observation: Observation, claim: PrivacyClaim | None, missing: str) -> AttackResult:
         adversary = Observer.SERVER if observation in (Observation.EACH_UPLOAD, Observation.AGGREGATE) else Observer.RELEASED
         delta = claim.delta if claim is not None and claim.is_private and claim.delta > 0 else context.delta
-        coins = inserted.size
-        notes = (f"{coins} Dirac canary clients over {len(runs)} run(s), {int(inserted.sum())} inserted; "
+        exercised = exercised_canaries(runs)
+        coins = int(exercised.sum())
+        notes = (f"{inserted.size} Dirac canary clients over {len(runs)} run(s), {int(inserted.sum())} inserted; "
                  f"raw update ±{self.params.amplitude:g}·S before the defense's clip; observed: {observation}; "
                  f"statistic: {STATISTICS[observation]}; compared with the {adversary} figure of the run's claim")
+        if coins < inserted.size:
+            notes += (f"; {coins} of them are coins: the others' coordinates were released in no round they joined "
+                      "(a public subset the defense trains), so nothing of them reached any observer")
         if scores is None:
             scores = np.zeros(inserted.shape)
             notes += f"; no statistic: {missing}"
-        levels = preregistered_levels(claim, inserted.size)
+        levels = preregistered_levels(claim, coins)
         if levels:
             notes += ("; abstention levels fixed in advance by the design's power against the claim (each tested at the "
                       "full α): " + ", ".join(f"{name} {fractions[0]:.1%} of the coins" for name, fractions in levels.items()))
-        result = canary_result(self.label, self.unit, scores, inserted, delta, context.seed, notes, levels=levels)
+        result = canary_result(self.label, self.unit, scores, inserted, delta, context.seed, notes, levels=levels,
+                               exercised=exercised)
         result.variant = "" if observation == Observation.FINAL_MODEL else observation.split(",")[0].replace(" ", "-")
         result.observation, result.adversary, result.claim = observation, adversary, claim
         result.statistic = STATISTICS[observation]

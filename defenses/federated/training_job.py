@@ -232,6 +232,9 @@ class RunState:
     dirac_uploads: torch.Tensor | None = None
     #: the real clients' noise-free share of each step on each Dirac canary's coordinate [T, K]
     dirac_drift: torch.Tensor | None = None
+    #: whether each Dirac canary's coordinate was released in a round it joined [K] (a defense that
+    #: trains a public subset of the coordinates releases no other: a canary outside it is no coin)
+    dirac_exercised: torch.Tensor | None = None
 
 
 class ReleaseAnomaly(Exception):

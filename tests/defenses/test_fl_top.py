@@ -171,3 +171,24 @@ def test_the_public_batch_never_scores_the_model(digits_job):
         return sorted(tuple(row.tolist()) for row in x.reshape(len(x), -1))
 
     assert rows(torch.cat([test_x, public_x])) == rows(job.test_x)  # a partition of the held-out split
+
+
+def test_dirac_canaries_are_coins_only_on_the_coordinates_the_run_trains(digits_job):
+    """A Dirac canary on a coordinate outside 𝕋 takes no part in any round: no reading, not a
+    coin (the run's ``dirac/exercised``); every canary inside 𝕋 that joined a round is one, and its
+    readings carry the round's noise (FL-TOP-DP: 𝕋 fixed for the run, chosen on public data)."""
+    from defenses.blocks.dirac_rows import DiracRows
+
+    probe = digits_job()
+    model = _initial_model(probe)
+    layout = ParamLayout.of(model)
+    dim = layout.dim
+    signs = torch.where(torch.arange(dim) % 3 == 0, -1.0, 1.0)
+    job = replace(probe, dirac_canaries=DiracRows(torch.arange(dim), 100.0 * signs, dim))
+    defense = FLTopDP(FLTopDPParams(keep_fraction=0.1, noise_multiplier=1.0, clip=0.5))
+    outcome = defense.train(job)
+    mask = defense.bind(layout).prepare(job, model, layout.unflatten(layout.flatten(parameters_of(model)))).mask
+    exercised = outcome.server_view["dirac/exercised"].bool()
+    assert torch.equal(exercised, mask.cpu())  # q = 1: every canary joins every round
+    readings = outcome.server_view["dirac/uploads"]
+    assert bool(readings[:, ~mask.cpu()].isnan().all()) and not bool(readings[:, mask.cpu()].isnan().any())
