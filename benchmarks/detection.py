@@ -38,9 +38,13 @@ Designs (``--design``):
   the MLP) with ``membership.runs: 2`` and the default 10⁵ coins.
 
 Parts: the matrix (``--skip-matrix`` leaves it out); a row per central-DP Gaussian defense at a
-tight ε = 4 (``--skip-defenses``): its ε_LB / ε where the Dirac audit runs, else the reason the
-audit gives for not running (``skipped_attacks`` in results.json, from
-``AuditHooks.dirac_canaries_refused`` or the attack's ``not_applicable``); and ``--honest-seeds N``,
+tight ε = 4 over the seeds (``--skip-defenses``): its ε_LB / ε where the Dirac audit runs, else the
+reason the audit gives for not running (``skipped_attacks`` in results.json, from
+``AuditHooks.dirac_canaries_refused`` or the attack's ``not_applicable``); ``--twins``: each
+family's broken twins (``tests/defenses/broken_families.py``: LUS and BLUR+LUS, the top-k and
+rand-k masks, the FL-TOP family's subset training, each with a noise, clip or schedule bug, most
+written as a user rewrites ``privatize``) at each ``--epsilons`` over the seeds, each audited
+against its family's honest claim; and ``--honest-seeds N``,
 a mode of its own: the honest ``dp-fedavg`` on the small design over N seeds at each
 ``--epsilons``, for its false-violation rate (target ≤ 5 % over ≥ 100 seeds).
 

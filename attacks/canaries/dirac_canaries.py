@@ -12,10 +12,13 @@ uploads zero, under add/remove it is absent.
 
 **One code path** (:mod:`defenses.federated.dirac_passage`). What a canary contributes is read off
 the defense's own ``privatize_together`` and ``aggregate`` run on dense probe rows among the real
-clients' rows — a user's override included — so a clip that is skipped shows as a contribution of
-U instead of S. Canaries add that signal and no noise of their own: the noise on their
-coordinates is the noise the defense's code gives the real uploads, in a round of exactly the
-real participants (|P_t| counts no canary). Lower noise in the dense code is lower noise in
+clients' rows — a user's override included, each canary on a row of its own unless the code is
+known to treat its class alike — so a clip that is skipped shows as a contribution of U instead of
+S, and a mask that drops a canary (rand-k, LUS) as none. A canary whose coordinate a round does not
+release (a public trainable subset) takes no part in it; one that took part in no round is no coin.
+Canaries add that signal and no noise of their own: the noise on their coordinates is the noise
+the defense's code gives the real uploads, in a round of exactly the real participants (|P_t|
+counts no canary). Lower noise in the dense code is lower noise in
 every canary statistic. Where the canaries' path cannot be isolated (the defense's output for a
 one-coordinate input spreads, or a canary's input changes other uploads), the run says why and
 the audit reads no statistic: it never falls back to code of its own.
