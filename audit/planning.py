@@ -211,9 +211,13 @@ def design_relation(relation: str, unit: str, experiments: list[PlannedExperimen
 
 def canary_relation(experiment: PlannedExperiment, audit: CanaryAudit) -> str:
     """The neighbouring relation of a canary audit's design. Canary clients follow a zero-out claim
-    (every canary takes part, a held-out one uploads nothing); otherwise a canary is added or
-    not (a canary record changes its client's data: add/remove per record)."""
-    zero_out = audit.unit == Unit.CLIENT and experiment.claim.relation == Relation.ZERO_OUT
+    (every canary takes part, a held-out one uploads nothing), and a replace-one claim where the
+    audit reads zero-out pairs as such (:attr:`~attacks.canaries.canary_audit.CanaryAudit.zero_out_under_replace_one`:
+    a client replaced by one that uploads nothing is a replace-one neighbour); otherwise a canary is
+    added or not (a canary record changes its client's data: add/remove per record)."""
+    relation = experiment.claim.relation
+    zero_out = audit.unit == Unit.CLIENT and (relation == Relation.ZERO_OUT or (
+        relation == Relation.REPLACE_ONE and audit.zero_out_under_replace_one))
     return Relation.ZERO_OUT if zero_out else Relation.ADD_REMOVE
 
 

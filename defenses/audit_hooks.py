@@ -34,17 +34,6 @@ else:  # imported when first used (audit.core.lazy_modules)
 DENSE_ONLY = "its privatisation handles dense uploads only (the dense client-canaries and gradient-canaries audits apply)"
 
 
-def fixed_sampling_refused(training: TrainingConfig) -> str | None:
-    """Why Dirac canaries cannot audit a run of ``training``'s sampling (None: they can). They join
-    each round independently at the clients' rate, which is the sampled mechanism a Poisson claim
-    accounts; under fixed-size sampling that is a mechanism the claim (m of N without
-    replacement) does not state, so no canary verdict could be held to it."""
-    if training.sampling == "fixed":
-        return ("the canaries would join rounds independently at rate m/N, a mechanism the fixed-size claim does not "
-                "account (use sampling: poisson to audit with Dirac canaries)")
-    return None
-
-
 class AuditHooks:
     """A defense as the audits see it.
 
@@ -149,4 +138,4 @@ class AuditHooks:
         return engine_probe(self.defense, job) if self.engine_rounds else None
 
 
-__all__ = ["DENSE_ONLY", "AuditHooks", "fixed_sampling_refused"]
+__all__ = ["DENSE_ONLY", "AuditHooks"]

@@ -39,7 +39,7 @@ import numpy as np
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
 from audit.core.vocabulary import Observer, Unit
-from defenses.audit_hooks import AuditHooks, fixed_sampling_refused
+from defenses.audit_hooks import AuditHooks
 from defenses.base import DEFENSES, NO_STATE, AccountingSettings, Defense, PrivacyClaim
 from defenses.blocks.clipping import clip_rows, clip_rows_per_tensor, joined_rows
 from defenses.blocks.noise import gaussian_rows
@@ -332,10 +332,10 @@ class DPFedAvgAuditHooks(AuditHooks):
         ``privatize`` included — take Dirac canary clients: every canary's value is read off the
         defense's own code (:mod:`defenses.federated.dirac_passage`), and what cannot be read
         there (a one-coordinate input whose upload spreads over coordinates, a mask chosen on the
-        noisy upload) stops the audit with the reason. Fixed-size sampling is refused: the
-        canaries join each round independently at the clients' rate m/N, a Poisson-sampled
-        mechanism the claim (accounted for sampling m of N without replacement) does not state."""
-        return fixed_sampling_refused(training)
+        noisy upload) stops the audit with the reason. Under fixed-size sampling the canaries join
+        each round at the clients' rate m/N, a mechanism the claim's dominates
+        (:func:`attacks.canaries.dirac_canaries.per_canary_multiplier`)."""
+        return None
 
     def dirac_canaries_alike(self) -> bool:
         """Whether one probe per class (tensor, value) reads every Dirac canary: the nearest class

@@ -33,7 +33,6 @@ from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import numpy_rng
 from audit.core.vocabulary import Observer, Unit
-from defenses.audit_hooks import fixed_sampling_refused
 from defenses.base import AccountingSettings, AuditHooks, Defense, PrivacyClaim
 from defenses.blocks.clipping import clip_rows
 from defenses.blocks.local_training import (
@@ -330,9 +329,7 @@ class SubsetAuditHooks(AuditHooks):
         (:mod:`defenses.federated.dirac_passage`): restricted to the trainable coordinates, clipped to
         the run's S, noised only where clients exchange. A canary on a coordinate the round does
         not train contributes nothing there, as a client would: its coin is read all the same."""
-        if not self.defense.private:
-            return "it makes no DP claim"
-        return fixed_sampling_refused(training)
+        return None if self.defense.private else "it makes no DP claim"
 
     def released_coordinates(self, ctx: RoundContext) -> torch.Tensor | None:
         """The round's trainable coordinates 𝕋 (public: chosen on public data or by the server's

@@ -80,8 +80,8 @@ from audit.core.gaussian_canary_statistics import mixture_log_likelihood_ratio, 
 from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import numpy_rng
 from audit.core.upload_conformance import upload_conformance
-from audit.core.vocabulary import Observation, Observer, Unit
-from defenses.privacy.claims import PrivacyClaim
+from audit.core.vocabulary import Observation, Observer, Relation, Unit
+from defenses.privacy.claims import AdversaryClaim, PrivacyClaim
 
 if TYPE_CHECKING:
     import torch
@@ -123,6 +123,27 @@ def preregistered_levels(claim: PrivacyClaim | None, coins: int) -> dict[str, tu
         if fraction is not None:
             out[name] = (fraction,)
     return out
+
+
+def per_canary_multiplier(released: AdversaryClaim | None) -> float | None:
+    """The released figure's noise multiplier per change one canary makes (its clip S): the
+    claim's own, or twice it where the claim counts a change of 2S (replace-one, under fixed-size
+    sampling: σ/2 per 2S is σ per S).
+
+    Under fixed-size sampling a canary joins each round independently at the clients' rate m/N
+    and its held-out twin uploads nothing: a Poisson-sampled Gaussian of sensitivity S. The
+    claim accounts sampling m of N without replacement for replace-one neighbours, sensitivity 2S;
+    round by round the first is dominated by the second (Balle, Barthe, Gaboardi 2018, "Privacy
+    Amplification by Subsampling: Tight Analyses via Couplings and Divergences": both privacy
+    profiles are the sampling rate times the base mechanism's, whose sensitivity is S for the
+    first and 2S for the second), and dominance is kept under composition: an honest
+    implementation's canaries cannot exceed the claim, and a lower bound above it refutes the
+    claim (checked against the accountants in the test suite; the canaries then reach at most
+    about a third of the claim's ε: the price of auditing a replace-one claim with zero-out pairs)."""
+    if released is None or not released.noise_multiplier:
+        return None
+    per_change = 2.0 if released.relation == Relation.REPLACE_ONE else 1.0
+    return float(released.noise_multiplier) * per_change
 
 
 def exercised_canaries(runs: list[CanaryRun]) -> np.ndarray:
@@ -168,6 +189,8 @@ class DiracCanaries(CanaryAudit):
                  "Steinke, Nasr, Jagielski 2023 and Mahloujifar, Melis, Chaudhuri 2024 (one-run bounds)")
     Params = DiracCanaryParams
     unit = Unit.CLIENT
+    # under fixed-size sampling (a replace-one claim) canaries are held out as zero-out pairs: see evaluate
+    zero_out_under_replace_one = True
 
     def not_applicable(self, defense) -> str | None:
         # a defense that reads a client's data to privatise (LUS) takes them: a probe row keeps its client's data
@@ -214,7 +237,7 @@ class DiracCanaries(CanaryAudit):
         if claim is None:
             raise ValueError("the Dirac canary audit needs each run's own claim")
         released = claim.against(Observer.RELEASED)
-        sigma = released.noise_multiplier if released is not None else None
+        sigma = per_canary_multiplier(released)
         unread = path_anomaly(runs)
         results = []
         for observer in self.params.observers:

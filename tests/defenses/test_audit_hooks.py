@@ -47,8 +47,17 @@ def test_a_support_leak_is_a_case_of_noise_on_the_kept_coordinates_only():
     assert leaky.noise_support().kept_only and leaky.noise_support().leak
 
 
-def test_dirac_rows_go_through_dp_fedavg_under_poisson_sampling_only():
-    hooks = DPFedAvg().audit_hooks()
-    assert hooks.dirac_canaries_refused(TrainingConfig(sampling="poisson")) is None
-    assert hooks.dirac_canaries_refused(TrainingConfig(sampling="fixed")) is not None
+def test_dirac_rows_go_through_the_papers_client_level_defenses_under_either_sampling():
+    """DP-FedAvg's family and the FL-TOP family's DP variants take Dirac rows (Poisson or fixed-size
+    sampling); the default adapter, FL-CS, DDGauss and NbAFL refuse them, each with a reason."""
+    from defenses.catalog import DEFENSES
+
+    for sampling in ("poisson", "fixed"):
+        training = TrainingConfig(sampling=sampling)
+        taken = {name for name in ("dp-fedavg", "dp-fedavg-lus", "dp-fedavg-blur-lus", "fed-smp-randk", "fed-smp-topk",
+                                   "dp-fedsam-topk", "fl-basic-dp", "fl-std-dp", "fl-top-dp")
+                 if DEFENSES.get(name)().audit_hooks().dirac_canaries_refused(training) is None}
+        assert len(taken) == 9, taken
+        for name in ("fl-cs-dp", "ddgauss", "nbafl"):
+            assert DEFENSES.get(name)().audit_hooks().dirac_canaries_refused(training), name
     assert AuditHooks(DPFedAvg()).dirac_canaries_refused(TrainingConfig(sampling="poisson")) is not None

@@ -106,3 +106,57 @@ def test_a_canary_upload_is_clipped_and_noised_by_the_defense():
     share = clip * sigma / np.sqrt(4)
     assert np.all(np.abs(residual) < 6 * share)  # ±S, not ±1000·S
     assert np.std(residual) > 0.3 * share  # noised
+
+
+# ---------------------------------------------------------------- fixed-size sampling
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "pld"])
+def test_under_fixed_size_sampling_the_canaries_mechanism_is_within_the_claim(accountant):
+    """A canary joins each round independently at m/N and its held-out twin uploads nothing: the
+    Poisson-sampled Gaussian with σ per change S. The claim accounts m of N without replacement,
+    replace-one, σ/2 per change 2S. Over a grid of (m, N, σ, T) the canaries' ε (either
+    accountant) never exceeds the claim's, so no honest run can violate; and the canaries'
+    standardisation is the claim's σ per S."""
+    import itertools
+
+    from attacks.canaries.dirac_canaries import per_canary_multiplier
+    from defenses.privacy.accounting import GaussianSchedule, compute_epsilon
+    from defenses.privacy.claims import GaussianRounds, gaussian_adversaries
+
+    for m, population, sigma, rounds in itertools.product([1, 10], [20, 1000], [0.6, 2.0], [1, 50]):
+        reach = GaussianRounds(sigma, sigma / m ** 0.5, "uploads", rounds, m / population, "fixed", population, "", "")
+        released = gaussian_adversaries(reach, 1e-5, "rdp", "classic")[0]
+        canary = compute_epsilon(GaussianSchedule(sigma, m / population, rounds, "poisson", population), 1e-5, accountant)
+        assert canary.epsilon <= released.epsilon, (m, population, sigma, rounds)
+        assert per_canary_multiplier(released) == pytest.approx(sigma)
+
+
+FIXED = """
+name: dirac-fixed
+partition: {clients: 20}
+training: {rounds: 6, local_steps: 1, sampling: fixed, clients_per_round: 10}
+defenses:
+  - {name: dp-fedavg, epsilons: [4]}
+  - {name: "tests.defenses.broken_dp_fedavg:UserHalvedNoise", label: halved, epsilons: [4]}
+membership: {runs: 2}
+attacks:
+  - {name: dirac-canaries, params: {coins: 9000, observers: [all iterates, server]}}
+diagnostics: {enabled: false}
+"""
+
+
+def test_fixed_size_sampling_is_audited_with_zero_out_pairs(tmp_path):
+    """Under fixed-size sampling (m = 10 of 20) the canaries run (no refusal), held out as zero-out
+    pairs: the server's uploads test sees the rewrite's halved noise, the honest run is no
+    VIOLATION, and the released figures are compared with the claim's replace-one ε."""
+    (tmp_path / "design.yaml").write_text(FIXED, encoding="utf-8")
+    assert main(["run", str(tmp_path / "design.yaml"), "--out", str(tmp_path / "out"), "--quiet"]) in (0, 1)
+    results = json.loads((tmp_path / "out" / "results.json").read_text(encoding="utf-8"))
+    honest, halved = _experiment(results, "dp-fedavg"), _experiment(results, "halved")
+    assert not honest.get("skipped_attacks") and honest["soundness"] != "violation"
+    statuses, record = _statuses(halved, "each upload")
+    assert statuses["upload_conformance"] == "violation", record["verdicts"]
+    statuses, record = _statuses(honest, "all iterates")
+    assert honest["claim"]["relation"] == "replace-one" and "violation" not in statuses.values()
+    assert record["verdicts"][0]["claimed"] == pytest.approx(4.0, rel=1e-3)
