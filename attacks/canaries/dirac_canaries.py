@@ -272,6 +272,12 @@ class DiracCanaries(CanaryAudit):
         if coins < inserted.size:
             notes += (f"; {coins} of them are coins: the others' coordinates were released in no round they joined "
                       "(a public subset the defense trains), so nothing of them reached any observer")
+        passed = [(row.get("dirac_inserted", 0), row.get("dirac_dropped", 0)) for run in runs for row in run.metrics or []]
+        joined, dropped = sum(p for p, _ in passed), sum(d for _, d in passed)
+        if dropped:
+            notes += (f"; the defense's own selection (a mask, a top-k of |g⊙Δ|) kept out {dropped} of {joined} inserted "
+                      f"canary contributions ({dropped / joined:.0%}): those canaries met a thinned mechanism, and the "
+                      "power stated assumes every contribution passes")
         if scores is None:
             scores = np.zeros(inserted.shape)
             notes += f"; no statistic: {missing}"

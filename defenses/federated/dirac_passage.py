@@ -73,6 +73,7 @@ class DiracPassage:
     signal: torch.Tensor  # [d]: Σ_k c_k e_{j_k}, each canary's clipped value on its coordinate
     readings: torch.Tensor  # [K]: canary k's upload at j_k as a server that sees it reads it
     anomaly: str | None = None  # why the canaries' path could not be isolated (None: it was)
+    dropped: int = 0  # inserted canaries the defense's own code kept out (clipped value 0: a mask, LUS's |g⊙Δ|)
 
 
 def probe_classes(rows: DiracRows, boundaries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -200,7 +201,8 @@ def dirac_passage(defense: RoundDefense, ctx: RoundContext, updates: torch.Tenso
                          torch.zeros(len(rows), dtype=torch.float64))
     signal = torch.zeros(dim, dtype=torch.float64).index_add_(0, coords.cpu(), values)
     readings = values + zero_upload.cpu()[coords.cpu()]
-    return DiracPassage(signal.to(device=device, dtype=dtype), readings)
+    dropped = int(((values == 0) & torch.as_tensor(classes >= 0)).sum())
+    return DiracPassage(signal.to(device=device, dtype=dtype), readings, dropped=dropped)
 
 
 def _read_spikes(output: torch.Tensor, base: torch.Tensor, scale: float, used: np.ndarray, coords: np.ndarray,

@@ -239,6 +239,8 @@ class FederatedEngine:
         passage = dirac_passage(self.defense, ctx, updates, rows, alike=hooks.dirac_canaries_alike())
         if passage.anomaly is not None:
             row["dirac_path"] = passage.anomaly
+        row["dirac_inserted"] = int((rows.values != 0).sum())
+        row["dirac_dropped"] = passage.dropped
         joined_at = torch.as_tensor(joined, dtype=torch.long)
         state.dirac_uploads[t, joined_at] = passage.readings.float().cpu()
         state.dirac_exercised[joined_at] = True
