@@ -541,6 +541,8 @@ def main(argv: list[str] | None = None) -> int:
             report["defense_rows"] = rows
             report["defense_summary"] = summarise_rows(rows)
             print(flush=True)
+            print(format_defense_rows(rows), flush=True)  # seed by seed, then over the seeds
+            print(flush=True)
             print(format_summary(report["defense_summary"]), flush=True)
         if not honest_mode and args.twins is not None:
             twins = [t for t in TWINS if not args.twins or t.label in args.twins]

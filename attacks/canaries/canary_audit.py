@@ -184,17 +184,17 @@ def canary_result(attack: str, unit: str, statistics: np.ndarray, inserted: np.n
         statistics = np.nan_to_num(statistics, nan=0.0, posinf=1e300, neginf=-1e300)
     truth = inserted.astype(bool)
     live = np.ones(truth.size, dtype=bool) if exercised is None else np.asarray(exercised, dtype=bool).ravel()
-    flat = statistics.ravel()
+    flat, coin_truth = statistics.ravel(), truth.ravel()
     metrics: dict[str, IntervalEstimate] = {}
     roc: tuple[list[float], list[float]] = ([], [])
     evidence = {}
-    if truth.ravel()[live].any() and (~truth.ravel()[live]).any():
+    inside, outside = coin_truth & live, ~coin_truth & live
+    if inside.any() and outside.any():
         metrics, roc, evidence = membership_metrics(statistics, truth, seed, confidence, delta,
-                                                    coins=(flat[live], truth.ravel()[live]), accuracy=False, levels=levels)
+                                                    coins=(flat[live], coin_truth[live]), accuracy=False, levels=levels)
         if "epsilon_one_run" in evidence:
             audit = evidence["epsilon_one_run"]
             notes += f"; one-run audit: {audit.correct} of {audit.guesses} guesses right{gdp_note(evidence)}"
-        inside, outside = truth.ravel() & live, ~truth.ravel() & live
         if inside.sum() >= 2 and outside.sum() >= 2 and delta > 0:
             metrics["epsilon_gaussian_fit"] = gaussian_fit_epsilon(flat[inside], flat[outside], delta, confidence)
             notes += gaussian_shape_note(flat[outside])
