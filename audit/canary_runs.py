@@ -31,10 +31,14 @@ LOG = logging.getLogger(__name__)
 
 def dirac_rows(injection: CanaryInjection, relation: str, dim: int, device: str) -> DiracRows:
     """The Dirac canary clients of a run: under zero-out every canary takes part and a held-out
-    one's raw update is zero; otherwise only the inserted ones exist."""
+    one's raw update is zero; under replace-one every canary takes part and a held-out one's raw
+    update is the inserted one's mirrored (−s·U for s·U); under add/remove only the inserted ones
+    exist."""
     assert injection.dirac_coords is not None and injection.dirac_values is not None
-    keep = np.ones(len(injection.inserted), dtype=bool) if relation == Relation.ZERO_OUT else injection.inserted.astype(bool)
-    values = np.where(injection.inserted, injection.dirac_values, 0.0)[keep]
+    everyone = relation in (Relation.ZERO_OUT, Relation.REPLACE_ONE)
+    keep = np.ones(len(injection.inserted), dtype=bool) if everyone else injection.inserted.astype(bool)
+    held_out = -injection.dirac_values if relation == Relation.REPLACE_ONE else 0.0
+    values = np.where(injection.inserted, injection.dirac_values, held_out)[keep]
     return DiracRows(torch.as_tensor(injection.dirac_coords[keep], dtype=torch.long, device=device),
                      torch.as_tensor(values, dtype=torch.float32, device=device), dim)
 

@@ -211,14 +211,20 @@ def design_relation(relation: str, unit: str, experiments: list[PlannedExperimen
 
 def canary_relation(experiment: PlannedExperiment, audit: CanaryAudit) -> str:
     """The neighbouring relation of a canary audit's design. Canary clients follow a zero-out claim
-    (every canary takes part, a held-out one uploads nothing), and a replace-one claim where the
-    audit reads zero-out pairs as such (:attr:`~attacks.canaries.canary_audit.CanaryAudit.zero_out_under_replace_one`:
-    a client replaced by one that uploads nothing is a replace-one neighbour); otherwise a canary is
-    added or not (a canary record changes its client's data: add/remove per record)."""
+    (every canary takes part, a held-out one uploads nothing) and a replace-one claim where the
+    audit mirrors its held-out canaries
+    (:attr:`~attacks.canaries.canary_audit.CanaryAudit.mirrored_under_replace_one`: a held-out
+    canary uploads −u where an inserted one uploads +u, one client replaced by another);
+    otherwise a canary is added or not (a canary record changes its client's data: add/remove
+    per record)."""
     relation = experiment.claim.relation
-    zero_out = audit.unit == Unit.CLIENT and (relation == Relation.ZERO_OUT or (
-        relation == Relation.REPLACE_ONE and audit.zero_out_under_replace_one))
-    return Relation.ZERO_OUT if zero_out else Relation.ADD_REMOVE
+    if audit.unit != Unit.CLIENT:
+        return Relation.ADD_REMOVE
+    if relation == Relation.ZERO_OUT:
+        return Relation.ZERO_OUT
+    if relation == Relation.REPLACE_ONE and audit.mirrored_under_replace_one:
+        return Relation.REPLACE_ONE
+    return Relation.ADD_REMOVE
 
 
 def _check_attack_targets(attacks: list[Attack], unit: str, experiments: list[PlannedExperiment], config: AuditConfig,

@@ -53,8 +53,9 @@ else:  # imported when first used (audit.core.lazy_modules)
 
 # bump when a change makes stored runs incompatible (or trains them differently: 3 = Philox batch streams, 4 = fully keyed noise
 # streams, claims per observer, 5 = membership designs matching the claim's relation, zero-out canary clients, 6 = DDGauss canary
-# clients without a noise share, LDP-FL zero-centred ranges that hold the tensor, FL-TOP family claims zero-out)
-STORE_FORMAT = 6
+# clients without a noise share, LDP-FL zero-centred ranges that hold the tensor, FL-TOP family claims zero-out, 7 = Dirac
+# canaries mirrored under replace-one claims, each reading's noise recorded)
+STORE_FORMAT = 7
 
 
 def _reason(exc: BaseException) -> str:

@@ -170,6 +170,9 @@ TWINS = (
          "FL-STD-DP rewritten, odd coordinates unclipped"),
     Twin("DP-FedAvg", "dp-fedavg-user-clip-skips-odd", f"{FAMILIES}:UserClipSkipsOddCoordinates",
          "DP-FedAvg rewritten, odd coordinates unclipped"),
+    Twin("NbAFL", "nbafl-user-halved-noise", f"{FAMILIES}:UserNbAFLHalvedNoise", "NbAFL rewritten, half σ_U"),
+    Twin("NbAFL", "nbafl-user-clip-skips-odd", f"{FAMILIES}:UserNbAFLClipSkipsOddCoordinates",
+         "NbAFL rewritten, odd coordinates of the model unclipped"),
 )
 
 

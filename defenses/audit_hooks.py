@@ -113,6 +113,19 @@ class AuditHooks:
         canary that takes part in no round is no coin of the audit."""
         return None
 
+    def dirac_origin(self, ctx: RoundContext) -> torch.Tensor | None:
+        """The raw update whose contribution the defense's code makes zero before its noise — the
+        point a Dirac canary's spike is placed on, so that a canary is s·U on one coordinate of what
+        the defense clips (None: the zero update, for a defense that clips updates). A defense that
+        clips something else gives its pre-image: NbAFL clips the model w_0 + Δ, whose origin is
+        Δ = −w_0."""
+        return None
+
+    def dirac_clip(self, state: DefenseState | None = None) -> float:
+        """S: the most one Dirac canary's clipped value can be on its coordinate — the clip of what
+        the defense clips (default: :meth:`canary_norm`, the update clip)."""
+        return self.canary_norm(torch.empty(0), state)
+
     def divisor(self, ctx: RoundContext) -> float | None:
         """What ``aggregate`` divides the round's sum by (None: not a sum over a public divisor);
         the Dirac canary audit standardises the released steps with it."""

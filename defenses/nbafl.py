@@ -202,14 +202,19 @@ class NbAFL(Defense):
 
 
 class NbAFLAuditHooks(AuditHooks):
-    """NbAFL as the audits see it: canary clients carry the median honest norm (it clips models, not
-    updates); Dirac canary clients refused."""
+    """NbAFL as the audits see it. Dense canary clients carry the median honest norm (it clips
+    models, not updates). A Dirac canary is a *model*: its probe row holds the update −w_0 (the
+    model 0, which the clip leaves alone) with its spike on top, so the canary's model is s·U·e_j,
+    clipped by NbAFL's own code to s·C·e_j; under the replace-one claim its held-out twin's model
+    is −s·C·e_j, a pair at the claim's full sensitivity 2C."""
 
     def dirac_canaries_refused(self, training: TrainingConfig) -> str | None:
-        """NbAFL clips each client's *model* w0 + Δ to norm C: a one-coordinate update rescales the
-        whole clipped model, so its upload differs from a zero update's on every coordinate. Its
-        canary would be a model (±C on one coordinate, against the replace-one neighbour), not an
-        update; that design is not built."""
-        return ("it clips each client's model, not its update: a one-coordinate update rescales every coordinate of the "
-                "clipped model, so a Dirac canary would have to be a model (±C on one coordinate, replace-one), which "
-                "this audit does not build (the dense client-canaries audit applies)")
+        return None
+
+    def dirac_origin(self, ctx: RoundContext) -> torch.Tensor:
+        """The update whose model is 0: −w_0."""
+        return -ctx.global_vector
+
+    def dirac_clip(self, state: DefenseState | None = None) -> float:
+        """C: the clip of the model, the most a canary model has on its coordinate."""
+        return float(self.defense.params.clip)

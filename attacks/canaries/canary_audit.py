@@ -97,9 +97,9 @@ class CanaryRun:
 class CanaryAudit(Attack):
     kind = "canary"
     unit: ClassVar[str] = Unit.RECORD  # what one canary stands for
-    #: under a replace-one claim, hold canaries out as zero-out pairs (they take part and upload
-    #: nothing): the audit standardises with the claim's noise per change of one canary
-    zero_out_under_replace_one: ClassVar[bool] = False
+    #: under a replace-one claim, a held-out canary client takes part with its update mirrored
+    #: (−u for +u): the two are a replace-one pair at the claim's full sensitivity 2S
+    mirrored_under_replace_one: ClassVar[bool] = False
 
     def not_applicable(self, defense: Defense) -> str | None:
         """Why this audit cannot run on ``defense`` (None when it can)."""

@@ -8,7 +8,9 @@ gets one canary client per coordinate j of a random permutation — at most d ca
 random sign s and an independent fair coin. An inserted canary's *raw* update is s·U·e_j with
 U = ``amplitude``·S (S the defense's clip). Canaries join rounds like clients (Poisson at the
 clients' rate). A held-out canary follows the claim's relation: under zero-out it takes part and
-uploads zero, under add/remove it is absent.
+uploads zero, under replace-one it takes part with its raw update mirrored (−s·U·e_j: the pair
+(+s, −s) is one client replaced by another at the claim's full sensitivity 2S), under add/remove
+it is absent.
 
 **One code path** (:mod:`defenses.federated.dirac_passage`). What a canary contributes is read off
 the defense's own ``privatize_together`` and ``aggregate`` run on dense probe rows among the real
@@ -127,19 +129,21 @@ def preregistered_levels(claim: PrivacyClaim | None, coins: int) -> dict[str, tu
 
 def per_canary_multiplier(released: AdversaryClaim | None) -> float | None:
     """The released figure's noise multiplier per change one canary makes (its clip S): the
-    claim's own, or twice it where the claim counts a change of 2S (replace-one, under fixed-size
-    sampling: σ/2 per 2S is σ per S).
+    claim's own, or twice it where the claim counts a change of 2S (replace-one: σ/2 per 2S is σ
+    per S).
 
-    Under fixed-size sampling a canary joins each round independently at the clients' rate m/N
-    and its held-out twin uploads nothing: a Poisson-sampled Gaussian of sensitivity S. The
-    claim accounts sampling m of N without replacement for replace-one neighbours, sensitivity 2S;
-    round by round the first is dominated by the second (Balle, Barthe, Gaboardi 2018, "Privacy
-    Amplification by Subsampling: Tight Analyses via Couplings and Divergences": both privacy
-    profiles are the sampling rate times the base mechanism's, whose sensitivity is S for the
-    first and 2S for the second), and dominance is kept under composition: an honest
-    implementation's canaries cannot exceed the claim, and a lower bound above it refutes the
-    claim (checked against the accountants in the test suite; the canaries then reach at most
-    about a third of the claim's ε: the price of auditing a replace-one claim with zero-out pairs)."""
+    Under a replace-one claim (fixed-size sampling, NbAFL) a canary's pair is mirrored: inserted it
+    uploads +u, held out −u (|u| = S), each through the defense's own clipping and noise, and it
+    joins each round independently at the clients' rate m/N. Round by round its mechanism is
+    (1−q)·N(0, σ²S²) + q·N(±u, σ²S²) — the pair dp-accounting's REPLACE_ONE relation accounts for
+    a Poisson-sampled Gaussian of sensitivity 2S. The claim accounts sampling m of N without
+    replacement for replace-one neighbours, sensitivity 2S; both privacy profiles are the sampling
+    rate times the base mechanism's (Balle, Barthe, Gaboardi 2018, "Privacy Amplification by
+    Subsampling: Tight Analyses via Couplings and Divergences", Thms 8 and 10), and dominance is
+    kept under composition: an honest implementation's canaries cannot exceed the claim, and a
+    lower bound above it refutes the claim (checked against the accountants over a grid in the
+    test suite). Zero-out pairs would audit a mechanism of half the sensitivity, whose true ε is
+    about half the mirrored pairs' (0.9 against 1.8 at a claimed 4 with m = 10 of 20, 10 rounds)."""
     if released is None or not released.noise_multiplier:
         return None
     per_change = 2.0 if released.relation == Relation.REPLACE_ONE else 1.0
@@ -189,8 +193,8 @@ class DiracCanaries(CanaryAudit):
                  "Steinke, Nasr, Jagielski 2023 and Mahloujifar, Melis, Chaudhuri 2024 (one-run bounds)")
     Params = DiracCanaryParams
     unit = Unit.CLIENT
-    # under fixed-size sampling (a replace-one claim) canaries are held out as zero-out pairs: see evaluate
-    zero_out_under_replace_one = True
+    # under a replace-one claim (fixed-size sampling, NbAFL) held-out canaries are mirrored: see per_canary_multiplier
+    mirrored_under_replace_one = True
 
     def not_applicable(self, defense) -> str | None:
         # a defense that reads a client's data to privatise (LUS) takes them: a probe row keeps its client's data
@@ -238,6 +242,7 @@ class DiracCanaries(CanaryAudit):
             raise ValueError("the Dirac canary audit needs each run's own claim")
         released = claim.against(Observer.RELEASED)
         sigma = per_canary_multiplier(released)
+        mirrored = claim.relation == Relation.REPLACE_ONE
         unread = path_anomaly(runs)
         results = []
         for observer in self.params.observers:
@@ -249,9 +254,9 @@ class DiracCanaries(CanaryAudit):
                                             f"the canaries' path through the defense's own code could not be "
                                             f"isolated ({unread}), and no other path is audited"))
             elif observer == Observer.SERVER:
-                result = self._server_result(context, runs, inserted, claim, sigma)
+                result = self._server_result(context, runs, inserted, claim, sigma, mirrored)
             else:
-                scores = np.stack([self._released_scores(context, run, observer, sigma) for run in runs]) \
+                scores = np.stack([self._released_scores(context, run, observer, sigma, mirrored) for run in runs]) \
                     if observer == Observation.FINAL_MODEL or sigma else None
                 result = self._result(context, runs, inserted, scores, Observation(observer),
                                       claim.for_observer(Observer.RELEASED),
@@ -275,7 +280,7 @@ class DiracCanaries(CanaryAudit):
         passed = [(row.get("dirac_inserted", 0), row.get("dirac_dropped", 0)) for run in runs for row in run.metrics or []]
         joined, dropped = sum(p for p, _ in passed), sum(d for _, d in passed)
         if dropped:
-            notes += (f"; the defense's own selection (a mask, a top-k of |g⊙Δ|) kept out {dropped} of {joined} inserted "
+            notes += (f"; the defense's own selection (a mask, a top-k of |g⊙Δ|) kept out {dropped} of {joined} "
                       f"canary contributions ({dropped / joined:.0%}): those canaries met a thinned mechanism, and the "
                       "power stated assumes every contribution passes")
         if scores is None:
@@ -295,7 +300,8 @@ class DiracCanaries(CanaryAudit):
             result.epsilon_kind, result.evidence = {}, {}
         return result
 
-    def _released_scores(self, context: CanaryContext, run: CanaryRun, observer: str, sigma: float | None) -> np.ndarray:
+    def _released_scores(self, context: CanaryContext, run: CanaryRun, observer: str, sigma: float | None,
+                         mirrored: bool) -> np.ndarray:
         coords, signs = self._coords_signs(run)
         if observer == Observation.FINAL_MODEL:
             change = (run.final - run.initial).to(torch.float64).numpy()[coords]
@@ -303,10 +309,10 @@ class DiracCanaries(CanaryAudit):
         assert sigma is not None
         readings = self._iterate_readings(context, run, coords, signs, sigma)
         rate = context.training.sampling_rate(context.clients)
-        return mixture_log_likelihood_ratio(readings, 1.0 / sigma, rate)
+        return mixture_log_likelihood_ratio(readings, 1.0 / sigma, rate, mirrored)
 
     def _server_result(self, context: CanaryContext, runs: list[CanaryRun], inserted: np.ndarray, claim: PrivacyClaim,
-                       sigma: float | None) -> AttackResult:
+                       sigma: float | None, mirrored: bool) -> AttackResult:
         observation = Observation.EACH_UPLOAD if context.defense.observes == "uploads" else Observation.AGGREGATE
         server_claim = claim.for_observer(Observer.SERVER)
         if not sigma:
@@ -328,7 +334,7 @@ class DiracCanaries(CanaryAudit):
                 shifts = np.sqrt(counts) / sigma
                 z = (signs[None, :] * np.nan_to_num(uploads) * shifts[:, None] / self._clip(context)).T
                 scores.append(standardised_sum(z, taken.T, shifts))
-                blocks.append(uploads)
+                blocks.append(self._conformance_block(run, uploads, mirrored))
                 run_signs.append(signs)
             else:
                 readings = self._iterate_readings(context, run, coords, signs, sigma)
@@ -337,18 +343,34 @@ class DiracCanaries(CanaryAudit):
         accounted = claim.against(Observer.SERVER)
         if blocks and accounted is not None and accounted.covered and accounted.noise_multiplier:
             # the least per-upload noise std the server's figure accounts: its multiplier per change
-            # one client can make (the clip S, zero-out neighbours) times S
+            # one canary makes (the clip S; twice the claim's own under replace-one) times S
             clip = self._clip(context)
-            result.conformance = upload_conformance(blocks, list(inserted), clip, accounted.noise_multiplier * clip,
+            result.conformance = upload_conformance(blocks, list(inserted), clip,
+                                                    per_canary_multiplier(accounted) * clip,
                                                     signs=run_signs)
             if result.conformance is not None:
                 result.notes += f"; uploads against the claimed clip and noise: {result.conformance.describe()}"
         return result
 
     @staticmethod
+    def _conformance_block(run: CanaryRun, uploads: np.ndarray, mirrored: bool) -> np.ndarray:
+        """The uploads the conformance tests read [T, K]: the inserted canaries' as the server sees
+        them; a held-out canary's is its noise alone — what it uploads under zero-out, and under
+        the mirrored design its upload less its (mirrored) clipped value, which the defense's own
+        code gave it (recorded by the run as ``dirac/noise``)."""
+        view = run.server_view or {}
+        if "dirac/noise" not in view:
+            if mirrored:
+                raise ValueError("a mirrored Dirac canary run records each reading's noise; this run has none")
+            return uploads
+        noise = view["dirac/noise"].to(torch.float64).numpy()
+        return np.where(run.injection.inserted[None, :], uploads, noise)
+
+    @staticmethod
     def _clip(context: CanaryContext) -> float:
-        """S: the largest contribution a client can make (:meth:`~defenses.audit_hooks.AuditHooks.canary_norm`)."""
-        return context.defense.audit_hooks().canary_norm(torch.empty(0))
+        """S: the largest value one canary's clipped contribution can have on its coordinate
+        (:meth:`~defenses.audit_hooks.AuditHooks.dirac_clip`)."""
+        return context.defense.audit_hooks().dirac_clip()
 
     @staticmethod
     def _coords_signs(run: CanaryRun) -> tuple[np.ndarray, np.ndarray]:

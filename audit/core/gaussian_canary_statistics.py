@@ -48,16 +48,25 @@ def standardised_sum(readings: np.ndarray, taken: np.ndarray | None = None,
     return np.where(scale > 0, total / np.maximum(scale, 1e-300), 0.0)
 
 
-def mixture_log_likelihood_ratio(readings: np.ndarray, mu: float, rate: float) -> np.ndarray:
+def mixture_log_likelihood_ratio(readings: np.ndarray, mu: float, rate: float, mirrored: bool = False) -> np.ndarray:
     """Σ_t log(1 − q + q·exp(μ·z_t − μ²/2)) over the last axis of ``readings`` [..., T]: the
     log-likelihood ratio of "inserted, each step joined with probability q = ``rate``" against
-    "held out", for standardised readings z_t (computed with logaddexp: no overflow at large z)."""
+    "held out", for standardised readings z_t (computed with logaddexp: no overflow at large z).
+
+    ``mirrored``: the held-out canary joins too, with its contribution negated (a replace-one
+    pair): each step is (1 − q)·N(0, 1) + q·N(μ, 1) against (1 − q)·N(0, 1) + q·N(−μ, 1), the pair
+    the subsampled Gaussian's replace-one privacy loss is computed from (dp-accounting's REPLACE
+    adjacency), and the ratio is the difference of the two mixtures' log terms."""
     if not 0.0 < rate <= 1.0:
         raise ValueError(f"rate must be in (0, 1], got {rate}")
     if not np.isfinite(mu) or mu <= 0:
         raise ValueError(f"mu must be positive and finite, got {mu}")
     z = np.asarray(readings, dtype=np.float64)
     if rate == 1.0:
-        return (mu * z - mu * mu / 2.0).sum(axis=-1)
-    terms = np.logaddexp(np.log1p(-rate), np.log(rate) + mu * z - mu * mu / 2.0)
+        return ((2.0 * mu * z) if mirrored else (mu * z - mu * mu / 2.0)).sum(axis=-1)
+
+    def log_mixture(shift: np.ndarray) -> np.ndarray:
+        return np.logaddexp(np.log1p(-rate), np.log(rate) + shift - mu * mu / 2.0)
+
+    terms = log_mixture(mu * z) - (log_mixture(-mu * z) if mirrored else 0.0)
     return terms.sum(axis=-1)

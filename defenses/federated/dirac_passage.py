@@ -29,6 +29,10 @@ dense rows, and they must not change the mechanism the real clients meet. So the
 * **Each upload.** What a server that sees each upload reads of canary k is c_k plus the noise of
   one upload: the zero probe row's upload at j_k, a client's own noise from the defense's code
   at the round's share (one row serves the round's canaries, on distinct coordinates).
+* **The origin.** "Zero" is what the defense clips: the zero update for a defense that clips
+  updates; for one that clips something else, its pre-image (NbAFL clips the model w_0 + Δ, so a
+  probe row holds Δ = −w_0 and a canary's spike sits on it: the canary's model is s·U·e_j). A
+  reading is taken relative to the origin's upload, whose offset is public.
 * **The real clients' share.** A canary's coordinate also carries the real clients' clipped
   updates. :func:`real_share` measures that share of the step without its noise, so the audit can
   take it off the readings (an observer who knows the other clients' data could): it only adds
@@ -72,6 +76,7 @@ class DiracPassage:
 
     signal: torch.Tensor  # [d]: Σ_k c_k e_{j_k}, each canary's clipped value on its coordinate
     readings: torch.Tensor  # [K]: canary k's upload at j_k as a server that sees it reads it
+    noise: torch.Tensor | None = None  # [K]: the noise in each reading (the reading less the canary's clipped value)
     anomaly: str | None = None  # why the canaries' path could not be isolated (None: it was)
     dropped: int = 0  # inserted canaries the defense's own code kept out (clipped value 0: a mask, LUS's |g⊙Δ|)
 
@@ -137,11 +142,13 @@ def each_canary(rows: DiracRows) -> tuple[np.ndarray, np.ndarray]:
 
 
 def dirac_passage(defense: RoundDefense, ctx: RoundContext, updates: torch.Tensor, rows: DiracRows, *,
-                  alike: bool = False) -> DiracPassage:
+                  alike: bool = False, origin: torch.Tensor | None = None) -> DiracPassage:
     """The round's canaries ``rows`` through ``defense``'s own privatisation, beside the real raw
     ``updates`` of ``ctx``'s participants (see the module docstring). ``alike``: the defense's code
     is known to treat the canaries of one class (tensor, value) alike, so one probe per class
-    reads them all; otherwise every canary is read on a probe row of its own."""
+    reads them all; otherwise every canary is read on a probe row of its own. ``origin``: the raw
+    update the defense's code makes zero before its noise (:meth:`~defenses.audit_hooks.AuditHooks.dirac_origin`;
+    None: the zero update) — the probe rows hold it, and a canary's spike sits on it."""
     assert ctx.layout is not None
     dim, device, dtype = updates.shape[1], updates.device, updates.dtype
     boundaries = np.cumsum((0,) + ctx.layout.sizes[:-1])
@@ -170,7 +177,8 @@ def dirac_passage(defense: RoundDefense, ctx: RoundContext, updates: torch.Tenso
         data[p] = data[holders[k % len(holders)]]
     probe_ctx = replace(ctx, participants=participants, sizes=sizes, client_data=data)
     zero = updates.clone()
-    zero[torch.as_tensor(positions, device=device)] = 0
+    base_row = torch.zeros(dim, dtype=dtype, device=device) if origin is None else origin.detach().to(device=device, dtype=dtype)
+    zero[torch.as_tensor(positions, device=device)] = base_row
     # every computation of the round on the same global streams: user code that draws its noise from
     # them gives the zero row and each spike the same draws
     key = derive_seed(ctx.seed, "round", ctx.round, "dirac-probe", 0, "global-streams")
@@ -188,21 +196,21 @@ def dirac_passage(defense: RoundDefense, ctx: RoundContext, updates: torch.Tenso
             spiked = zero.clone()
             at_rows = torch.as_tensor(used, device=device)
             at_coords = torch.as_tensor(coords_np[group], device=device)
-            spiked[at_rows, at_coords] = torch.as_tensor(values_np[group], dtype=dtype, device=device)
+            spiked[at_rows, at_coords] = base_row[at_coords] + torch.as_tensor(values_np[group], dtype=dtype, device=device)
             anomaly = _read_spikes(_privatized(defense, spiked, probe_ctx, key), base, scale, used, coords_np[group],
                                    clipped[start:start + len(group)])
             if anomaly is not None:
                 break
     if anomaly is not None:
         empty = torch.zeros(len(rows), dtype=torch.float64)
-        return DiracPassage(torch.zeros(dim, dtype=dtype, device=device), empty, anomaly)
-    zero_upload = base[int(positions[-1])]
+        return DiracPassage(torch.zeros(dim, dtype=dtype, device=device), empty, anomaly=anomaly)
+    # the zero probe row's upload less the origin it holds: the noise the defense's code gives one client
+    noise = (base[int(positions[-1])] - base_row.to(torch.float64)).cpu()[coords.cpu()]
     values = torch.where(torch.as_tensor(classes >= 0), clipped[torch.as_tensor(np.maximum(classes, 0))],
                          torch.zeros(len(rows), dtype=torch.float64))
     signal = torch.zeros(dim, dtype=torch.float64).index_add_(0, coords.cpu(), values)
-    readings = values + zero_upload.cpu()[coords.cpu()]
     dropped = int(((values == 0) & torch.as_tensor(classes >= 0)).sum())
-    return DiracPassage(signal.to(device=device, dtype=dtype), readings, dropped=dropped)
+    return DiracPassage(signal.to(device=device, dtype=dtype), values + noise, noise, dropped=dropped)
 
 
 def _read_spikes(output: torch.Tensor, base: torch.Tensor, scale: float, used: np.ndarray, coords: np.ndarray,

@@ -196,6 +196,7 @@ class FederatedEngine:
             if reason is not None:
                 raise ValueError(f"{defense.name} cannot take Dirac canary clients: {reason}")
             state.dirac_uploads = torch.full((training.rounds, len(job.dirac_canaries)), math.nan)
+            state.dirac_noise = torch.full((training.rounds, len(job.dirac_canaries)), math.nan)
             state.dirac_drift = torch.full((training.rounds, len(job.dirac_canaries)), math.nan, dtype=torch.float64)
             state.dirac_exercised = torch.zeros(len(job.dirac_canaries), dtype=torch.bool)
         return state
@@ -229,20 +230,23 @@ class FederatedEngine:
         if job.dirac_canaries is None:
             return updates, ctx, None
         rows, joined = dirac_round(job, ctx, row)
-        assert state.dirac_uploads is not None and state.dirac_exercised is not None
+        assert state.dirac_uploads is not None and state.dirac_noise is not None and state.dirac_exercised is not None
         hooks = self.defense.audit_hooks()
         # a canary whose coordinate the round does not release takes no part: not probed, no reading
         released = hooks.released_coordinates(ctx)
         if released is not None:
             taking = released.to(rows.coords.device)[rows.coords]
             rows, joined = rows.subset(torch.nonzero(taking).flatten()), joined[taking.cpu().numpy()]
-        passage = dirac_passage(self.defense, ctx, updates, rows, alike=hooks.dirac_canaries_alike())
+        passage = dirac_passage(self.defense, ctx, updates, rows, alike=hooks.dirac_canaries_alike(),
+                                origin=hooks.dirac_origin(ctx))
         if passage.anomaly is not None:
             row["dirac_path"] = passage.anomaly
         row["dirac_inserted"] = int((rows.values != 0).sum())
         row["dirac_dropped"] = passage.dropped
         joined_at = torch.as_tensor(joined, dtype=torch.long)
         state.dirac_uploads[t, joined_at] = passage.readings.float().cpu()
+        if passage.noise is not None:
+            state.dirac_noise[t, joined_at] = passage.noise.float().cpu()
         state.dirac_exercised[joined_at] = True
         return updates, ctx, passage
 
@@ -293,6 +297,8 @@ class FederatedEngine:
         final = {n: v.clone() for n, v in state.layout.unflatten(state.global_vector).items()}
         if state.dirac_uploads is not None:  # what a server that sees each upload reads of each canary
             state.server_view["dirac/uploads"] = state.dirac_uploads
+        if state.dirac_noise is not None:  # the noise in each reading: the mechanism's, for the conformance tests
+            state.server_view["dirac/noise"] = state.dirac_noise
         if state.dirac_exercised is not None and not bool(state.dirac_exercised.all()):
             state.server_view["dirac/exercised"] = state.dirac_exercised.to(torch.uint8)
         if state.dirac_drift is not None and not any("dirac_drift" in row for row in state.metrics):

@@ -230,6 +230,7 @@ class RunState:
     global_models: dict[str, torch.Tensor] = field(default_factory=dict)
     #: each Dirac canary's upload at its own coordinate per round [T, K] (NaN: it did not take part)
     dirac_uploads: torch.Tensor | None = None
+    dirac_noise: torch.Tensor | None = None  # [T, K]: the noise in each reading (NaN: did not join)
     #: the real clients' noise-free share of each step on each Dirac canary's coordinate [T, K]
     dirac_drift: torch.Tensor | None = None
     #: whether each Dirac canary's coordinate was released in a round it joined [K] (a defense that

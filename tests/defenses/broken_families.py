@@ -18,7 +18,10 @@ and S:
   FL-STD-DP whose clip misses the coordinates of every odd index — a bug only in the dense-row
   code, which one probe per tensor would miss (:class:`UserFLStdClipSkipsOddCoordinates`);
 * a DP-FedAvg whose rewrite clips every coordinate but those of odd index
-  (:class:`UserClipSkipsOddCoordinates`), the same dense-row bug in the plain algorithm.
+  (:class:`UserClipSkipsOddCoordinates`), the same dense-row bug in the plain algorithm;
+* **NbAFL** (Wei et al. 2020, Alg. 1: clip the local *model*, add N(0, σ_U²)): a user's rewrite
+  with half σ_U (:class:`UserNbAFLHalvedNoise`), and one whose model clip leaves the odd
+  coordinates as they were (:class:`UserNbAFLClipSkipsOddCoordinates`).
 
 The user-style rewrites draw their noise as user code does — from torch's global generator.
 """
@@ -35,6 +38,7 @@ from defenses.fed_smp import FedSMPRandK, FedSMPTopK
 from defenses.fedavg import DPFedAvg
 from defenses.fl_std import FLStdDP
 from defenses.fl_top import FLTopDP
+from defenses.nbafl import NbAFL, run_state, uplink_std
 from defenses.subset_training import run_clip
 
 # ---------------------------------------------------------------- LUS and BLUR+LUS
@@ -170,3 +174,38 @@ class UserClipSkipsOddCoordinates(DPFedAvg):
         clipped[:, 1::2] = updates[:, 1::2]
         std = self.params.clip * self.params.noise_multiplier / math.sqrt(len(updates))
         return clipped + torch.randn_like(clipped) * std, {}
+
+
+# ---------------------------------------------------------------- NbAFL
+
+
+def _nbafl_round(defense, updates, ctx, noise_scale: float = 1.0, skip_odd: bool = False):
+    """NbAFL's upload (Alg. 1) as a user rewrites it: the local model w_0 + Δ clipped to C (or,
+    with ``skip_odd``, its odd coordinates left as they were), N(0, σ_U²)·``noise_scale`` added,
+    the server handed the noisy model less w_0."""
+    models = ctx.global_vector[None, :] + updates
+    clipped = clip_rows(models, defense.params.clip)[0]
+    if skip_odd:
+        clipped[:, 1::2] = models[:, 1::2]
+    state = run_state(ctx)
+    std = uplink_std(defense.params.clip, defense.params.epsilon, state.delta,
+                     defense.exposures(ctx.training, ctx.num_clients), state.smallest)
+    return clipped + torch.randn_like(clipped) * std * noise_scale - ctx.global_vector[None, :], {}
+
+
+class UserNbAFLHalvedNoise(NbAFL):
+    """NbAFL's upload rewritten with half σ_U."""
+
+    name = "nbafl-user-halved-noise"
+
+    def privatize(self, updates, ctx):
+        return _nbafl_round(self, updates, ctx, noise_scale=0.5)
+
+
+class UserNbAFLClipSkipsOddCoordinates(NbAFL):
+    """NbAFL's upload rewritten with a model clip that leaves every odd coordinate as it was."""
+
+    name = "nbafl-user-clip-skips-odd-coordinates"
+
+    def privatize(self, updates, ctx):
+        return _nbafl_round(self, updates, ctx, skip_odd=True)

@@ -49,15 +49,16 @@ def test_a_support_leak_is_a_case_of_noise_on_the_kept_coordinates_only():
 
 def test_dirac_rows_go_through_the_papers_client_level_defenses_under_either_sampling():
     """DP-FedAvg's family and the FL-TOP family's DP variants take Dirac rows (Poisson or fixed-size
-    sampling); the default adapter, FL-CS, DDGauss and NbAFL refuse them, each with a reason."""
+    sampling), and NbAFL (model canaries on its origin −w_0); the default adapter, FL-CS and DDGauss
+    refuse them, each with a reason."""
     from defenses.catalog import DEFENSES
 
     for sampling in ("poisson", "fixed"):
         training = TrainingConfig(sampling=sampling)
         taken = {name for name in ("dp-fedavg", "dp-fedavg-lus", "dp-fedavg-blur-lus", "fed-smp-randk", "fed-smp-topk",
-                                   "dp-fedsam-topk", "fl-basic-dp", "fl-std-dp", "fl-top-dp")
+                                   "dp-fedsam-topk", "fl-basic-dp", "fl-std-dp", "fl-top-dp", "nbafl")
                  if DEFENSES.get(name)().audit_hooks().dirac_canaries_refused(training) is None}
-        assert len(taken) == 9, taken
-        for name in ("fl-cs-dp", "ddgauss", "nbafl"):
+        assert len(taken) == 10, taken
+        for name in ("fl-cs-dp", "ddgauss"):
             assert DEFENSES.get(name)().audit_hooks().dirac_canaries_refused(training), name
     assert AuditHooks(DPFedAvg()).dirac_canaries_refused(TrainingConfig(sampling="poisson")) is not None

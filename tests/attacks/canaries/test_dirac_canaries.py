@@ -7,6 +7,7 @@ the honest run violate)."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -111,25 +112,34 @@ def test_a_canary_upload_is_clipped_and_noised_by_the_defense():
 # ---------------------------------------------------------------- fixed-size sampling
 
 
-@pytest.mark.parametrize("accountant", ["rdp", "pld"])
-def test_under_fixed_size_sampling_the_canaries_mechanism_is_within_the_claim(accountant):
-    """A canary joins each round independently at m/N and its held-out twin uploads nothing: the
-    Poisson-sampled Gaussian with σ per change S. The claim accounts m of N without replacement,
-    replace-one, σ/2 per change 2S. Over a grid of (m, N, σ, T) the canaries' ε (either
-    accountant) never exceeds the claim's, so no honest run can violate; and the canaries'
-    standardisation is the claim's σ per S."""
+def test_under_fixed_size_sampling_the_mirrored_canaries_mechanism_is_within_the_claim():
+    """A canary joins each round independently at q = m/N; inserted it uploads +S·e_j, held out
+    −S·e_j, with noise σS: round by round (1−q)N(0, σ²) + qN(±1, σ²) in units of S — the
+    Poisson-sampled Gaussian that dp-accounting's REPLACE_ONE relation accounts at sensitivity 1.
+    The claim accounts m of N without replacement, replace-one, σ/2 per change 2S (RDP). Over a
+    grid of (m, N, σ, T) the canaries' exact ε (the PLD of their own pair, composed over T rounds)
+    never exceeds the claim's, so no honest run can violate; and the canaries' standardisation is
+    the claim's σ per S."""
     import itertools
 
+    from dp_accounting import NeighboringRelation
+    from dp_accounting.pld import privacy_loss_distribution
+
     from attacks.canaries.dirac_canaries import per_canary_multiplier
-    from defenses.privacy.accounting import GaussianSchedule, compute_epsilon
     from defenses.privacy.claims import GaussianRounds, gaussian_adversaries
 
+    ratios = []
     for m, population, sigma, rounds in itertools.product([1, 10], [20, 1000], [0.6, 2.0], [1, 50]):
         reach = GaussianRounds(sigma, sigma / m ** 0.5, "uploads", rounds, m / population, "fixed", population, "", "")
         released = gaussian_adversaries(reach, 1e-5, "rdp", "classic")[0]
-        canary = compute_epsilon(GaussianSchedule(sigma, m / population, rounds, "poisson", population), 1e-5, accountant)
-        assert canary.epsilon <= released.epsilon, (m, population, sigma, rounds)
         assert per_canary_multiplier(released) == pytest.approx(sigma)
+        pair = privacy_loss_distribution.from_gaussian_mechanism(
+            sigma, sensitivity=1.0, sampling_prob=m / population, value_discretization_interval=1e-3,
+            neighboring_relation=NeighboringRelation.REPLACE_ONE).self_compose(rounds)
+        ratios.append(pair.get_epsilon_for_delta(1e-5) / released.epsilon)
+    assert max(ratios) <= 1.0, ratios
+    # mirrored pairs are worth auditing: at m = 10 of 20 they reach a sixth of the claim or more
+    assert min(ratios[8:12]) > 0.15, ratios
 
 
 FIXED = """
@@ -146,10 +156,10 @@ diagnostics: {enabled: false}
 """
 
 
-def test_fixed_size_sampling_is_audited_with_zero_out_pairs(tmp_path):
-    """Under fixed-size sampling (m = 10 of 20) the canaries run (no refusal), held out as zero-out
-    pairs: the server's uploads test sees the rewrite's halved noise, the honest run is no
-    VIOLATION, and the released figures are compared with the claim's replace-one ε."""
+def test_fixed_size_sampling_is_audited_with_mirrored_pairs(tmp_path):
+    """Under fixed-size sampling (m = 10 of 20) the canaries run (no refusal), held out as mirrored
+    replace-one pairs: the server's uploads test sees the rewrite's halved noise, the honest run is
+    no VIOLATION, and the released figures are compared with the claim's replace-one ε."""
     (tmp_path / "design.yaml").write_text(FIXED, encoding="utf-8")
     assert main(["run", str(tmp_path / "design.yaml"), "--out", str(tmp_path / "out"), "--quiet"]) in (0, 1)
     results = json.loads((tmp_path / "out" / "results.json").read_text(encoding="utf-8"))
@@ -160,3 +170,44 @@ def test_fixed_size_sampling_is_audited_with_zero_out_pairs(tmp_path):
     statuses, record = _statuses(honest, "all iterates")
     assert honest["claim"]["relation"] == "replace-one" and "violation" not in statuses.values()
     assert record["verdicts"][0]["claimed"] == pytest.approx(4.0, rel=1e-3)
+    assert record["verdicts"][0]["design_relation"] == "replace-one"
+
+
+NBAFL = """
+name: dirac-nbafl
+partition: {clients: 20}
+training: {rounds: 4, local_steps: 1}
+defenses:
+  - {name: nbafl, epsilons: [4]}
+  - {name: "tests.defenses.broken_families:UserNbAFLHalvedNoise", label: halved, epsilons: [4]}
+  - {name: "tests.defenses.broken_families:UserNbAFLClipSkipsOddCoordinates", label: clip-skips-odd, epsilons: [4]}
+membership: {runs: 2}
+attacks:
+  - {name: dirac-canaries, params: {coins: 6000}}
+diagnostics: {enabled: false}
+"""
+
+
+def test_nbafl_is_audited_with_mirrored_model_canaries(tmp_path):
+    """NbAFL (Wei et al. 2020) clips each client's model and claims replace-one neighbours: its
+    canaries are models ±C·e_j, mirrored, through its own clip and uplink noise. The honest run's
+    uploads carry σ_U (no VIOLATION anywhere); a user's rewrite with half σ_U, and one whose model
+    clip misses the odd coordinates, are VIOLATIONs of the claim they keep."""
+    (tmp_path / "design.yaml").write_text(NBAFL, encoding="utf-8")
+    assert main(["run", str(tmp_path / "design.yaml"), "--out", str(tmp_path / "out"), "--quiet"]) in (0, 1)
+    results = json.loads((tmp_path / "out" / "results.json").read_text(encoding="utf-8"))
+    honest = _experiment(results, "nbafl")
+    assert not honest.get("skipped_attacks") and honest["soundness"] != "violation"
+    statuses, record = _statuses(honest, "each upload")
+    assert statuses["upload_conformance"] == "consistent", record["verdicts"]
+    statuses, record = _statuses(honest, "all iterates")
+    assert "violation" not in statuses.values() and record["verdicts"][0]["design_relation"] == "replace-one"
+    halved = _experiment(results, "halved")
+    statuses, record = _statuses(halved, "each upload")
+    assert halved["soundness"] == "violation" and statuses["upload_conformance"] == "violation", record["verdicts"]
+    conformance = next(v for v in record["verdicts"] if v["metric"] == "upload_conformance")
+    pooled = float(re.search(r"([0-9.]+) pooled", conformance["text"]).group(1))
+    assert pooled == pytest.approx(0.5, abs=0.03)  # half σ_U, measured on the held-out canaries' own noise
+    skipped = _experiment(results, "clip-skips-odd")
+    statuses, record = _statuses(skipped, "each upload")
+    assert skipped["soundness"] == "violation" and statuses["upload_conformance"] == "violation", record["verdicts"]

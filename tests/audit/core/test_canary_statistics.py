@@ -28,3 +28,22 @@ def test_at_full_participation_the_mixture_ratio_is_the_gaussian_one():
     partial = mixture_log_likelihood_ratio(z, 0.4, 0.3)
     direct = np.log(0.7 + 0.3 * np.exp(0.4 * z - 0.08)).sum(axis=1)
     assert np.allclose(partial, direct)
+
+
+def test_the_mirrored_ratio_is_the_log_density_ratio_of_the_replace_one_pair():
+    """Mirrored pairs (replace-one): each step (1 − q)N(0, 1) + qN(μ, 1) against
+    (1 − q)N(0, 1) + qN(−μ, 1); the ratio is the log of the two densities' quotient, summed over
+    steps — at q = 1 that is 2μz per step, N(±2μ², 4μ²) under either hypothesis."""
+    from scipy.stats import norm
+
+    rng = np.random.default_rng(2)
+    z = 3 * rng.standard_normal((6, 5))
+    for q in (0.2, 0.7):
+        inserted = (1 - q) * norm.pdf(z) + q * norm.pdf(z - 0.6)
+        held_out = (1 - q) * norm.pdf(z) + q * norm.pdf(z + 0.6)
+        direct = np.log(inserted / held_out).sum(axis=1)
+        assert np.allclose(mixture_log_likelihood_ratio(z, 0.6, q, mirrored=True), direct)
+    assert np.allclose(mixture_log_likelihood_ratio(z, 0.6, 1.0, mirrored=True), 1.2 * z.sum(axis=1))
+    # the ratio is antisymmetric: a held-out canary's reading −z scores the negative
+    assert np.allclose(mixture_log_likelihood_ratio(-z, 0.6, 0.2, mirrored=True),
+                       -mixture_log_likelihood_ratio(z, 0.6, 0.2, mirrored=True))

@@ -108,6 +108,27 @@ def test_the_readings_of_each_upload_are_the_clipped_value_plus_one_uploads_nois
     assert low <= (CLIP * SIGMA) ** 2 / CLIENTS <= high
 
 
+def test_nbafl_canaries_are_models_clipped_by_its_own_code():
+    """NbAFL clips the local *model* w_0 + Δ (Wei et al. 2020, Alg. 1): a canary's probe row is the
+    update −w_0 plus its spike, so its model is the spike alone, clipped to ±C, and its upload
+    reads ±C plus N(0, σ_U²) — the residuals' variance in its 99.9 % χ² interval around
+    σ_U = c·L·(2C/m)/ε; the noise the run records is each reading less its clipped value."""
+    from scipy import stats
+
+    from defenses.nbafl import NbAFL, NbAFLParams, uplink_std
+
+    job = _job(_canaries())
+    clip = 0.5
+    outcome = FederatedEngine(NbAFL(NbAFLParams(clip=clip, epsilon=50.0, downlink=False)), job).run()
+    readings = outcome.server_view["dirac/uploads"][0].double().numpy()
+    noise = outcome.server_view["dirac/noise"][0].double().numpy()
+    signs = np.where(np.arange(DIM) % 2 == 0, 1.0, -1.0)
+    assert np.allclose(readings - noise, signs * clip)
+    std = uplink_std(clip, 50.0, job.delta, 1.0, 60 // CLIENTS)
+    total, n = float(np.sum(noise ** 2)), len(noise)
+    assert total / stats.chi2.ppf(0.9995, n) <= std ** 2 <= total / stats.chi2.ppf(0.0005, n)
+
+
 def test_noise_the_audit_cannot_couple_is_reported_not_read_around():
     """Noise from a generator seeded from the clock cannot be reproduced for the spike and the zero
     row: the round says why, and the canaries' path is not read."""
