@@ -21,6 +21,7 @@ from attacks.mechanism_audits.conformance_statistics import (
     epsilon_ceiling,
     sigma_scopes,
 )
+from audit.core.empirical_epsilon import one_run_audit
 from audit.core.lazy_modules import lazy_module
 from audit.core.noise_shape import fresh_noise_p
 from audit.core.seeding import derive_seed
@@ -47,6 +48,8 @@ CANDIDATES = 3
 SIGMA_TESTS = 3
 #: pairs of trials, one seed and the same participants in two rounds, of the fresh-noise test
 FRESH_PAIRS = 60
+#: coins the per-weight coin test aims at (each coordinate of a trial's target row is one)
+COINS = 100_000
 
 
 def scope_count(probe: ReleaseProbe) -> int:
@@ -65,11 +68,19 @@ def participation_test_runs(probe: ReleaseProbe, claim: AdversaryClaim) -> bool:
     return claim.participation_rate is not None and claim.participation_rate < 1 and probe.draw is not None
 
 
+def coin_test_runs(probe: ReleaseProbe, claim: AdversaryClaim) -> bool:
+    """Whether the coin test runs: neighbours differ in one coordinate (a per-weight claim),
+    replace-one, with a one-round ε to test."""
+    return probe.one_coordinate and claim.relation == Relation.REPLACE_ONE and claim.round_epsilon is not None
+
+
 def sigma_test_count(probe: ReleaseProbe, claim: AdversaryClaim, candidates: int) -> int:
-    """The tests of the noise one observer's check runs (all in the family): per candidate and
-    scope the :data:`SIGMA_TESTS`, the fresh-noise test and the participation test."""
+    """The tests one observer's check runs besides the per-candidate ε tests (all in the family):
+    per candidate and scope the :data:`SIGMA_TESTS`, the fresh-noise test, the participation test
+    and the coin test."""
     gaussian = candidates * SIGMA_TESTS * scope_count(probe) if claim.noise_multiplier is not None else 0
-    return gaussian + int(fresh_test_runs(probe, claim)) + int(participation_test_runs(probe, claim))
+    return (gaussian + int(fresh_test_runs(probe, claim)) + int(participation_test_runs(probe, claim))
+            + int(coin_test_runs(probe, claim)))
 
 
 @dataclass
@@ -199,6 +210,9 @@ def audit_probe(probe: ReleaseProbe, claims: list[AdversaryClaim], trials: int, 
             pooled = scopes[0]
             checks[v].candidates.append(CandidateResult(candidate.name, count, pooled.multiplier, pooled.interval, bound,
                                                         scopes))
+    coined = [v for v in views if coin_test_runs(probe, checks[v].claim)]
+    for v, result in (_coins(probe, found, coined, seed, level, trials, checks) if coined else {}).items():
+        checks[v].coins = result
     for check in checks.values():
         if participation_test_runs(probe, check.claim):
             _participation(check, others, trials * (probe.contributors - 1), level)
@@ -208,6 +222,39 @@ def audit_probe(probe: ReleaseProbe, claims: list[AdversaryClaim], trials: int, 
     for check in checks.values():
         _verdict(check, level)
     return list(checks.values())
+
+
+def _coins(probe: ReleaseProbe, found: Survey, views: list[str], seed: int, level: float, trials: int,
+           checks: dict[str, AdversaryCheck]) -> dict[str, CandidateResult]:
+    """The coin test of a per-weight claim: every coordinate of the target's row is a coin (Steinke,
+    Nasr and Jagielski 2023, "Privacy Auditing with One (1) Training Run"). The claim makes the
+    release ε-DP for each weight, so a target row with an independent random sign on every
+    coordinate, far beyond the range (every clip acts), carries ``dim`` coins a trial — about
+    :data:`COINS` over the trials, each trial on its own seed. A coin's score is its view less the
+    round's mean view with zero inputs (the survey's separate trials); the one-run count bound
+    tests the claim's ε on all coins at once, valid whatever the dependence between coordinates:
+    under the claim each coin's influence on the whole release is bounded by ε."""
+    magnitude = INPUT_SCALE * max(1.0, probe.bound)
+    runs = min(trials, max(1, math.ceil(COINS / probe.dim)))
+    scores: dict[str, list[np.ndarray]] = {v: [] for v in views}
+    signs: list[np.ndarray] = []
+    for t in range(runs):
+        trial = probe.trial(derive_seed(seed, "coin", t), t % probe.rounds)
+        drawn = np.random.default_rng(derive_seed(seed, "coin-signs", t)).choice([-1.0, 1.0], size=probe.dim)
+        seen = _run(probe, torch.as_tensor(drawn * magnitude), trial, views, found.shapes)
+        signs.append(drawn)
+        for v in views:
+            if len(seen[v]) == probe.dim:  # a view not aligned with the input's coordinates has no coins
+                scores[v].append(seen[v] - found.centre[v][trial.round])
+    inserted = np.concatenate(signs) > 0
+    out = {}
+    for v in views:
+        if scores[v]:
+            audit = one_run_audit(np.concatenate(scores[v]), inserted, checks[v].claim.delta, 1.0 - level)
+            out[v] = CandidateResult(f"every coordinate a coin, {audit.canaries} coins over {runs} trials: "
+                                     f"{audit.correct} of {audit.guesses} guesses right", audit.canaries, None, None,
+                                     audit.epsilon)
+    return out
 
 
 def _participation(check: AdversaryCheck, others: int, slots: int, level: float) -> None:
@@ -312,7 +359,7 @@ def _verdict(check: AdversaryCheck, level: float) -> None:
     elif worst is not None and claimed is None:
         remarks.append(f"σ_eff = {worst.multiplier:.4g} ({worst.input}; not a Gaussian claim)")
     if round_epsilon is not None:
-        if not check.epsilon_test:
+        if not check.epsilon_test and check.coins is None:
             remarks.append(f"ε test not run: these trials can show at most ε_LB = {check.epsilon_ceiling:.3g} "
                            f"≤ one-round ε = {round_epsilon:.3g}")
         elif strongest is not None and strongest.epsilon_lower_bound is not None:

@@ -69,6 +69,8 @@ class AdversaryCheck:
     #: p of the fresh-noise test (None: not run) and the participation test's figures (None: not run)
     fresh_p: float | None = None
     participation: dict[str, float] | None = None
+    #: the coin test of a per-weight claim (None: not run): every coordinate of a trial's row a coin
+    coins: CandidateResult | None = None
 
     @property
     def worst_multiplier(self) -> CandidateResult | None:
@@ -77,7 +79,7 @@ class AdversaryCheck:
 
     @property
     def worst_epsilon(self) -> CandidateResult | None:
-        measured = [c for c in self.candidates if c.epsilon_lower_bound is not None]
+        measured = [c for c in (*self.candidates, *([self.coins] if self.coins else [])) if c.epsilon_lower_bound is not None]
         return max(measured, key=lambda c: -math.inf if c.epsilon_lower_bound is None else c.epsilon_lower_bound) \
             if measured else None
 
@@ -100,4 +102,5 @@ class AdversaryCheck:
                 "epsilon_input": strongest.input if strongest else None, "epsilon_test": epsilon_test,
                 "sigma_tests": self.sigma_tests, "failed_tests": [f.as_dict() for f in self.failures],
                 "fresh_noise_p_value": self.fresh_p, "participation": self.participation,
-                "detail": self.detail, "candidates": [c.as_dict() for c in self.candidates]}
+                "detail": self.detail, "candidates": [c.as_dict() for c in self.candidates],
+                "coin_test": self.coins.as_dict() if self.coins else None}

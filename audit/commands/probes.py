@@ -124,8 +124,9 @@ def command_conformance(args: argparse.Namespace) -> int:
         skipped = ("" if result["epsilon_tests"] else f" (none can fire: {result['trials']} trials show at most "
                                                       f"ε_LB = {result['epsilon_ceiling']:.3g})")
         print(f"{result['family_size']} tests, each at α/K = {1 - result['level']:.2g} (α = "
-              f"{result['alpha']:g} over the family), δ = {result['delta']:g}: {result['sigma_tests']} noise tests (χ² interval, "
-              f"KS shortfall and tails, per round and pooled; fresh noise and participation), "
+              f"{result['alpha']:g} over the family), δ = {result['delta']:g}: {result['sigma_tests']} noise and coin tests (χ² "
+              f"interval, KS shortfall and tails, per round and pooled; fresh noise and participation; every "
+              f"coordinate a coin of a per-weight claim), "
               f"{result['epsilon_tests']} ε tests{skipped}")
         for entry in result["defenses"]:
             print(f"{entry['defense']:<20} {entry['status'].upper() if entry['status'] == VIOLATES else entry['status']}")

@@ -206,7 +206,7 @@ def test_every_registered_defense_conforms(everything):
 
 def test_the_family_counts_only_tests_that_run(everything):
     """K = the σ tests (χ² interval, KS and the shape test, per candidate, per round and pooled; the
-    fresh-noise and participation tests once per observer) + the ε tests that can fire; an ε test is
+    fresh-noise, participation and coin tests once per observer) + the ε tests that can fire; an ε test is
     run exactly where its ceiling exceeds the one-round ε, and the level is 1 − α/K."""
     sigma = epsilon = 0
     for entry in everything["defenses"]:
@@ -218,7 +218,10 @@ def test_the_family_counts_only_tests_that_run(everything):
             fresh = gaussian and scopes > 1
             participation = check["participation"] is not None
             assert not participation or check["participation"]["accounted_rate"] < 1
-            assert check["sigma_tests"] == candidates * 3 * scopes * gaussian + fresh + participation
+            # the coin test of a per-weight claim (replace-one, a one-round ε), once per observer
+            coin = check["coin_test"] is not None
+            assert coin == (entry["defense"] == "ldp-fl")
+            assert check["sigma_tests"] == candidates * 3 * scopes * gaussian + fresh + participation + coin
             sigma += check["sigma_tests"]
             test = check["epsilon_test"]
             assert test["ceiling"] == pytest.approx(everything["epsilon_ceiling"])

@@ -195,3 +195,41 @@ def test_the_honest_user_rewrite_passes_the_new_tests():
     assert entry["status"] == "conforms", json.dumps(entry["adversaries"], indent=1)[:3000]
     for check in entry["adversaries"]:
         assert check["fresh_noise_p_value"] is not None and check["participation"]["p_value"] > 0
+
+
+@pytest.mark.parametrize("broken", ["UserLDPFLBiasedCoin", "UserLDPFLValueTrace"])
+def test_a_per_weight_ldp_report_beyond_its_epsilon_violates_at_the_local_observer(broken):
+    """LDP-FL's per-weight ε-LDP claim (Sun, Qian, Chen 2021, Thm 1) against a user's rewrite of
+    its report: a coin drawn at 2ε (likelihood ratio e^{2ε} between a weight's range ends), or a
+    report that keeps a trace of the value (no finite ε) — the one-weight neighbours' reports
+    give an ε lower bound above the claim for the observer of one client's report."""
+    from tests.defenses import broken_ldp_fl
+
+    entry = conformance([getattr(broken_ldp_fl, broken)()], trials=TRIALS)["defenses"][0]
+    checks = {c["adversary"]: c for c in entry["adversaries"]}
+    assert checks["local"]["status"] == VIOLATES, json.dumps(checks["local"], indent=1)[:3000]
+    assert checks["local"]["epsilon_lower_bound"] > 1.0
+
+
+def test_an_honest_ldp_rewrite_conforms():
+    from tests.defenses.broken_ldp_fl import UserLDPFLWrittenHonest
+
+    entry = conformance([UserLDPFLWrittenHonest()], trials=TRIALS)["defenses"][0]
+    assert entry["status"] == "conforms", json.dumps(entry["adversaries"], indent=1)[:3000]
+
+
+def test_the_coin_test_makes_the_per_weight_bound_tight_and_catches_twice_epsilon():
+    """LDP-FL at ε = 4: about 10⁵ coins (every coordinate of each trial's target row) certify at
+    least 0.9·ε for one client's report;
+    the coin drawn at 2ε is a VIOLATION by the coin bound, above the claimed 4."""
+    from defenses.ldp_fl import LDPFL, LDPFLParams
+    from tests.defenses.broken_ldp_fl import UserLDPFLBiasedCoin
+
+    for defense, honest in ((LDPFL(LDPFLParams(epsilon=4.0)), True), (UserLDPFLBiasedCoin(LDPFLParams(epsilon=4.0)), False)):
+        local = next(c for c in conformance([defense], trials=TRIALS)["defenses"][0]["adversaries"] if c["adversary"] == "local")
+        coin = local["coin_test"]
+        assert coin["influential_trials"] >= 100_000
+        if honest:
+            assert local["status"] == "conforms" and 3.6 <= coin["epsilon_lower_bound"] <= 4.0, local
+        else:
+            assert local["status"] == VIOLATES and coin["epsilon_lower_bound"] > 6.0, local
