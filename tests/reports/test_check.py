@@ -613,3 +613,18 @@ def test_the_summary_counts_decided_checks_alike_when_passing_and_failing():
     assert summary_line([outcome(PASS)] * 3 + [outcome(SKIP)] * 2) == "check passed: all 3 checks hold (2 skipped)"
     failed = summary_line([outcome(PASS)] * 2 + [outcome(FAIL)] + [outcome(SKIP)] * 2)
     assert failed.startswith("check FAILED: 1 of 3 checks fail (2 skipped); failing rules: 'r'")
+
+
+def test_junit_spells_out_characters_xml_cannot_hold():
+    """A rule name, label or sentence holding NUL, ESC or U+0001 (which XML 1.0 cannot hold, not even
+    as a character reference) still gives a document that parses, with the characters spelled out;
+    tab and newline, which XML holds, stay as they are."""
+    from reports.outcomes import Outcome
+
+    hostile = Outcome(rule="max\x00auc", kind="max", target="exp\x1b[2K/attack\x01/auc", verdict="fail", value=0.9,
+                      threshold=0.6, relation="≤", sentence="too\thigh\nby far \ufffe")
+    suite = ET.fromstring(junit_xml([hostile]).split("\n", 1)[1])
+    case = suite.find("testcase")
+    assert case.get("classname") == "max\\x00auc" and case.get("name") == "exp\\x1b[2K/attack\\x01/auc"
+    failure = case.find("failure")
+    assert failure.get("message") == "too\thigh\nby far \\ufffe" and "\x1b" not in failure.text
