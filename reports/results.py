@@ -67,6 +67,22 @@ TEXT_COLUMNS = [f.name for f in fields(Row) if f.type == "str"]
 FLOAT_COLUMNS = [f.name for f in fields(Row) if f.type == "float | None"]
 
 
+#: what a spreadsheet would evaluate as a formula at the start of a cell
+FORMULA_LEADS = ("=", "+", "-", "@")
+#: C0 control characters but the newline (which the CSV quotes), and DEL
+_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f]")
+
+
+def csv_cell(text: str) -> str:
+    """A text cell as results.csv writes it: control characters spelled out as ``\\xNN`` (a raw
+    carriage return would split the row, a leading tab start a formula), then an apostrophe in
+    front of a cell that begins with =, +, - or @ — the spreadsheets' mark for "text, not a
+    formula" (OWASP's rule for CSV injection). Numbers are written as numbers; results.json keeps
+    every text as it is."""
+    text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    return "'" + text if text.startswith(FORMULA_LEADS) else text
+
+
 def _rows_frame(results: Results) -> pd.DataFrame:
     # the rows as they are, not as JSON: a one-sided bound's ci_high of +inf is written "inf" in the CSV
     return pd.DataFrame([asdict(row) for row in results.rows], columns=COLUMNS)
@@ -136,7 +152,10 @@ def write_results(results: Results, out: Path) -> dict[str, str]:
     """Write ``results.csv`` and ``results.json`` atomically (a file that already holds the same
     bytes is left as it is); returns their paths."""
     csv_path, json_path = Path(out) / "results.csv", Path(out) / "results.json"
-    update_text(csv_path, _rows_frame(results).to_csv(index=False, lineterminator="\n"))
+    frame = _rows_frame(results)
+    for name in TEXT_COLUMNS:
+        frame[name] = [csv_cell(value) if isinstance(value, str) else value for value in frame[name]]
+    update_text(csv_path, frame.to_csv(index=False, lineterminator="\n"))
     update_text(json_path, dumps(to_json(results)) + "\n")
     return {"results_csv": str(csv_path), "results_json": str(json_path)}
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -291,3 +293,38 @@ def test_links_leading_out_of_the_output_folder_are_refused_before_any_work(tmp_
     assert f"'{out / entry}' is a symbolic link" in err[0] and "outside the output folder" in err[0] and "allowed:" in err[0]
     assert snapshot(tmp_path) == before  # nothing written anywhere: not through the link, not in --out
     assert not any(elsewhere.iterdir())
+
+
+# --------------------------------------------------------------------------- what a label can do to a spreadsheet
+
+
+@pytest.mark.parametrize("name", ["\r=1+1", "=HYPERLINK(\"http://x\")", "+1", "-1+1", "@SUM(A1)", "\t=1", "a\x1b[2Kb"])
+def test_results_csv_cells_are_neither_split_nor_formulas(name, tmp_path):
+    """A system name that reaches results.csv: every row keeps the header's column count (a raw
+    carriage return would split it) and no text cell begins with =, +, - or @ (a spreadsheet would
+    evaluate it): such a cell starts with an apostrophe, a control character is spelled out.
+    Number cells are numbers; results.json keeps the name as written."""
+    import csv
+
+    rng = np.random.default_rng(0)
+    scores = tmp_path / "s.csv"
+    scores.write_text("canary,score,inserted\n" + "".join(f"{i},{rng.normal(i % 2)},{i % 2}\n" for i in range(200)),
+                      encoding="utf-8")
+    out = tmp_path / "out"
+    assert main(["scores", str(scores), f"--name={name}", "--out", str(out)]) == 0
+    with (out / "results.csv").open(newline="", encoding="utf-8") as handle:
+        rows = list(csv.reader(handle))
+    assert all(len(row) == len(rows[0]) for row in rows) and len(rows) > 1
+    for row in rows[1:]:
+        for cell in row:
+            try:
+                math.isnan(float(cell))  # a number (or inf/nan) is a number
+            except ValueError:
+                assert not cell.startswith(("=", "+", "-", "@", "\t", "\r")), (name, cell)
+                assert "\x1b" not in cell and "\r" not in cell
+    def texts(node):
+        if isinstance(node, dict):
+            return [t for value in node.values() for t in texts(value)]
+        return [t for value in node for t in texts(value)] if isinstance(node, list) else [node]
+
+    assert name in texts(json.loads((out / "results.json").read_text(encoding="utf-8")))
