@@ -24,7 +24,7 @@ from attacks.mechanism_audits.conformance_statistics import (
 from audit.core.empirical_epsilon import one_run_audit
 from audit.core.lazy_modules import lazy_module
 from audit.core.noise_shape import fresh_noise_p
-from audit.core.seeding import derive_seed
+from audit.core.seeding import derive_seed, numpy_rng
 from audit.core.vocabulary import ConformanceStatus, Relation
 from defenses.federated.release_probe import ReleaseProbe, Trial
 from defenses.federated.training_job import ReleaseAnomaly
@@ -240,7 +240,7 @@ def _coins(probe: ReleaseProbe, found: Survey, views: list[str], seed: int, leve
     signs: list[np.ndarray] = []
     for t in range(runs):
         trial = probe.trial(derive_seed(seed, "coin", t), t % probe.rounds)
-        drawn = np.random.default_rng(derive_seed(seed, "coin-signs", t)).choice([-1.0, 1.0], size=probe.dim)
+        drawn = numpy_rng(seed, "coin-signs", t).choice([-1.0, 1.0], size=probe.dim)
         seen = _run(probe, torch.as_tensor(drawn * magnitude), trial, views, found.shapes)
         signs.append(drawn)
         for v in views:
