@@ -42,7 +42,7 @@ from audit.commands.results import command_check, command_report
 from audit.commands.run import command_reproduce, command_run
 from audit.commands.scores import command_scores
 from audit.commands.sweep import command_sweep
-from audit.core.errors import UserInputError
+from audit.core.errors import OutputError, UserInputError, os_error_text
 from audit.core.extensions import NO_PLUGINS_ENV
 
 
@@ -66,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserInputError as exc:
         print(f"dpfl-audit: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except OutputError as exc:  # a full disk, a read-only file system: one line, nothing half-written
+        print(f"dpfl-audit: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("dpfl-audit: interrupted; rerun the same command to resume (finished runs are kept)", file=sys.stderr)
         return 130
@@ -74,15 +77,25 @@ def main(argv: list[str] | None = None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAILURE
-    except Exception as exc:  # a bug or an unforeseen failure: one line, the traceback on request
-        if getattr(args, "verbose", False):
-            raise
-        text = " ".join(str(exc).split())[:300]
-        print(f"dpfl-audit: internal error: {type(exc).__name__}: {text} (rerun with -v for the traceback)",
-              file=sys.stderr)
-        return EXIT_FAILURE
+    except OSError as exc:  # an OS error on a named file (e.g. a store's run written on a full disk)
+        if exc.filename is None or exc.errno is None:
+            return _internal_error(args, exc)
+        print(f"dpfl-audit: error: '{exc.filename}': {os_error_text(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as exc:
+        return _internal_error(args, exc)
     finally:
         release_all()  # the output folder's lock (a killed process's lock goes with it)
+
+
+def _internal_error(args: argparse.Namespace, exc: Exception) -> int:
+    """A bug or an unforeseen failure: one line, the traceback on request (``-v``)."""
+    if getattr(args, "verbose", False):
+        raise exc
+    text = " ".join(str(exc).split())[:300]
+    print(f"dpfl-audit: internal error: {type(exc).__name__}: {text} (rerun with -v for the traceback)",
+          file=sys.stderr)
+    return EXIT_FAILURE
 
 
 #: the commands whose --out is a directory: it gets run.log (written once the command claims it)

@@ -19,7 +19,10 @@ Third-party loggers (Ray, Flower, absl) are left as they are.
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
+import stat
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -81,6 +84,7 @@ class DeferredFileHandler(logging.Handler):
         super().__init__(logging.DEBUG)
         self.file = Path(path)
         self.pending: list[str] = []
+        self.failed: OSError | None = None
         self.setFormatter(logging.Formatter(FILE_FORMAT))
 
     @property
@@ -102,10 +106,18 @@ class DeferredFileHandler(logging.Handler):
     def flush(self, accepted: bool = False) -> None:
         """Write what waits, if the input is accepted (``accepted``: the command ended unrefused;
         the file is then created even with no record, as the user asked for it)."""
-        if (self.pending or accepted) and (accepted or self.ready()):
-            with open(self.path, "a", encoding="utf-8") as file:
-                file.write("\n".join(self.pending) + "\n")
+        if self.failed is None and (self.pending or accepted) and (accepted or self.ready()):
+            try:
+                with self.open() as file:
+                    file.write("\n".join(self.pending) + "\n")
+            except OSError as exc:  # a full disk: the console goes on, once told; no traceback per record
+                self.failed = exc
+                tqdm.write(f"dpfl-audit: warning: cannot write the log '{self.path}' ({exc.strerror or exc}); "
+                           "records go to the console only", file=sys.stderr)
             self.pending.clear()
+
+    def open(self) -> TextIO:
+        return open(self.path, "a", encoding="utf-8")
 
 
 class RunLogHandler(DeferredFileHandler):
@@ -123,6 +135,18 @@ class RunLogHandler(DeferredFileHandler):
 
     def ready(self) -> bool:
         return output_folder.is_claimed(self.folder)
+
+    def open(self) -> TextIO:
+        """Append to ``run.log`` only if it is a regular file with one name (checked on what was
+        opened, not on the name): never through a link, a hard link or a FIFO put there since the
+        folder was checked (O_NONBLOCK: opening a FIFO must not hang)."""
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        handle = os.open(self.path, flags, 0o644)
+        status = os.fstat(handle)
+        if not stat.S_ISREG(status.st_mode) or status.st_nlink > 1:
+            os.close(handle)
+            raise OSError(errno.EPERM, "not a regular file with one name")
+        return os.fdopen(handle, "a", encoding="utf-8")
 
     def flush(self, accepted: bool = False) -> None:
         super().flush(accepted=False)  # run.log needs its folder claimed, whatever the outcome

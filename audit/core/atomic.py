@@ -12,11 +12,14 @@ import hashlib
 import json
 import math
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from audit.core.errors import OutputError
 
 
 def json_safe(value: Any) -> Any:
@@ -49,22 +52,55 @@ def file_sha256(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # unique per process and call (pid + mkstemp's random part): two writers never share a temp
-    # file, and a killed writer's ``.NAME.PID-RANDOM.tmp`` is removed when a command next claims
-    # the folder (audit.core.output_folder)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}-", suffix=".tmp", dir=path.parent)
+def _file_mode() -> int:
+    """The mode ``open()`` would give a new file: 0666 less the process's umask."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+_FILE_MODE = _file_mode()
+
+
+def _existing(path: Path) -> os.stat_result | None:
+    """What is at ``path`` now (links not followed); None if nothing. Anything but a regular file
+    (or a link) there is refused: a rename over a folder fails, and a FIFO would block a reader."""
     try:
+        status = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if not (stat.S_ISREG(status.st_mode) or stat.S_ISLNK(status.st_mode)):
+        kind = "a folder" if stat.S_ISDIR(status.st_mode) else "not a regular file"
+        raise OutputError(path, f"{kind} is in its place (remove it)")
+    return status
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to a new temporary file beside ``path`` and rename it into place: never
+    through the existing entry (a hard link to it keeps its bytes). An OS error (a full disk) is an
+    :class:`~audit.core.errors.OutputError` naming the file; no temporary file is left."""
+    path = Path(path)
+    try:
+        _existing(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # unique per process and call (pid + mkstemp's random part): two writers never share a temp
+        # file, and a killed writer's ``.NAME.PID-RANDOM.tmp`` is removed when a command next claims
+        # the folder (audit.core.output_folder)
+        handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}-", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise OutputError.from_os_error(path, exc) from None
+    try:
+        os.fchmod(handle, _FILE_MODE)  # mkstemp's 0600 would make our outputs private to us
         with os.fdopen(handle, "wb") as out:
             out.write(data)
             out.flush()
             os.fsync(out.fileno())
         os.replace(temporary, path)
-    except BaseException:
+    except BaseException as exc:
         if os.path.exists(temporary):
             os.unlink(temporary)
+        if isinstance(exc, OSError):
+            raise OutputError.from_os_error(path, exc) from None
         raise
 
 
@@ -76,11 +112,14 @@ def update_text(path: str | os.PathLike, text: str) -> bool:
     """Write ``text`` atomically unless the file already holds exactly these bytes (then it is left
     untouched, its time stamps too: a rerun rewrites only what changed); True if it wrote."""
     data = text.encode("utf-8")
-    try:
-        if Path(path).read_bytes() == data:
-            return False
-    except OSError:  # missing or unreadable: write it
-        pass
+    status = _existing(Path(path))
+    # only a regular file of the same size is read (a link, or a huge sparse file, is rewritten)
+    if status is not None and stat.S_ISREG(status.st_mode) and status.st_size == len(data):
+        try:
+            if Path(path).read_bytes() == data:
+                return False
+        except OSError:  # unreadable: write it
+            pass
     write_bytes(path, data)
     return True
 

@@ -6,7 +6,11 @@ Every command that writes into a folder (``--out``, or the results folder ``repo
 * :func:`check`, before any work and before anything is written: the path can be a folder we
   write in (not empty, not too long, not an existing file, ``/dev/null``, a dangling link or a link
   loop, not under a file), and no symbolic link inside it leads out of it — ``runs``, ``figures``,
-  ``attacks``, ``diagnostics``, ``run.log`` or any deeper entry. Otherwise a one-line
+  ``attacks``, ``diagnostics``, ``run.log`` or any deeper entry. No entry in it is of a kind the
+  command cannot use safely: a FIFO, socket or device (a read or write would block or reach
+  something else), a folder where a file is written (``results.json/``), a file where a folder is
+  (``figures``), or a second name (hard link) of a file written in place (the lock, ``run.log``;
+  every other file is replaced by a rename, :mod:`audit.core.atomic`). Otherwise a one-line
   :class:`~audit.core.errors.UserInputError` (exit code 2). The folder itself may be a link to a
   folder elsewhere: the user chose it; what is inside must stay inside what it resolves to.
 * :func:`claim`, once the command has checked all its input and is about to write: create the
@@ -104,29 +108,65 @@ def _resolve_link(link: Path, option: str) -> Path:
         raise _fail(option, f"'{link}' is a symbolic link loop") from None
 
 
-def _links_leaving(folder: Path, entries: Iterable[str] | None, option: str) -> None:
-    """Refuse any symbolic link under ``folder`` (only under ``entries`` of it, when given) that
-    resolves outside it, dangling ones included: a write through it would land elsewhere."""
+#: files written in place rather than replaced by a rename: the lock (its inode is what two
+#: processes lock) and ``run.log`` (appended to). A second name for either (a hard link) would
+#: carry our writes to a file elsewhere, so either must be a regular file with one name.
+WRITTEN_IN_PLACE = frozenset({LOCK_NAME, "run.log"})
+#: the folders a command writes in an output folder (a sweep's point folders hold the same)
+FOLDER_NAMES = frozenset({"figures", "runs", "attacks", "diagnostics", "cache", "points", "raw", "tensorboard",
+                          "mlruns"})
+#: the suffixes of every file the product writes: a folder named so sits where a file will go
+FILE_SUFFIXES = frozenset({".json", ".jsonl", ".csv", ".html", ".log", ".lock", ".npy", ".npz", ".safetensors",
+                           ".png", ".pdf", ".svg", ".yaml", ".md", ".xml", ".tmp"})
+_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"))
+_REMOVE = "allowed: files and folders of the kinds the command writes (remove it, or choose another --out)"
+
+
+def _check_entry(path: Path, status: os.stat_result, option: str) -> None:
+    """Refuse an entry the command could not use safely: one that blocks or is no file (a FIFO,
+    socket or device: reading or writing it would hang or reach something else), a folder where a
+    file is written or a file where a folder is, or a second name of a file written in place."""
+    mode = status.st_mode
+    for test, kind in _KINDS:
+        if test(mode):
+            raise _fail(option, f"'{path}' is {kind}, not a file or folder", _REMOVE)
+    if stat.S_ISDIR(mode) and path.suffix.lower() in FILE_SUFFIXES:
+        raise _fail(option, f"'{path}' is a folder where the command writes a file", _REMOVE)
+    if stat.S_ISREG(mode) and path.name in FOLDER_NAMES:
+        raise _fail(option, f"'{path}' is a file where the command writes a folder", _REMOVE)
+    if stat.S_ISREG(mode) and path.name in WRITTEN_IN_PLACE and status.st_nlink > 1:
+        raise _fail(option, f"'{path}' is a hard link (the file has {status.st_nlink} names); the command writes "
+                            "this file in place and would change the others", "allowed: a file with one name (remove it)")
+
+
+def _check_entries(folder: Path, entries: Iterable[str] | None, option: str) -> None:
+    """Walk ``folder`` (only ``entries`` of it, when given) without following links: refuse any
+    symbolic link that resolves outside it, dangling ones included (a write through it would land
+    elsewhere), and any entry :func:`_check_entry` refuses."""
     root = folder.resolve()
 
-    def refuse_if_leaving(link: Path) -> None:
-        target = _resolve_link(link, option)
-        if target != root and root not in target.parents:
-            raise _fail(option, f"'{link}' is a symbolic link to '{os.readlink(link)}', outside the output folder "
-                                f"'{folder}'", "allowed: files, folders and links that stay inside it (remove the link)")
+    def visit(path: Path) -> bool:
+        """Check one entry; True when it is a folder to walk into."""
+        status = _lstat(path, option)
+        if status is None:
+            return False
+        if stat.S_ISLNK(status.st_mode):
+            target = _resolve_link(path, option)
+            if target != root and root not in target.parents:
+                raise _fail(option, f"'{path}' is a symbolic link to '{os.readlink(path)}', outside the output folder "
+                                    f"'{folder}'", "allowed: files, folders and links that stay inside it (remove the link)")
+            return False
+        _check_entry(path, status, option)
+        return stat.S_ISDIR(status.st_mode)
 
     tops = [folder / name for name in entries] if entries is not None else [folder]
     for top in tops:
-        if top.is_symlink():
-            refuse_if_leaving(top)
-            continue
-        if top != folder and not top.is_dir():
+        if top != folder and not visit(top):
             continue
         for directory, folders, files in os.walk(top, followlinks=False):  # links are checked, not followed
             for name in folders + files:
-                path = Path(directory, name)
-                if path.is_symlink():
-                    refuse_if_leaving(path)
+                visit(Path(directory, name))
 
 
 def check(out: str | os.PathLike | None, option: str = "--out", entries: Iterable[str] | None = None) -> Path:
@@ -157,7 +197,7 @@ def check(out: str | os.PathLike | None, option: str = "--out", entries: Iterabl
         raise _fail(option, f"'{path}' exists and is not a folder")
     if not os.access(path, os.W_OK | os.X_OK):
         raise _fail(option, f"the folder '{path}' is not writable")
-    _links_leaving(path, entries, option)
+    _check_entries(path, entries, option)
     if not is_claimed(path):
         _not_in_use(path, option)
     return path
@@ -215,10 +255,13 @@ def claim(out: str | os.PathLike, option: str = "--out", entries: Iterable[str] 
     check(folder, option, entries)  # again: the folder may have changed while the input was checked
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        handle = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        # O_NONBLOCK: a FIFO put there since check() must not hang the open
+        handle = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                         0o644)
     except OSError as exc:
         raise _fail(option, f"cannot write in '{folder}' ({exc.strerror or exc})") from None
     try:
+        _check_entry(folder / LOCK_NAME, os.fstat(handle), option)  # what was opened, not what a name shows
         _lock(handle, folder, option)
     except BaseException:
         os.close(handle)
