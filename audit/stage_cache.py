@@ -19,7 +19,9 @@ each kept with the **key** they were computed under: a SHA-256 of everything the
 A stage whose key matches its entry is not run again, and its outputs stay as they are: the entry
 records the SHA-256 of each file it wrote and of each run it read beyond its key (a run attack's
 side runs on other datasets, trained while it ran); one of them changed or missing, or an entry
-that no longer matches its own digest, means the stage runs again and rewrites them. Anything
+whose seal does not hold, means the stage runs again and rewrites them. The seal is an HMAC under
+a key kept outside the folder (:mod:`audit.core.seal`): an entry edited with a digest recomputed,
+or written on another machine, is not trusted. Anything
 else — another seed, a changed run file, an edited source file, a new library version — changes
 the key, and the stage recomputes. Entries are JSON written atomically (:mod:`audit.core.atomic`),
 values in :mod:`audit.core.exact_json` (never a pickle); one entry per stage and experiment,
@@ -43,15 +45,15 @@ import attacks
 import defenses
 import reports
 from audit import provenance
-from audit.core import exact_json
+from audit.core import exact_json, seal
 from audit.core.atomic import dumps, file_sha256, write_text
 from audit.core.safe_names import inside, is_safe, slug
 from audit.core.schema import to_mapping
 
 LOG = logging.getLogger(__name__)
 
-#: bump when the layout of an entry changes
-CACHE_FORMAT = 1
+#: bump when the layout of an entry changes (2: sealed with a key kept outside the folder)
+CACHE_FORMAT = 2
 #: the packages whose files are the code version
 _PACKAGES = ("audit", "attacks", "defenses", "reports")
 _SKIPPED_FOLDERS = frozenset({"__pycache__"})
@@ -189,8 +191,9 @@ class StageCache:
         found = None
         if isinstance(entry, dict) and entry.get("format") == CACHE_FORMAT and entry.get("key") == key:
             body = {"key": key, "outputs": entry.get("outputs"), "reads": entry.get("reads"), "value": entry.get("value")}
-            if entry.get("digest") != _sha256(dumps(body, indent=None).encode()):
-                LOG.warning("cache entry %s does not match its digest: recomputing it", path)
+            if not seal.holds(dumps(body, indent=None).encode(), entry.get("seal")):
+                LOG.warning("cache entry %s does not carry this machine's seal (edited, or written with another key): "
+                            "recomputing it", path)
             elif self._unchanged(entry, runs):
                 try:
                     found = exact_json.decode(entry["value"], allowed)
@@ -222,6 +225,6 @@ class StageCache:
             digests[Path(path).relative_to(self.out).as_posix()] = sha
         body = {"key": key, "outputs": digests, "reads": {Path(folder).name: self.run_digest(Path(folder)) for folder in reads},
                 "value": encoded}
-        entry = {"format": CACHE_FORMAT, **body, "digest": _sha256(dumps(body, indent=None).encode())}
+        entry = {"format": CACHE_FORMAT, **body, "seal": seal.seal(dumps(body, indent=None).encode())}
         write_text(self._entry(slot), dumps(entry, indent=None) + "\n")
         return True

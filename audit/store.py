@@ -8,7 +8,9 @@ Layout of ``<out>/runs/<run_id>/``:
 * ``membership.npy`` — the pool indices this run trained on (``np.load(allow_pickle=False)``);
 * ``metrics.jsonl`` — one JSON object per round;
 * ``server_view.safetensors`` / ``global_models.safetensors`` — recorded uploads and global
-  models (flat vectors; the parameter layout is in the manifest), when any were recorded.
+  models (flat vectors; the parameter layout is in the manifest), when any were recorded;
+* ``seal.json`` — every other file's SHA-256 under an HMAC with a key kept outside the folder
+  (:mod:`audit.store_seal`): a run is reused, and read, only while its seal holds.
 
 A run is built in a temporary sibling directory and renamed into place in one step, so a
 killed run leaves nothing that looks finished and a rerun of the same config resumes by
@@ -35,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
+from audit import store_seal
 from audit.core.atomic import dumps
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
@@ -54,8 +57,8 @@ else:  # imported when first used (audit.core.lazy_modules)
 # bump when a change makes stored runs incompatible (or trains them differently: 3 = Philox batch streams, 4 = fully keyed noise
 # streams, claims per observer, 5 = membership designs matching the claim's relation, zero-out canary clients, 6 = DDGauss canary
 # clients without a noise share, LDP-FL zero-centred ranges that hold the tensor, FL-TOP family claims zero-out, 7 = Dirac
-# canaries mirrored under replace-one claims, each reading's noise recorded)
-STORE_FORMAT = 7
+# canaries mirrored under replace-one claims, each reading's noise recorded, 8 = runs sealed)
+STORE_FORMAT = 8
 
 
 def _reason(exc: BaseException) -> str:
@@ -88,7 +91,17 @@ class RunStore:
         return self.runs / run_id
 
     def is_complete(self, run_id: str) -> bool:
-        return (self.path(run_id) / "manifest.json").is_file()
+        """Whether run ``run_id`` is stored, finished (its manifest is there) and holds its seal
+        (:mod:`audit.store_seal`); a finished run whose seal does not hold is refused with one line."""
+        if not (self.path(run_id) / "manifest.json").is_file():
+            return False
+        self._check_seal(run_id)
+        return True
+
+    def _check_seal(self, run_id: str) -> None:
+        found = store_seal.problem(self.path(run_id), run_id)
+        if found is not None:
+            raise self.corrupted(run_id, *found)
 
     def _commit(self, run_id: str, write: Callable[[Path], None]) -> Path:
         """Build run ``run_id`` with ``write(staging directory)`` (manifest last) and rename it into
@@ -98,6 +111,7 @@ class RunStore:
         staging.mkdir()
         try:
             write(staging)
+            store_seal.write(staging, run_id)  # after every other file: what the run holds, sealed
             target = self.path(run_id)
             try:
                 os.replace(staging, target)  # atomic on one file system; fails if target exists
@@ -150,7 +164,8 @@ class RunStore:
             raise ValueError(f"run {run_id}: no manifest.json among its files")
 
         def write(staging: Path) -> None:
-            for name in sorted(files, key=lambda n: n == "manifest.json"):  # manifest last
+            # manifest last; a seal from elsewhere (another node's key) is replaced by ours
+            for name in sorted((n for n in files if n != store_seal.SEAL_NAME), key=lambda n: n == "manifest.json"):
                 path = staging / name
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_bytes(files[name])
@@ -168,6 +183,8 @@ class RunStore:
         """Turn a failure to read or parse ``file`` of stored run ``run_id`` into :meth:`corrupted`.
         A file missing from a run folder that does not exist at all is a caller's error, re-raised."""
         folder = self.path(run_id)
+        if folder.is_dir():
+            self._check_seal(run_id)  # once per process while the files stay as they are
         try:
             yield
         except FileNotFoundError as exc:

@@ -4,6 +4,7 @@ entry or output is recomputed; the results are the same with and without the cac
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -15,7 +16,9 @@ import audit.diagnosis
 import audit.pipeline
 import audit.stage_cache
 import audit.summary
+from audit import store_seal
 from audit.cli import main
+from audit.core.atomic import dumps
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -107,10 +110,42 @@ def test_changing_one_attacks_parameter_recomputes_that_attack_only(copy, comput
     assert after["results.json"] != before["results.json"]
 
 
-def _rewrite_manifest(run: Path) -> None:
-    """The same manifest in other bytes: a changed file, whatever it says."""
+def _rewrite_manifest(run: Path, reseal: bool = True) -> None:
+    """The same manifest in other bytes: a changed file, whatever it says; ``reseal``: sealed again
+    under this machine's key, as a retrained run would be."""
     manifest = run / "manifest.json"
     manifest.write_text(json.dumps(json.loads(manifest.read_text()), indent=1))
+    if reseal:
+        store_seal.write(run, run.name)
+
+
+def test_a_run_changed_behind_its_seal_is_refused_not_attacked(copy, computed, capsys):
+    config, out = copy
+    run = next(r for r in sorted((out / "runs").iterdir()) if "-r001-" in r.name)
+    _rewrite_manifest(run, reseal=False)
+    capsys.readouterr()
+    assert main(["run", str(config), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"dpfl-audit: error: stored run '{run}' is corrupted (manifest.json: changed since the run was "
+                   "written); delete that folder and rerun the same command to retrain it"]
+    assert computed["attacks"] == [] and computed["diagnostics"] == []
+
+
+def test_a_forged_entry_with_its_digest_recomputed_is_not_reported(copy, computed):
+    """An attacker who can write in --out edits an attack's AUC and recomputes the SHA-256 an
+    editor could: the rerun recomputes the attack and reports the real value."""
+    config, out = copy
+    results = (out / "results.json").read_bytes()
+    entry = out / "cache" / "attacks" / "fedavg" / "loss-threshold.json"
+    forged = json.loads(entry.read_text())
+    forged["value"]["results"][0]["fields"]["metrics"]["auc"]["fields"]["value"] = 0.123456789
+    body = {name: forged[name] for name in ("key", "outputs", "reads", "value")}
+    forged["seal"] = hashlib.sha256(dumps(body, indent=None).encode()).hexdigest()
+    entry.write_text(json.dumps(forged))
+    _rerun(config, out)
+    assert computed["attacks"] == ["loss-threshold"]
+    assert (out / "results.json").read_bytes() == results and b"0.123456789" not in entry.read_bytes()
+    assert "0.123456789" not in (out / "results.csv").read_text()
 
 
 def test_a_changed_run_file_recomputes_what_reads_it(copy, computed):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from audit import store_seal
 from audit.cli import main
 from audit.core.errors import UserInputError
 from audit.store import RunStore
@@ -85,25 +86,33 @@ def test_a_damaged_file_is_one_line_naming_the_run_folder(tmp_path, name, damage
 
 
 def test_wrong_content_that_parses_is_refused_too(tmp_path):
+    """Behind the seal, each file is still read strictly: content that was sealed (as a bug of the
+    writer would seal it) but is not what a run holds is one line too."""
     store = RunStore(tmp_path / "out")
     _save(store)
     folder = store.path(RUN)
     (folder / "manifest.json").write_text("[1, 2, 3]\n")
+    store_seal.write(folder, RUN)
     with pytest.raises(UserInputError, match=r"\(manifest.json: not a JSON object\)"):
         store.load_manifest(RUN)
     (folder / "metrics.jsonl").write_text('{"round": 1}\n{"round": 2\n')
+    store_seal.write(folder, RUN)
     with pytest.raises(UserInputError, match=r"\(metrics.jsonl: line 2 is not valid JSON"):
         store.load_metrics(RUN)
     (folder / "metrics.jsonl").write_text('{"round": 1}\n"two"\n')
+    store_seal.write(folder, RUN)
     with pytest.raises(UserInputError, match=r"\(metrics.jsonl: line 2 is not a JSON object\)"):
         store.load_metrics(RUN)
     (folder / "metrics.jsonl").write_bytes(b'{"round": 1, "note": "caf\xe9"}\n')
+    store_seal.write(folder, RUN)
     with pytest.raises(UserInputError, match=r"\(metrics.jsonl: not UTF-8 text\)"):
         store.load_metrics(RUN)
     np.save(folder / "membership.npy", np.zeros((2, 2)), allow_pickle=False)
+    store_seal.write(folder, RUN)
     with pytest.raises(UserInputError, match=r"\(membership.npy: not a list of indices"):
         store.load_membership(RUN)
     np.save(folder / "membership.npy", np.array([{"evil": 1}], dtype=object), allow_pickle=True)
+    store_seal.write(folder, RUN)
     with pytest.raises(UserInputError, match="allow_pickle"):  # never unpickled
         store.load_membership(RUN)
     with pytest.raises(UserInputError, match=r"\(global_models.safetensors: .*round_0009"):
@@ -118,7 +127,7 @@ def test_a_run_folder_without_its_manifest_is_not_overwritten(tmp_path):
     with pytest.raises(UserInputError, match=r"is corrupted \(manifest.json: missing\); delete that folder"):
         _save(store)
     assert sorted(p.name for p in store.path(RUN).iterdir()) == ["global_models.safetensors", "membership.npy",
-                                                                 "metrics.jsonl", "model.safetensors"]
+                                                                 "metrics.jsonl", "model.safetensors", "seal.json"]
     assert [p.name for p in store.runs.iterdir()] == [RUN]  # no staging folder left behind
 
 
