@@ -139,7 +139,7 @@ class MembershipAttack(Attack):
         return scores[:, covered], truth[:, covered], covered
 
 
-ATTACKS: Registry[type[Attack]] = Registry("attack")
+ATTACKS: Registry[type[Attack]] = Registry("attack", base=Attack)
 
 
 class RunAttack(Attack):

@@ -187,7 +187,7 @@ class Defense:
         return AuditHooks(self, engine_rounds=type(self).train is Defense.train)
 
 
-DEFENSES: Registry[type[Defense]] = Registry("defense")
+DEFENSES: Registry[type[Defense]] = Registry("defense", base=Defense)
 
 __all__ = ["DEFENSES", "NO_STATE", "UNITS", "AccountingSettings", "AuditHooks", "Defense", "DefenseState", "NoParams",
            "PrivacyClaim"]

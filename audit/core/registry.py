@@ -14,8 +14,11 @@ T = TypeVar("T")
 class Registry(Generic[T]):
     """Maps registry names to entries; ``get`` also accepts ``module:callable`` references."""
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, base: type | None = None):
+        """``base``: entries are subclasses of it (a ``module:callable`` reference that is not one
+        is refused with one line, before it is used)."""
         self.kind = kind
+        self.base = base
         self._entries: dict[str, T] = {}
 
     def register(self, name: str) -> Callable[[T], T]:
@@ -44,7 +47,11 @@ class Registry(Generic[T]):
         if name in self._entries:
             return self._entries[name]
         if is_reference(name):
-            return resolve(name, field)  # type: ignore[return-value]
+            entry = resolve(name, field)
+            if self.base is not None and not (isinstance(entry, type) and issubclass(entry, self.base)):
+                base = f"{self.base.__module__}.{self.base.__qualname__}"
+                raise UserInputError(f"{field}: '{name}' is not a subclass of {base}; allowed: a class that extends {base}")
+            return entry  # type: ignore[return-value]
         raise UserInputError(
             f"{field}: unknown {self.kind} '{name}'; allowed: {', '.join(self.names())} "
             f"(or 'module:callable')"

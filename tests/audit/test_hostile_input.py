@@ -130,6 +130,22 @@ def test_plugins_run_when_allowed(tmp_path, capsys, monkeypatch):
     assert marker.exists() and code == 2 and len(err) == 1
 
 
+@pytest.mark.parametrize("section", ["attacks", "defenses"])
+@pytest.mark.parametrize("code", ["class Thing:\n    kind = 'membership'\n", "def Thing(*args, **kwargs):\n    return 1\n"])
+def test_a_plugin_that_is_not_an_attack_or_a_defense_is_one_line(tmp_path, capsys, monkeypatch, section, code):
+    """A ``file.py:Name`` that resolves to a class of the wrong kind, or a function, is refused where
+    it is named, before training, as the same class is for a defense."""
+    monkeypatch.delenv(NO_PLUGINS_ENV, raising=False)
+    plugin = tmp_path / "wrong_kind.py"
+    plugin.write_text(code, encoding="utf-8")
+    config = tmp_path / "plugin.yaml"
+    config.write_text(tiny(**{section: [{"name": f"{plugin}:Thing"}]}), encoding="utf-8")
+    code_, err = run_cli(capsys, "run", str(config), "--out", str(tmp_path / "out"), "--quiet")
+    base = "attacks.base.Attack" if section == "attacks" else "defenses.base.Defense"
+    assert code_ == 2 and len(err) == 1 and f"{section}[0].name:" in err[0] and f"not a subclass of {base}" in err[0]
+    assert not (tmp_path / "out").exists()
+
+
 # --------------------------------------------------------------------------- strict files, bounds, budget
 
 
