@@ -56,7 +56,9 @@ def main(argv: list[str] | None = None) -> int:
 
         os.environ[NO_PLUGINS_ENV] = "1"  # also reaches the process and Ray executors' workers
     from audit.core.output_folder import release_all
+    from audit.core.visible_text import VisibleStream, terminal_text
 
+    stdout, sys.stdout = sys.stdout, VisibleStream(sys.stdout)  # labels and paths cannot drive the terminal
     try:
         from audit.logs import configure
 
@@ -64,10 +66,10 @@ def main(argv: list[str] | None = None) -> int:
         with configure(getattr(args, "verbose", 0), _log_file(args), folder):
             return _dispatch(args)
     except UserInputError as exc:
-        print(f"dpfl-audit: error: {exc}", file=sys.stderr)
+        print(f"dpfl-audit: error: {terminal_text(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except OutputError as exc:  # a full disk, a read-only file system: one line, nothing half-written
-        print(f"dpfl-audit: error: {exc}", file=sys.stderr)
+        print(f"dpfl-audit: error: {terminal_text(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("dpfl-audit: interrupted; rerun the same command to resume (finished runs are kept)", file=sys.stderr)
@@ -80,11 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # an OS error on a named file (e.g. a store's run written on a full disk)
         if exc.filename is None or exc.errno is None:
             return _internal_error(args, exc)
-        print(f"dpfl-audit: error: '{exc.filename}': {os_error_text(exc)}", file=sys.stderr)
+        print(terminal_text(f"dpfl-audit: error: '{exc.filename}': {os_error_text(exc)}"), file=sys.stderr)
         return EXIT_USAGE
     except Exception as exc:
         return _internal_error(args, exc)
     finally:
+        sys.stdout = stdout
         release_all()  # the output folder's lock (a killed process's lock goes with it)
 
 
@@ -92,7 +95,9 @@ def _internal_error(args: argparse.Namespace, exc: Exception) -> int:
     """A bug or an unforeseen failure: one line, the traceback on request (``-v``)."""
     if getattr(args, "verbose", False):
         raise exc
-    text = " ".join(str(exc).split())[:300]
+    from audit.core.visible_text import terminal_text
+
+    text = terminal_text(" ".join(str(exc).split())[:300])
     print(f"dpfl-audit: internal error: {type(exc).__name__}: {text} (rerun with -v for the traceback)",
           file=sys.stderr)
     return EXIT_FAILURE

@@ -34,6 +34,7 @@ from tqdm import tqdm
 from audit.core import output_folder
 from audit.core.errors import UserInputError
 from audit.core.safe_names import inside
+from audit.core.visible_text import terminal_text
 
 #: the packages whose loggers the command line configures
 PACKAGES = ("audit", "defenses", "attacks", "reports")
@@ -69,7 +70,7 @@ class ConsoleHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             label = f"{record.levelname.lower()}: " if record.levelno >= logging.WARNING else ""
-            tqdm.write(f"dpfl-audit: {label}{record.getMessage()}", file=sys.stderr)
+            tqdm.write(f"dpfl-audit: {label}{terminal_text(record.getMessage())}", file=sys.stderr)
         except Exception:  # logging must never take the command down
             self.handleError(record)
 
@@ -97,7 +98,7 @@ class DeferredFileHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            self.pending.append(self.format(record))
+            self.pending.append(terminal_text(self.format(record)))  # one record, one line, no escapes
             del self.pending[:-self.LIMIT]
             self.flush()
         except Exception:

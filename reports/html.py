@@ -26,11 +26,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import jinja2
+import markupsafe
 import yaml
 
 from audit.core.atomic import update_text
 from audit.core.audit_power import POWER_TARGET
 from audit.core.lazy_modules import lazy_module
+from audit.core.visible_text import terminal_text
 from audit.core.vocabulary import EpsilonKind, Observer, Unit, VerdictKind, VerdictStatus
 from defenses.privacy.claims import PrivacyClaim
 from reports.document import AttackRecord, Experiment, Power, Results, Verdict
@@ -81,9 +83,18 @@ def _significant(value: Any, digits: int = 3) -> str:
     return f"{value:.{digits}g}"
 
 
+def _visible(value: Any) -> Any:
+    """Every text the templates print, control characters spelled out (a browser shows them as
+    nothing); markup the report built itself (figures) is left as it is."""
+    if isinstance(value, str) and not isinstance(value, markupsafe.Markup):
+        return terminal_text(value)
+    return value
+
+
 def template_environment() -> jinja2.Environment:
     environment = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
-                                     undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+                                     undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                                     finalize=_visible)
     environment.filters["num"] = plots.format_number
     environment.filters["pct"] = _percent
     environment.filters["sig"] = _significant

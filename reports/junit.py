@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 
+from audit.core.visible_text import spell_out
 from reports.outcomes import Outcome
 
 SUITE_NAME = "dpfl-audit check"
@@ -27,8 +28,7 @@ _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 def xml_text(text: str) -> str:
     """``text`` with every character XML 1.0 cannot hold spelled out (``\x1b``, ``\ufffe``)."""
-    return _NOT_XML.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}",
-                        text)
+    return spell_out(text, _NOT_XML)
 
 
 def _details(outcome: Outcome) -> str:

@@ -26,6 +26,7 @@ import pandas as pd
 from audit.core.atomic import dumps, update_text
 from audit.core.errors import UserInputError
 from audit.core.typed_json import from_json, to_json
+from audit.core.visible_text import spell_out
 from reports.document import SCHEMA_VERSION, AuditInfo, Experiment, Results, Row, results_schema
 
 #: the versions ``load_results`` reads: only the one this code writes. 1.x is another layout; 2.0
@@ -79,7 +80,7 @@ def csv_cell(text: str) -> str:
     front of a cell that begins with =, +, - or @ — the spreadsheets' mark for "text, not a
     formula" (OWASP's rule for CSV injection). Numbers are written as numbers; results.json keeps
     every text as it is."""
-    text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    text = spell_out(text, _CONTROL)
     return "'" + text if text.startswith(FORMULA_LEADS) else text
 
 

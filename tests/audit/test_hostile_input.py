@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -344,3 +345,36 @@ def test_results_csv_cells_are_neither_split_nor_formulas(name, tmp_path):
         return [t for value in node for t in texts(value)] if isinstance(node, list) else [node]
 
     assert name in texts(json.loads((out / "results.json").read_text(encoding="utf-8")))
+
+
+# --------------------------------------------------------------------------- what a label can do to a terminal
+
+#: clear the line, set the window title (OSC 0 … BEL), an OSC 8 hyperlink, a carriage return, a
+#: right-to-left override (Boucher & Anderson 2023), a C1 control
+ESCAPES = "\x1b[2K\x1b]0;title\x07\x1b]8;;http://x\x1b\\link\x1b]8;;\x1b\\\rback\u202eevil\x9b"
+RAW = ("\x1b", "\x07", "\r", "\u202e", "\x9b")
+
+
+def test_labels_cannot_drive_a_terminal_a_log_or_a_page(tmp_path, capsys):
+    """A name with escape sequences reaches stdout, run.log and report.html spelled out (``\\x1b``),
+    results.json keeps it as written; `check` prints a rule's hostile name spelled out too."""
+    rng = np.random.default_rng(0)
+    scores = tmp_path / "s.csv"
+    scores.write_text("canary,score,inserted\n" + "".join(f"{i},{rng.normal(i % 2)},{i % 2}\n" for i in range(200)),
+                      encoding="utf-8")
+    out = tmp_path / f"out{ESCAPES[:4]}"  # the path is printed too
+    assert main(["scores", str(scores), f"--name={ESCAPES}", "--out", str(out), "-v"]) == 0
+    captured = capsys.readouterr()
+    shown = {"stdout": captured.out, "stderr": captured.err, "run.log": (out / "run.log").read_text(encoding="utf-8"),
+             "report.html": (out / "report.html").read_text(encoding="utf-8")}
+    assert "\\x1b[2K" in shown["stdout"] and "\\u202e" in shown["report.html"]
+    for where, text in shown.items():
+        assert not any(raw in text for raw in RAW), where
+    document = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert [e["label"] for e in document["experiments"]] == [ESCAPES]  # kept as written
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump({"rules": [{"name": f"rule {ESCAPES}", "kind": "no-violation"}]}), encoding="utf-8")
+    code = main(["check", str(out / "results.json"), "--policy", str(policy)])
+    captured = capsys.readouterr()
+    assert code in (0, 1) and "rule \\x1b[2K" in captured.out
+    assert not any(raw in captured.out + captured.err for raw in RAW)
