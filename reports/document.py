@@ -29,6 +29,20 @@ SCHEMA_FILE = Path(__file__).with_name("schema") / "results.schema.json"
 #: the ε figures an attack may carry, and what each is
 EPSILON_METRICS = ("epsilon_one_run", "epsilon_one_run_fdp", "epsilon_gaussian_fit")
 _OPTIONAL = {"omit_if_none": True}
+#: the range of each figure an attack can report (its value and both ends of its interval): rates
+#: and areas are probabilities, an ε lower bound and a mean squared error are not negative, SSIM
+#: lies in [-1, 1] (Wang et al. 2004)
+METRIC_RANGES: dict[str, tuple[float | None, float | None]] = {
+    "auc": (0.0, 1.0), "tpr_at_fpr_0.1%": (0.0, 1.0), "tpr_at_fpr_1%": (0.0, 1.0), "accuracy": (0.0, 1.0),
+    "balanced_accuracy": (0.0, 1.0), "label_accuracy": (0.0, 1.0), "advantage": (-1.0, 1.0), "ssim": (-1.0, 1.0),
+    "mse": (0.0, None), **{name: (0.0, None) for name in EPSILON_METRICS},
+}
+
+
+def _within(low: float | None, high: float | None) -> dict[str, Any]:
+    """The schema of an :class:`Estimate` whose numbers lie in [low, high] (null allowed)."""
+    bounds = {**({"minimum": low} if low is not None else {}), **({"maximum": high} if high is not None else {})}
+    return {"properties": {name: bounds for name in ("value", "ci_low", "ci_high")}}
 _SEED_MAX = 2**64 - 1
 
 
@@ -158,6 +172,10 @@ class AttackRecord:
     __json_schema__: ClassVar[dict[str, Any]] = {  # membership and canary attacks always report the ROC figures
         "if": {"properties": {"kind": {"enum": ["membership", "canary"]}}},
         "then": {"properties": {"metrics": {"required": ["auc", "tpr_at_fpr_0.1%", "tpr_at_fpr_1%"]}}},
+        # each figure within what it can be (an edited AUC of 7.5 is refused, not judged)
+        "allOf": [{"properties": {"metrics": {"properties": {name: _within(*bounds) for name, bounds in METRIC_RANGES.items()},
+                                              "patternProperties": {"[.](accuracy|macro_f1)$": _within(0.0, 1.0),
+                                                                    "[.]advantage$": _within(-1.0, 1.0)}}}}],
     }
 
     attack: str

@@ -210,12 +210,24 @@ def _no_constant(text: str) -> float:
     raise _NumberError(f"holds {text}, which JSON does not allow; allowed: finite numbers (null for a missing one)")
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all different (a parser would keep one of two silently)."""
+    document = dict(pairs)
+    if len(document) != len(pairs):
+        seen: set[str] = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))  # type: ignore[func-returns-value]
+        raise _NumberError(f"gives the key {json.dumps(twice)[:60]} twice in one object; allowed: each key once")
+    return document
+
+
 def _read_json(file: Path, option: str) -> Any:
     """A stored JSON file, strictly: UTF-8 text holding one JSON value of finite numbers (as the code
-    writes them: no NaN or Infinity, no integer of thousands of digits); any failure is one line."""
+    writes them: no NaN or Infinity, no integer of thousands of digits), no key given twice in an
+    object; any failure is one line."""
     try:
         text = file.read_bytes().decode("utf-8")
-        document = json.loads(text, parse_int=_integer, parse_float=_finite, parse_constant=_no_constant)
+        document = json.loads(text, parse_int=_integer, parse_float=_finite, parse_constant=_no_constant,
+                              object_pairs_hook=_unique_keys)
         broken = _lone_surrogate(document)
         if broken is not None:
             raise UserInputError(f"{option}: '{file}' holds the string {ascii(broken[:40])} with a lone surrogate "

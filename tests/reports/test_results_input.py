@@ -126,6 +126,12 @@ BROKEN_RESULTS = [
     ("utility-missing", lambda d: d["experiments"][0]["utility"].pop("test_accuracy"),
      "experiments[0].utility.test_accuracy: missing"),
     ("row-value-string", _set("rows", 0, "value", "0.9"), "rows[0].value: must be a number or null, got '0.9'"),
+    ("auc-above-one", _set("experiments", 0, "attacks", 0, "metrics", "auc", "value", 7.5),
+     "experiments[0].attacks[0].metrics.auc.value: must be <= 1, got 7.5"),
+    ("auc-interval-huge", _set("experiments", 1, "attacks", 0, "metrics", "auc", "ci_low", -1e308),
+     "experiments[1].attacks[0].metrics.auc.ci_low: must be >= 0, got -1e+308"),
+    ("tpr-below-zero", _set("experiments", 1, "attacks", 0, "metrics", "tpr_at_fpr_1%", "ci_low", -0.2),
+     "experiments[1].attacks[0].metrics['tpr_at_fpr_1%'].ci_low: must be >= 0, got -0.2"),
     ("row-extra", _set("rows", 0, "surprise", 1), "rows[0].surprise: unknown field; allowed: run, dataset"),
 ]
 
@@ -141,14 +147,15 @@ def test_report_refuses_a_broken_results_json_with_one_line(results_copy, tmp_pa
 
 
 #: results.json files that are well-formed but hold figures the code never writes (a value outside
-#: its interval, a null AUC beside a ROC, a probability above 1, ε = 0 on the log ε axis, intervals
-#: and bounds at ±1e308): the report is still drawn, without a warning — before, each was an
-#: internal error in the figures (negative error bars, formatting None) or an overflow warning
+#: its interval, a null AUC beside a ROC, an accuracy above 1, ε = 0 on the log ε axis, intervals
+#: and bounds at 1e308): the report is still drawn, without a warning — before, each was an
+#: internal error in the figures (negative error bars, formatting None) or an overflow warning. An
+#: attack's figure outside its range (an AUC of 7.5) is refused instead, above.
 EDITED_RESULTS = [
-    ("auc-above-interval", _set("experiments", 1, "attacks", 0, "metrics", "auc", "value", 1.5)),
+    ("auc-above-interval", lambda d: d["experiments"][1]["attacks"][0]["metrics"]["auc"].update(value=0.99, ci_high=0.5)),
     ("auc-null", _set("experiments", 1, "attacks", 0, "metrics", "auc", "value", None)),
     ("auc-null-no-dp", _set("experiments", 0, "attacks", 0, "metrics", "auc", "value", None)),
-    ("auc-interval-huge", _set("experiments", 1, "attacks", 0, "metrics", "auc", "ci_low", -1e308)),
+    ("epsilon-interval-huge", _set("experiments", 1, "attacks", 0, "metrics", "epsilon_one_run", "ci_high", 1e308)),
     ("accuracy-above-one", _set("experiments", 1, "utility", "test_accuracy", "value", 2.0)),
     ("accuracy-interval-huge", _set("experiments", 1, "utility", "test_accuracy", "ci_high", 1e308)),
     ("epsilon-zero", _set("experiments", 1, "claim", "epsilon", 0.0)),
@@ -202,6 +209,7 @@ def test_library_error_names_the_json_path(results_copy):
     (b"\x00\x01\x02garbage", "is not valid JSON"),
     (b'{"schema_version": "2.2", "experiments": [', "is not valid JSON: Expecting value at line 1, column 43"),
     (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    (b'{"schema_version": "2.3", "experiments": [], "experiments": [{}]}', 'gives the key "experiments" twice'),
 ])
 def test_unreadable_results_json_is_one_line(tmp_path, capsys, content, expected):
     (tmp_path / "out").mkdir()
