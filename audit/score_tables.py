@@ -25,7 +25,9 @@ MAX_ROWS = 10_000_000
 MAX_COLUMNS = 64
 #: ... characters of one text cell in an NPZ string array (ids are short names)
 MAX_TEXT_CHARS = 1024
-#: ... bytes of a CSV file, and of a Parquet file's uncompressed data (about 100 bytes a row)
+#: ... bytes of a CSV file, and of a Parquet file's or an NPZ archive's data once decoded (about
+#: 100 bytes a row): counted from the .npy headers (rows × item size, summed over the columns) and,
+#: for Parquet, from the footer and the dictionaries (a short dictionary can expand to gigabytes)
 MAX_TABLE_BYTES = 100 * MAX_ROWS
 
 class Table:
@@ -115,9 +117,16 @@ def _read_parquet(path: Path) -> dict[str, np.ndarray]:
             raise _too_many_rows(path, str(metadata.num_rows))
         size = sum(metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups))
         if size > MAX_TABLE_BYTES:
-            raise UserInputError(f"{path}: {size} bytes of data once uncompressed, more than a score file may have; "
-                                 f"allowed: up to {MAX_TABLE_BYTES} bytes (split the scores into several files)")
-        table = pq.read_table(path)
+            raise _too_large(path, f"{size} bytes of data once uncompressed")
+        # text columns stay dictionary-encoded until their decoded size is known
+        schema = pq.ParquetFile(path).schema_arrow
+        text = [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
+                or pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)]
+        table = pq.read_table(path, read_dictionary=text)
+        _check_decoded_text(path, table)
+        table = table.cast(schema) if text else table
+    except UserInputError:
+        raise
     except (OSError, ValueError, pa.ArrowException) as exc:
         raise UserInputError(f"{path}: not a readable Parquet file ({' '.join(str(exc).split())[:200]})") from None
     # the pandas metadata (a JSON blob any writer may set) only restores an index, which a score
@@ -127,6 +136,34 @@ def _read_parquet(path: Path) -> dict[str, np.ndarray]:
     frame = table.replace_schema_metadata(None).to_pandas()
     return {str(name).strip(): frame[name].to_numpy() for name in frame.columns
             if not re.fullmatch(r"__index_level_\d+__", str(name))}
+
+
+def _too_large(path: Path, what: str) -> UserInputError:
+    return UserInputError(f"{path}: {what}, more than a score file may have; allowed: up to {MAX_TABLE_BYTES} bytes "
+                          "(split the scores into several files)")
+
+
+def _check_decoded_text(path: Path, table) -> None:
+    """Refuse a Parquet table whose text columns, decoded, exceed :data:`MAX_TABLE_BYTES` (with every
+    fixed-size column) or hold a cell longer than :data:`MAX_TEXT_CHARS`: computed from each
+    dictionary's entry lengths and the indices, before anything is expanded."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    decoded = 0
+    for name, column in zip(table.column_names, table.columns):
+        if not pa.types.is_dictionary(column.type):
+            decoded += column.nbytes
+            continue
+        for chunk in column.chunks:
+            lengths = pc.binary_length(chunk.dictionary).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+            if len(lengths) and lengths.max() > 4 * MAX_TEXT_CHARS:
+                raise UserInputError(f"{path}: column '{name}' holds text of {int(lengths.max())} bytes a cell; "
+                                     f"allowed: up to {MAX_TEXT_CHARS} characters")
+            indices = chunk.indices.fill_null(0).to_numpy(zero_copy_only=False)
+            decoded += int(np.bincount(indices, minlength=len(lengths)) @ lengths) + 8 * len(chunk)
+        if decoded > MAX_TABLE_BYTES:
+            raise _too_large(path, f"{decoded} bytes once its text is decoded (up to column '{name}')")
 
 
 def _read_npz(path: Path) -> dict[str, np.ndarray]:
@@ -180,6 +217,7 @@ def _check_npz_headers(path: Path) -> None:
         with zipfile.ZipFile(path) as archive:
             members = archive.namelist()
             _check_names(path, [name.removesuffix(".npy") for name in members])
+            decoded = 0
             for member in members:
                 name = member.removesuffix(".npy")
                 if not member.endswith(".npy"):
@@ -209,6 +247,9 @@ def _check_npz_headers(path: Path) -> None:
                 if dtype.kind in "US" and chars > MAX_TEXT_CHARS:
                     raise UserInputError(f"{path}: array '{name}' holds text of up to {chars} characters a cell; "
                                          f"allowed: up to {MAX_TEXT_CHARS}")
+                decoded += shape[0] * dtype.itemsize
+                if decoded > MAX_TABLE_BYTES:
+                    raise _too_large(path, f"{decoded} bytes once loaded (up to array '{name}')")
     except (OSError, EOFError, zipfile.BadZipFile, NotImplementedError, RuntimeError) as exc:
         # NotImplementedError: an unsupported compression; RuntimeError: an encrypted member
         raise UserInputError(f"{path}: not a readable NPZ archive ({' '.join(str(exc).split())[:200]})") from None

@@ -395,6 +395,18 @@ def _canary_members(count: int = 20, **replaced: bytes) -> list[tuple[str, bytes
     return list(members.items())
 
 
+def _dictionary_bomb(path: Path, rows: int = 1_100_000) -> Path:
+    """A Parquet file of a few hundred kB whose dictionary-encoded id column (one entry of 1,000
+    characters) expands to 1.1 GB: its footer's sizes are small, its decoded text is not."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    canary = pa.DictionaryArray.from_arrays(pa.array(np.zeros(rows, dtype=np.int32)), pa.array(["c" * 1000]))
+    pq.write_table(pa.table({"canary": canary, "score": pa.array(np.zeros(rows)),
+                             "inserted": pa.array(np.zeros(rows, dtype=np.int64))}), path)
+    return path
+
+
 def _bounded_cases(tmp_path: Path) -> dict[str, tuple[Path, list[str]]]:
     """name → (file, words its one error line must contain); the cases named in :data:`SMALL_LIMITS`
     are read with those limits."""
@@ -410,6 +422,16 @@ def _bounded_cases(tmp_path: Path) -> dict[str, tuple[Path, list[str]]]:
     cases["npz of 20 M rows"] = (
         _npz(tmp_path / "rows.npz", _canary_members(**{"canary.npy": _npy_header((20_000_000,), "<i8")})),
         ["array 'canary' has 20000000 rows", f"allowed: up to {score_tables.MAX_ROWS} rows"])
+    # within the row limit, but 2 M cells of 1,024 characters (8.2 GB once loaded), and 64 columns
+    # of 10 M float64 (5.1 GB): refused from the headers, on the bytes they would decode to
+    cases["npz text of 8 GB declared"] = (
+        _npz(tmp_path / "wide-text.npz", [("canary.npy", _npy_header((2_000_000,), "<U1024")),
+                                          ("score.npy", _npy_header((2_000_000,), "<f8")),
+                                          ("inserted.npy", _npy_header((2_000_000,), "<i8"))]),
+        ["bytes once loaded (up to array 'canary')", f"allowed: up to {score_tables.MAX_TABLE_BYTES} bytes"])
+    cases["npz 64 columns of 10 M rows"] = (
+        _npz(tmp_path / "columns.npz", [(f"c{i}.npy", _npy_header((10_000_000,), "<f8")) for i in range(64)]),
+        ["bytes once loaded", f"allowed: up to {score_tables.MAX_TABLE_BYTES} bytes"])
     cases["npz member not .npy"] = (
         _npz(tmp_path / "notes.npz", [*_canary_members(), ("notes.txt", b"hello")]),
         ["member 'notes.txt' is not a .npy array", "allowed: one .npy array per column"])
@@ -446,6 +468,9 @@ def _bounded_cases(tmp_path: Path) -> dict[str, tuple[Path, list[str]]]:
     if importlib.util.find_spec("pyarrow") is not None:
         frame.to_parquet(tmp_path / "many.parquet")
         cases["parquet rows (metadata)"] = (tmp_path / "many.parquet", ["20 rows", "allowed: up to 19 rows"])
+        cases["parquet dictionary of 1.1 GB decoded"] = (_dictionary_bomb(tmp_path / "bomb.parquet"),
+                                                       ["once its text is decoded (up to column 'canary')",
+                                                        f"allowed: up to {score_tables.MAX_TABLE_BYTES} bytes"])
     cases["csv bytes"] = (_write(tmp_path, frame.head(5), "wide.csv"), ["bytes", "allowed: up to 100 bytes"])
     return cases
 
@@ -456,7 +481,8 @@ SMALL_LIMITS = {"csv rows": {"MAX_ROWS": 19}, "npz rows": {"MAX_ROWS": 19}, "par
 
 
 @pytest.mark.parametrize("case", [
-    "npz header of 1e11 entries", "npz of 20 M rows", "npz member not .npy", "npz complex scores",
+    "npz header of 1e11 entries", "npz of 20 M rows", "npz text of 8 GB declared", "npz 64 columns of 10 M rows",
+    "parquet dictionary of 1.1 GB decoded", "npz member not .npy", "npz complex scores",
     "npz two-dimensional", "npz long text", "npz dates", "npz repeated member", "npz bad header",
     "arabic-indic digits", "csv repeated column", "csv column repeated after spaces",
     "csv rows", "npz rows", "parquet rows (metadata)", "csv bytes",
