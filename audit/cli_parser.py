@@ -35,6 +35,16 @@ def _bounded(kind: type, low: float, high: float, low_open: bool = False):
     return parse
 
 
+def _label(text: str) -> str:
+    """argparse type: a name shown in reports (:data:`audit.core.schema.MAX_LABEL` characters, no NUL)."""
+    from audit.core.schema import MAX_LABEL
+
+    if len(text) > MAX_LABEL or "\0" in text:
+        raise argparse.ArgumentTypeError(f"must be text of up to {MAX_LABEL} characters without NUL, "
+                                         f"got {len(text)} characters")
+    return text
+
+
 #: every --seed: seeds key random streams whole, up to 64 bits
 _seed = _bounded(int, 0, 2**64 - 1)
 
@@ -265,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     scores.add_argument("--out", metavar="DIR", help="write results.json, results.csv, report.html and manifest.json "
                                                      "here (default: write nothing, only print)")
     scores.add_argument("--json", action="store_true", help="print the results document (results.json) instead")
-    scores.add_argument("--name", help="the audited system's name in the report (default: the file's name)")
+    scores.add_argument("--name", type=_label, help="the audited system's name in the report (default: the file's name)")
     scores.add_argument("--seed", type=_seed, default=0, help="seed of the bootstrap intervals (default: 0)")
 
     own = commands.add_parser(

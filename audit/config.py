@@ -19,7 +19,7 @@ from typing import Any, Literal
 import yaml
 
 from audit.core.errors import UserInputError
-from audit.core.schema import from_mapping, to_mapping
+from audit.core.schema import MAX_LABEL, from_mapping, to_mapping
 from audit.core.strict_yaml import parse_yaml, read_yaml_file
 from defenses.federated.training_job import TrainingConfig
 
@@ -70,7 +70,7 @@ class ModelConfig:
 @dataclass(frozen=True)
 class DefenseEntry:
     name: str = field(metadata={"help": "registry name or module:callable returning a Defense class"})
-    label: str | None = field(default=None, metadata={"help": "display name in the report"})
+    label: str | None = field(default=None, metadata={"help": "display name in the report", "max_chars": MAX_LABEL})
     params: dict = field(default_factory=dict, metadata={"help": "the defense's hyper-parameters (see `dpfl-audit list`)"})
     epsilons: list[float] | None = field(default=None, metadata={"min": MIN_EPSILON, "max": MAX_EPSILON,
                                                                  "min_length": 1, "max_length": 100,
@@ -97,7 +97,8 @@ class MembershipConfig:
 class AttackEntry:
     name: str = field(metadata={"help": "registry name (see `dpfl-audit list`)"})
     params: dict = field(default_factory=dict)
-    label: str | None = field(default=None, metadata={"help": "name in the report (default: the attack's name)"})
+    label: str | None = field(default=None, metadata={"help": "name in the report (default: the attack's name)",
+                                                      "max_chars": MAX_LABEL})
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,7 @@ def _default_attacks() -> list[AttackEntry]:
 
 @dataclass(frozen=True)
 class AuditConfig:
-    name: str = field(default="dpfl-audit", metadata={"help": "shown in the report"})
+    name: str = field(default="dpfl-audit", metadata={"help": "shown in the report", "max_chars": MAX_LABEL})
     seed: int = field(default=0, metadata={"min": 0, "max": 2**64 - 1, "help": "root of every random choice"})
     device: str = field(default="cpu", metadata={"help": "torch device: cpu, cuda, cuda:1, ..."})
     dataset: DatasetConfig = field(default_factory=DatasetConfig)

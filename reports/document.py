@@ -29,6 +29,9 @@ SCHEMA_FILE = Path(__file__).with_name("schema") / "results.schema.json"
 #: the ε figures an attack may carry, and what each is
 EPSILON_METRICS = ("epsilon_one_run", "epsilon_one_run_fdp", "epsilon_gaussian_fit")
 _OPTIONAL = {"omit_if_none": True}
+#: a name shown in tables and figures: what the code writes is at most a label (200 characters)
+#: and a suffix; an edited document's name of 100,000 characters would stall the figures
+_NAME = {"json_schema": {"maxLength": 1000}}
 #: the range of each figure an attack can report (its value and both ends of its interval): rates
 #: and areas are probabilities, an ε lower bound and a mean squared error are not negative, SSIM
 #: lies in [-1, 1] (Wang et al. 2004)
@@ -178,7 +181,7 @@ class AttackRecord:
                                                                     "[.]advantage$": _within(-1.0, 1.0)}}}}],
     }
 
-    attack: str
+    attack: str = field(metadata=_NAME)
     unit: str
     notes: str
     metrics: dict[str, Estimate]
@@ -222,9 +225,9 @@ class Experiment:
         "then": {"required": ["diverged"]},
     }
 
-    key: str
-    label: str
-    defense: str
+    key: str = field(metadata=_NAME)
+    label: str = field(metadata=_NAME)
+    defense: str = field(metadata=_NAME)
     reference: str
     params: dict[str, Any]
     training: dict[str, Any]

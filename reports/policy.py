@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from audit.core.errors import UserInputError
-from audit.core.schema import coerce, from_mapping
+from audit.core.schema import MAX_LABEL, coerce, from_mapping
 from audit.core.strict_yaml import read_yaml_file
 
 RuleKind = Literal["max", "min", "no-violation", "no-regression"]
@@ -75,7 +75,8 @@ class _Rule:
     """The fields every rule has; a rule's ``name`` is derived from the rule when not given."""
 
     kind: str = field(metadata={"help": "max, min, no-violation or no-regression"})
-    name: str = field(default="", metadata={"help": "shown in the outcome table and JUnit (default: derived)"})
+    name: str = field(default="", metadata={"help": "shown in the outcome table and JUnit (default: derived)",
+                                            "max_chars": MAX_LABEL})
     defense: str | None = field(default=None, metadata={"help": f"a defense name; {_SCOPE}"})
     experiment: str | None = field(default=None, metadata={"help": f"an experiment's key or label; {_SCOPE}"})
 

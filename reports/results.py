@@ -294,6 +294,8 @@ def _schema_problem(error) -> str:
         return f"{_json_path(parts)}: {_shown(value)} is not allowed; allowed: {_shown(expected)}"
     if kind == "enum":
         return f"{_json_path(parts)}: {_shown(value)} is not allowed; allowed: {', '.join(str(v) for v in expected)}"
+    if kind == "maxLength":
+        return f"{_json_path(parts)}: {len(value)} characters; allowed: up to {expected} characters"
     if kind in ("minimum", "maximum"):
         return f"{_json_path(parts)}: must be {'>=' if kind == 'minimum' else '<='} {expected:g}, got {_shown(value)}"
     return f"{_json_path(parts)}: {' '.join(error.message.split())[:200]}"

@@ -39,6 +39,21 @@ MAX_INT = 1_000_000
 #: float32 (largest ≈ 3.4e38), where a learning rate or noise multiplier of 1e308 overflows with an
 #: error instead of a result; up to this bound a run that blows up ends as a diverged result
 MAX_FLOAT = 1e30
+#: longest text a field accepts unless its metadata says otherwise (``max_chars``): a path or a
+#: ``file.py:callable`` reference fits (PATH_MAX); text this long is a mistake or an attack
+MAX_TEXT = 4096
+#: longest name shown in reports, tables and figures (labels, a policy rule's name)
+MAX_LABEL = 200
+
+
+def check_text(value: str, path: str, limit: int = MAX_TEXT) -> str:
+    """Refuse text longer than ``limit`` characters or holding a NUL (no file name, label or
+    reference has one, and C-based readers cut the text there); returns it."""
+    if len(value) > limit:
+        raise UserInputError(f"{path}: {len(value)} characters; allowed: up to {limit} characters")
+    if "\0" in value:
+        raise UserInputError(f"{path}: contains a NUL character; allowed: text without NUL")
+    return value
 
 
 def _join(path: str, name: str) -> str:
@@ -150,6 +165,7 @@ def coerce(tp: Any, value: Any, path: str, metadata: typing.Mapping[str, Any] | 
     if tp is str:
         if not isinstance(value, str):
             raise UserInputError(f"{path}: must be a string, got {value!r}{_allowed(tp, metadata)}")
+        check_text(value, path, metadata.get("max_chars", MAX_TEXT))
         if "choices" in metadata and value not in metadata["choices"]:
             raise UserInputError(f"{path}: '{value}' is not allowed; allowed: {', '.join(metadata['choices'])}")
         return value

@@ -192,6 +192,8 @@ def test_json_output_matches_the_exit_code(tmp_path, capsys):
     ("rules:\n  - {kind: no-regression, tolerance: -1}\n", "rules[0].tolerance: must be >= 0"),
     ("rules:\n  - {kind: no-violation, warnings: loud}\n", "rules[0].warnings: 'loud' is not allowed; allowed: ignore, fail"),
     ("rules:\n  - {name: a, kind: no-violation}\n  - {name: a, kind: no-violation}\n", "rules[1].name: 'a' is already"),
+    ('rules:\n  - {name: "a\\0b", kind: no-violation}\n', "rules[0].name: contains a NUL character"),
+    ("rules:\n  - {name: " + "r" * 201 + ", kind: no-violation}\n", "rules[0].name: 201 characters; allowed: up to 200"),
     ("version: 2\nrules:\n  - {kind: no-violation}\n", "version: 2 is not allowed; allowed: 1"),
     ("rules: []\n", "rules: must list at least 1 value(s)"),
     ("rule:\n  - {kind: no-violation}\n", "rule: unknown field; allowed: version, rules"),

@@ -128,6 +128,8 @@ BROKEN_RESULTS = [
     ("row-value-string", _set("rows", 0, "value", "0.9"), "rows[0].value: must be a number or null, got '0.9'"),
     ("auc-above-one", _set("experiments", 0, "attacks", 0, "metrics", "auc", "value", 7.5),
      "experiments[0].attacks[0].metrics.auc.value: must be <= 1, got 7.5"),
+    ("label-100000", _set("experiments", 1, "label", "A" * 100_000),
+     "experiments[1].label: 100000 characters; allowed: up to 1000 characters"),
     ("auc-interval-huge", _set("experiments", 1, "attacks", 0, "metrics", "auc", "ci_low", -1e308),
      "experiments[1].attacks[0].metrics.auc.ci_low: must be >= 0, got -1e+308"),
     ("tpr-below-zero", _set("experiments", 1, "attacks", 0, "metrics", "tpr_at_fpr_1%", "ci_low", -0.2),
