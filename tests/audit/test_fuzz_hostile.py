@@ -1,12 +1,14 @@
-"""Property-based fuzzing of every input a user hands the command line (issue "Hostile input, round
-two", item 4).
+"""Property-based fuzzing of every input a user hands the command line.
 
 :mod:`tests.audit.test_fuzz_input` breaks one config field at a time with a value its schema
 forbids and asks for a refusal. This module goes further and does not decide in advance whether an
 input is good: it throws hostile *text and bytes* — YAML with huge, non-finite, mistyped, tagged,
 aliased or non-UTF-8 values in random fields, ``--set`` and ``--over`` strings, score files (CSV
-and NPZ bytes), policies and results.json documents, and hostile numbers on the commands that take
-them — at :func:`audit.cli.main`, and checks what must hold whatever the input:
+and NPZ bytes), policies and results.json documents, hostile numbers on the commands that take
+them, entries of every kind (FIFOs, sockets, folders, files, hard and symbolic links) at the names
+a command writes in ``--out``, and labels of control characters that reach the terminal, the log,
+the page, the CSV and the JUnit XML — at :func:`audit.cli.main`, and checks what must hold
+whatever the input:
 
 * the exit code is 0 or 2 (``check`` may also say 1: a rule failed), never an internal error;
 * at most one line on stderr (a warning printed by a library counts as a line), no traceback;
@@ -17,7 +19,7 @@ No example trains a model: configs go through ``dpfl-audit config`` (resolved an
 training), ``sweep`` runs under a budget of 1e-12 hours (any valid grid is refused by the
 planner), and data files go through ``scores``, ``check`` and ``report``.
 
-The number of examples is about 600 here (about 25 s on 2 cores), the same inputs every run. Set
+The number of examples is about 650 here (about 70 s on 2 cores), the same inputs every run. Set
 ``DPFL_FUZZ_EXAMPLES`` to run more, drawn afresh from ``--hypothesis-seed``:
 ``benchmarks/fuzz_hostile.py`` does, under several seeds, and records the counts.
 """
@@ -29,6 +31,7 @@ import copy
 import io
 import json
 import os
+import re
 import shutil
 import tempfile
 import warnings
@@ -45,7 +48,8 @@ from audit.config import AuditConfig
 from audit.core.schema import field_reference
 
 #: examples per test below, out of the ~600 of a default run; DPFL_FUZZ_EXAMPLES=N scales them to N in all
-SHARES = {"config": 150, "set": 90, "over": 40, "numbers": 70, "scores": 90, "policy": 90, "results": 70}
+SHARES = {"config": 150, "set": 90, "over": 40, "numbers": 70, "scores": 90, "policy": 90, "results": 70,
+          "entries": 30, "labels": 20}
 TOTAL = int(os.environ.get("DPFL_FUZZ_EXAMPLES", "0")) or sum(SHARES.values())
 
 
@@ -148,19 +152,21 @@ def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
     return found
 
 
-def run_hostile(root: Path, args: list[str], out: Path | None = None, exit_one_allowed: bool = False) -> list[str]:
+def run_hostile(root: Path, args: list[str], out: Path | None = None, exit_one_allowed: bool = False,
+                shown: list[str] | None = None) -> list[str]:
     """Run ``dpfl-audit ARGS`` in ``root`` and return what broke the contract (empty: nothing).
 
     ``out``: the command's output folder (or the folder of its output files); writes there are
     allowed, unless the command refused the input. Everything else under ``root`` — the inputs,
-    the working folder — must be left as it was."""
+    the working folder — must be left as it was. ``shown``: gets what the command printed (stdout,
+    then stderr)."""
     before = _snapshot(root)
     out_before = _snapshot(out) if out is not None and out.exists() else {}
-    err = io.StringIO()
+    err, printed = io.StringIO(), io.StringIO()
     cwd = os.getcwd()
     os.chdir(root)  # default output folders (invert-out, dpfl-audit-out, ...) would land here
     try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()), \
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(printed), \
                 warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             warnings.filterwarnings("ignore", message="More than 20 figures")  # many commands in one process
@@ -171,6 +177,8 @@ def run_hostile(root: Path, args: list[str], out: Path | None = None, exit_one_a
     finally:
         os.chdir(cwd)
     text = err.getvalue()
+    if shown is not None:
+        shown += [printed.getvalue(), text]
     # a warning would be printed on stderr outside pytest: one more line
     lines = text.splitlines() + [f"warning: {w.category.__name__}: {w.message}" for w in caught]
     problems = []
@@ -462,6 +470,110 @@ def test_hostile_policies(text, results_folder, workspace):
         problems = run_hostile(root, ["check", str(results_folder), "--policy", str(policy), "--baseline", str(results_folder),
                                       "--junit", str(out / "junit.xml")], out, exit_one_allowed=True)
         assert not problems, (text[:300], problems)
+
+
+# --------------------------------------------------------------------------- what --out holds, what a label holds
+
+#: names the commands write in --out (and deeper ones), and one the user left there
+OUTPUT_NAMES = [".dpfl-audit.lock", "run.log", "results.json", "results.csv", "report.html", "manifest.json", "figures",
+                "figures/roc-x.png", "cache", "cache/attacks/a/b.json", "runs", "runs/r/model.safetensors", "notes.txt"]
+ENTRY_KINDS = ["fifo", "folder", "file", "hardlink", "socket", "link-out", "link-in"]
+
+
+def _place(out: Path, name: str, kind: str, victim: Path) -> None:
+    import socket
+
+    path = out / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    elif kind == "file":
+        path.write_text("x\n", encoding="utf-8")
+    elif kind == "hardlink":
+        os.link(victim, path)
+    elif kind == "socket":
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(os.fspath(path))
+        server.close()
+    else:  # a symbolic link to the victim outside --out, or to a file inside it
+        inner = out / "inner.txt"
+        inner.write_text("inside\n", encoding="utf-8")
+        os.symlink(victim if kind == "link-out" else inner, path)
+
+
+def _score_file(root: Path) -> Path:
+    scores = root / "s.csv"
+    scores.write_text("canary,score,inserted\n" + "".join(f"{i},{(i % 2) + 0.01 * (i % 7)},{i % 2}\n" for i in range(60)),
+                      encoding="utf-8")
+    return scores
+
+
+@given(entries=st.lists(st.tuples(st.sampled_from(OUTPUT_NAMES), st.sampled_from(ENTRY_KINDS)), min_size=1, max_size=3,
+                        unique_by=lambda entry: entry[0].split("/")[0]))
+@fuzz_settings("entries")
+def test_hostile_output_entries(entries, workspace):
+    """Entries of every kind at the names a command writes: exit 0 or 2 with at most one line, never
+    a hang (a FIFO), nothing written through a link or a hard link (the victim keeps its bytes)."""
+    with fresh(workspace) as root:
+        victim = root / "victim.txt"
+        victim.write_text("the victim\n", encoding="utf-8")
+        out = root / "out"
+        out.mkdir()
+        for name, kind in entries:
+            _place(out, name, kind, victim)
+        problems = run_hostile(root, ["scores", str(_score_file(root)), "--out", str(out)], out)
+        assert victim.read_text(encoding="utf-8") == "the victim\n"
+        assert not problems, (entries, problems)
+
+
+#: text that acts where it is shown: escape sequences, a carriage return, C1 and bidirectional controls,
+#: formula leads, XML-illegal characters
+HOSTILE_TEXT = st.text(alphabet=st.characters(codec="utf-8", categories=("Cc", "Cf", "Zs", "Ll", "Sm", "Po")),
+                       max_size=40) | st.sampled_from(["\x1b[2Kx", "\x1b]0;t\x07", "\r=1+1", "@SUM(A1)", "-2+3",
+                                                        "\u202eabc", "\x9b31m", "a\x00b", "\ufffe", "\t=1"])
+#: what must not reach a terminal, a log or a page raw
+ACTING = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+@given(name=HOSTILE_TEXT)
+@fuzz_settings("labels")
+def test_hostile_labels_reach_every_output_spelled_out(name, workspace):
+    """A system name and a rule name of hostile text: stdout, stderr, run.log and report.html hold
+    no acting character, results.csv keeps its columns and has no live formula, JUnit parses."""
+    import csv
+    import xml.etree.ElementTree as ET
+
+    with fresh(workspace) as root:
+        out = root / "out"
+        shown: list[str] = []
+        problems = run_hostile(root, ["scores", str(_score_file(root)), f"--name={name}", "--out", str(out)], out,
+                               shown=shown)
+        assert not problems, (name, problems)
+        if not (out / "results.json").exists():  # refused (a NUL, an empty name): one line, checked above
+            return
+        policy = root / "policy.yaml"
+        policy.write_text("rules:\n  - {kind: no-violation, name: " + json.dumps(f"r{name}") + "}\n", encoding="utf-8")
+        problems = run_hostile(root, ["check", str(out), "--policy", str(policy), "--junit", str(out / "junit.xml")],
+                               out, exit_one_allowed=True, shown=shown)
+        assert not problems, (name, problems)
+        texts = shown + [(out / n).read_text(encoding="utf-8") for n in ("run.log", "report.html")]
+        assert not any(ACTING.search(text) for text in texts), name
+        with (out / "results.csv").open(newline="", encoding="utf-8") as handle:
+            rows = list(csv.reader(handle))
+        assert all(len(row) == len(rows[0]) for row in rows)
+        assert not any(cell.startswith(("=", "+", "-", "@")) and not _number(cell) for row in rows[1:] for cell in row)
+        if (out / "junit.xml").exists():
+            ET.parse(out / "junit.xml")
+
+
+def _number(cell: str) -> bool:
+    try:
+        float(cell)
+        return True
+    except ValueError:
+        return False
 
 
 def test_the_harness_sees_a_write_outside_out_and_an_internal_error(tmp_path, monkeypatch):
