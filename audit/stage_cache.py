@@ -107,6 +107,14 @@ def config_without(config: Any, *fields: str) -> dict[str, Any]:
     return {k: v for k, v in mapping.items() if k not in fields}
 
 
+def _sealed(body: dict, tag: object) -> bool:
+    """Whether ``tag`` is the seal of ``body`` (an entry nested too deeply to encode is not)."""
+    try:
+        return seal.holds(dumps(body, indent=None).encode(), tag)
+    except (RecursionError, ValueError, TypeError):
+        return False
+
+
 class StageCache:
     """The entries under ``<out>/cache`` (``enabled=False``: every lookup misses, nothing is written).
 
@@ -186,12 +194,12 @@ class StageCache:
         path = self._entry(slot)
         try:
             entry = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError):
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: nested too deeply
             entry = None
         found = None
         if isinstance(entry, dict) and entry.get("format") == CACHE_FORMAT and entry.get("key") == key:
             body = {"key": key, "outputs": entry.get("outputs"), "reads": entry.get("reads"), "value": entry.get("value")}
-            if not seal.holds(dumps(body, indent=None).encode(), entry.get("seal")):
+            if not _sealed(body, entry.get("seal")):
                 LOG.warning("cache entry %s does not carry this machine's seal (edited, or written with another key): "
                             "recomputing it", path)
             elif self._unchanged(entry, runs):

@@ -58,10 +58,11 @@ def problem(folder: Path, run_id: str) -> tuple[str, str] | None:
         return None
     try:
         document = json.loads((folder / SEAL_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested too deeply
         return SEAL_NAME, "missing or unreadable: the run was not written by this version, or was damaged"
     digests = document.get("files") if isinstance(document, dict) else None
-    if not isinstance(digests, dict) or not seal.holds(_body(run_id, digests), document.get("seal")):
+    flat = isinstance(digests, dict) and all(isinstance(v, str) for v in digests.values())
+    if not flat or not seal.holds(_body(run_id, digests), document.get("seal")):
         return SEAL_NAME, ("not sealed with this machine's key (edited, or written on another machine: "
                            f"set {seal.KEY_ENV} to the key file it was written with)")
     names = _files(folder)

@@ -4,10 +4,11 @@
 forbids and asks for a refusal. This module goes further and does not decide in advance whether an
 input is good: it throws hostile *text and bytes* — YAML with huge, non-finite, mistyped, tagged,
 aliased or non-UTF-8 values in random fields, ``--set`` and ``--over`` strings, score files (CSV
-and NPZ bytes), policies and results.json documents, hostile numbers on the commands that take
-them, entries of every kind (FIFOs, sockets, folders, files, hard and symbolic links) at the names
-a command writes in ``--out``, and labels of control characters that reach the terminal, the log,
-the page, the CSV and the JUnit XML — at :func:`audit.cli.main`, and checks what must hold
+and NPZ bytes, NPZ headers declaring gigabytes within the row limit), policies and results.json
+documents, hostile numbers on the commands that take them, entries of every kind (FIFOs, sockets,
+folders, files, hard and symbolic links) at the names a command writes in ``--out``, forged
+stage-cache entries, and labels of control characters that reach the terminal, the log, the page,
+the CSV and the JUnit XML — at :func:`audit.cli.main`, and checks what must hold
 whatever the input:
 
 * the exit code is 0 or 2 (``check`` may also say 1: a rule failed), never an internal error;
@@ -15,9 +16,10 @@ whatever the input:
 * nothing is written outside the ``--out`` folder (the whole working folder is snapshotted);
 * nothing is written inside ``--out`` when the exit code is 2.
 
-No example trains a model: configs go through ``dpfl-audit config`` (resolved and validated, no
-training), ``sweep`` runs under a budget of 1e-12 hours (any valid grid is refused by the
-planner), and data files go through ``scores``, ``check`` and ``report``.
+Only one tiny audit is trained, once, for the forged cache entries (each example reruns it on a
+copy): configs go through ``dpfl-audit config`` (resolved and validated, no training), ``sweep``
+runs under a budget of 1e-12 hours (any valid grid is refused by the planner), and data files go
+through ``scores``, ``check`` and ``report``.
 
 The number of examples is about 650 here (about 70 s on 2 cores), the same inputs every run. Set
 ``DPFL_FUZZ_EXAMPLES`` to run more, drawn afresh from ``--hypothesis-seed``:
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import io
 import json
 import os
@@ -35,6 +38,7 @@ import re
 import shutil
 import tempfile
 import warnings
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +53,7 @@ from audit.core.schema import field_reference
 
 #: examples per test below, out of the ~600 of a default run; DPFL_FUZZ_EXAMPLES=N scales them to N in all
 SHARES = {"config": 150, "set": 90, "over": 40, "numbers": 70, "scores": 90, "policy": 90, "results": 70,
-          "entries": 30, "labels": 20}
+          "entries": 30, "labels": 20, "cache": 8}
 TOTAL = int(os.environ.get("DPFL_FUZZ_EXAMPLES", "0")) or sum(SHARES.values())
 
 
@@ -339,7 +343,22 @@ def score_file(draw) -> tuple[str, bytes]:
             rows[i].append("1")
         else:
             header[draw(st.integers(0, len(header) - 1))] = draw(st.sampled_from(["", "score", "x", "unit_kind", "run"]))
-    fmt = draw(st.sampled_from(["csv", "csv", "npz", "bytes"]))
+    fmt = draw(st.sampled_from(["csv", "csv", "npz", "bytes", "bomb"]))
+    if fmt == "bomb":  # headers that declare, within the row limit, more bytes than a score file may decode to
+        from numpy.lib import format as npy
+
+        members = {}
+        for name in header:
+            dtype = np.dtype(draw(st.sampled_from(["<f8", "<i8", "<U1024", "<U64", "|S1024", "<f4"])))
+            head = io.BytesIO()
+            npy.write_array_header_1_0(head, {"descr": npy.dtype_to_descr(dtype), "fortran_order": False,
+                                              "shape": (draw(st.integers(1, 10_000_000)),)})
+            members[f"{name or 'empty'}.npy"] = head.getvalue()
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w") as archive:
+            for member, data in members.items():
+                archive.writestr(member, data)
+        return "scores.npz", buffer.getvalue()
     if fmt == "npz":
         buffer = io.BytesIO()
         columns = {}
@@ -566,6 +585,45 @@ def test_hostile_labels_reach_every_output_spelled_out(name, workspace):
         assert not any(cell.startswith(("=", "+", "-", "@")) and not _number(cell) for row in rows[1:] for cell in row)
         if (out / "junit.xml").exists():
             ET.parse(out / "junit.xml")
+
+
+@pytest.fixture(scope="module")
+def audited(tmp_path_factory) -> tuple[Path, Path]:
+    """(config, output folder) of one tiny finished audit, trained once for this module."""
+    base = tmp_path_factory.mktemp("audited")
+    config = base / "tiny.yaml"
+    config.write_text(yaml.safe_dump(BASE), encoding="utf-8")
+    assert main(["run", str(config), "--out", str(base / "out"), "--quiet"]) == 0
+    return config, base / "out"
+
+
+@given(data=st.data())
+@fuzz_settings("cache")
+def test_forged_cache_entries_are_never_reported(data, audited, workspace):
+    """Someone with write access to --out edits one value of a stage-cache entry, and perhaps
+    recomputes the SHA-256 an editor could: the rerun reports exactly what the audit computed."""
+    config, original = audited
+    with fresh(workspace) as root:
+        out = root / "out"
+        shutil.copytree(original, out)
+        entries = sorted(p.relative_to(out) for p in (out / "cache").rglob("*.json"))
+        entry = out / data.draw(st.sampled_from(entries))
+        document = json.loads(entry.read_text(encoding="utf-8"))
+        path = data.draw(st.sampled_from([p for p in _leaves(document) if p]))
+        raw = data.draw(st.sampled_from(HOSTILE_JSON + ["0.5", "1.0", "0", '"forged"']))
+        text = _with_raw(document, path, raw)
+        if data.draw(st.booleans()):  # the digest an editor can recompute, where the seal was
+            try:
+                forged = json.loads(text)
+                body = {k: forged.get(k) for k in ("key", "outputs", "reads", "value")}
+                forged["seal"] = hashlib.sha256(json.dumps(body, ensure_ascii=False).encode()).hexdigest()
+                text = json.dumps(forged, ensure_ascii=False)
+            except (ValueError, RecursionError, AttributeError):
+                pass
+        entry.write_text(text, encoding="utf-8", errors="surrogatepass")
+        problems = run_hostile(root, ["run", str(config), "--out", str(out), "--quiet"], out)
+        assert not problems, (entry.name, path, raw[:60], problems)
+        assert (out / "results.json").read_bytes() == (original / "results.json").read_bytes(), (entry.name, path)
 
 
 def _number(cell: str) -> bool:

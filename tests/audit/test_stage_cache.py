@@ -239,3 +239,15 @@ def test_a_run_attack_is_recomputed_when_a_side_run_it_read_changed(tmp_path, co
     _rewrite_manifest(side)
     _rerun(config, out)
     assert computed["attacks"] == ["attribute-inference"]
+
+
+@pytest.mark.parametrize("depth", [900, 5000])
+def test_an_entry_nested_too_deeply_is_recomputed_not_an_error(copy, computed, depth):
+    config, out = copy
+    results = (out / "results.json").read_bytes()
+    entry = out / "cache" / "attacks" / "fedavg" / "loss-threshold.json"
+    document = json.loads(entry.read_text())
+    text = json.dumps(document).replace('"value": {', '"value": ' + "[" * depth + "]" * depth + ', "was": {', 1)
+    entry.write_text(text)
+    _rerun(config, out)
+    assert computed["attacks"] == ["loss-threshold"] and (out / "results.json").read_bytes() == results
