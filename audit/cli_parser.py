@@ -94,8 +94,8 @@ def _add_track_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--track", action="append", metavar="{mlflow,tensorboard}",
                         help="once the results are written, also send them to an experiment tracker (repeatable): "
                              "mlflow — one MLflow run per configuration with its params, metrics, verdict tags and "
-                             "the results, report and figures as artefacts (extra: dpfl-audit[mlflow]); "
-                             "tensorboard — per-round scalars of each configuration (extra: dpfl-audit[tensorboard])")
+                             "the results, report and figures as artefacts (extra: mlflow); "
+                             "tensorboard — per-round scalars of each configuration (extra: tensorboard)")
     parser.add_argument("--track-uri", metavar="URI",
                         help="with one --track: MLflow's tracking URI (sqlite:///PATH, http(s)://SERVER, ...) or a "
                              "directory for a local store (default: $MLFLOW_TRACKING_URI, else OUT/mlruns), or "

@@ -9,7 +9,7 @@ start method (safe with torch's threads); each worker rebuilds the plan once fro
 planning is deterministic — gives torch one thread (the workers already fill the cores) and
 trains the runs it is sent. Canary-audit runs and the attacks stay in the parent process.
 
-``ray`` (optional: ``pip install 'dpfl-audit[distributed]'``) sends the same jobs to Ray tasks, on
+``ray`` (optional: the ``distributed`` extra, ``pip install 'ray>=2.9'``) sends the same jobs to Ray tasks, on
 a local Ray instance or a cluster (``--ray-address``). No file system is assumed to be shared:
 each task trains its job into a temporary store on its node and returns the runs' files as bytes,
 and this process writes them into its own store, each run atomically. A worker process plans
@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from audit.config import config_to_yaml
 from audit.core.errors import UserInputError
+from audit.core.extras import install_line
 from audit.core.lazy_modules import lazy_module
 from audit.logs import progress_bar
 from audit.planning import Plan, plan_audit
@@ -46,7 +47,7 @@ else:  # imported when first used (audit.core.lazy_modules)
     torch = lazy_module("torch")
 
 EXECUTORS = ("local", "process", "ray")
-RAY_MISSING = "--executor ray needs Ray, which is not installed; install it with: pip install 'dpfl-audit[distributed]'"
+RAY_MISSING = "--executor ray needs Ray, which is not installed; install it with: {install}"
 
 _WORKER: dict = {}  # the plan and store of this worker process (process executor)
 _RAY_PLAN: dict = {}  # {config hash: plan} of this Ray worker process, the latest config only
@@ -107,7 +108,7 @@ def _import_ray():
     try:
         import ray
     except ImportError:
-        raise UserInputError(RAY_MISSING) from None
+        raise UserInputError(RAY_MISSING.format(install=install_line("distributed"))) from None
     return ray
 
 

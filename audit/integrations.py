@@ -2,7 +2,7 @@
 packages allow: ``dpfl-audit list --json`` shows them under ``integrations``.
 
 Each integration names its entry points (Python and command line), the optional extra that
-installs what it needs (``pip install 'dpfl-audit[EXTRA]'``) and the packages it imports. An
+installs what it needs (the packages of the extra EXTRA, :func:`audit.core.extras.install_line`) and the packages it imports. An
 integration is *available* when every one of those packages can be imported here; looking does
 not import them (:func:`importlib.util.find_spec`), so ``list`` stays fast.
 """
@@ -12,6 +12,8 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 from dataclasses import dataclass
+
+from audit.core.extras import install_line
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,7 @@ def integration_status() -> dict[str, dict[str, object]]:
         found = {module: importable(module) for module, _ in entry.packages}
         status[entry.name] = {
             "summary": entry.summary, "python": entry.python, "command": entry.command,
-            "extra": entry.extra, "install": f"pip install 'dpfl-audit[{entry.extra}]'" if entry.extra else "",
+            "extra": entry.extra, "install": install_line(entry.extra) if entry.extra else "",
             "available": all(found.values()),
             "packages": {dist: _version(dist) if found[module] else None for module, dist in entry.packages},
         }

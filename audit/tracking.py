@@ -64,6 +64,7 @@ from urllib.parse import urlparse
 
 from audit.core.atomic import file_sha256
 from audit.core.errors import UserInputError, check_choice
+from audit.core.extras import install_line
 from audit.core.safe_names import inside, slug
 from audit.integrations import importable
 
@@ -108,7 +109,7 @@ class TrackingError(RuntimeError):
 
 
 def install_hint(kind: str) -> str:
-    return f"pip install 'dpfl-audit[{TRACKERS[kind][0]}]'"
+    return install_line(TRACKERS[kind][0])
 
 
 def _require(kind: str, modules: Iterable[str]) -> None:

@@ -373,7 +373,7 @@ def measure_flower(rounds: int = 10, warmup_rounds: int = 2, repeats: int = 1, s
         import flwr
         import ray
     except ImportError as error:
-        return {"error": f"flower not installed ({error}); pip install 'dpfl-audit[bench]'"}
+        return {"error": f"flower not installed ({error}); pip install -e '.[bench]'"}
     data = load_workload(workload)
     result: dict[str, Any] = {"workload": workload, "flwr_version": flwr.__version__, "ray_version": ray.__version__,
                               "torch_version": torch.__version__, "cpu_count": os.cpu_count()}

@@ -54,7 +54,7 @@ def test_runs_trained_one_after_another_give_identical_results(config, local, tm
 
 
 def test_ray_gives_identical_results(config, local, tmp_path):
-    pytest.importorskip("ray", reason="Ray is not installed (pip install 'dpfl-audit[distributed]')")
+    pytest.importorskip("ray", reason="Ray is not installed (pip install 'ray>=2.9')")
     distributed = tmp_path / "ray"
     assert main(["run", str(config), "--out", str(distributed), "--quiet", "--executor", "ray", "--workers", "2"]) == 0
     assert_same_results(local, distributed)
@@ -85,7 +85,7 @@ def test_ray_executor_without_ray_is_bad_input(config, tmp_path, capsys, monkeyp
         assert main([command, str(config), "--out", str(tmp_path / "out"), "--executor", "ray"]) == 2
         err = capsys.readouterr().err
         assert err == ("dpfl-audit: error: --executor ray needs Ray, which is not installed; "
-                       "install it with: pip install 'dpfl-audit[distributed]'\n")
+                       "install it with: pip install 'ray>=2.9'\n")
         assert not (tmp_path / "out").exists()
 
 

@@ -215,12 +215,14 @@ def test_a_tracker_that_fails_after_the_audit_is_one_line_and_exit_1(audit_out, 
 
 @pytest.mark.parametrize(("blocked", "arguments", "message"), [
     ("mlflow", ["--track", "mlflow"],
-     "--track mlflow: needs mlflow, which is not installed; install it with: pip install 'dpfl-audit[mlflow]'"),
+     "--track mlflow: needs mlflow, which is not installed; install it with: "
+     "pip install 'mlflow-skinny>=3.0' 'sqlalchemy>=2.0' 'alembic>=1.13'"),
     ("sqlalchemy", ["--track", "mlflow"],
-     "--track mlflow: needs sqlalchemy, which is not installed; install it with: pip install 'dpfl-audit[mlflow]'"),
+     "--track mlflow: needs sqlalchemy, which is not installed; install it with: "
+     "pip install 'mlflow-skinny>=3.0' 'sqlalchemy>=2.0' 'alembic>=1.13'"),
     ("tensorboard", ["--track", "tensorboard"],
      "--track tensorboard: needs tensorboard, which is not installed; install it with: "
-     "pip install 'dpfl-audit[tensorboard]'"),
+     "pip install 'tensorboard>=2.14'"),
 ])
 def test_a_missing_tracker_package_is_bad_input_before_training(blocked, arguments, message, tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, blocked, None)  # `import` raises ImportError, find_spec ValueError
