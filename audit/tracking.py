@@ -22,7 +22,7 @@ the report and the CI gate judged, and :func:`track_results` works on any result
   ``lira-online/auc_ci_high``), and every run is tagged with the git commit
   (``mlflow.source.git.commit``) of the current directory's repository, else of the one this
   package was installed from; without git or a repository, no commit tag.
-* **MLflow, sweeps** (``dpfl-audit sweep --track mlflow``, :func:`track_sweep`): one *parent run*
+* **MLflow, sweeps** (``dpfl-audit sweep --track mlflow``, :func:`audit.sweep_tracking.track_sweep`): one *parent run*
   for the sweep (named after its output folder; the axes and their values as params and tags; the
   sweep page, tables and figures as artefacts); one child run per point (tag
   ``mlflow.parentRunId``, the point's name and each axis value as tags and params, the point's
@@ -45,15 +45,10 @@ written: a tracker whose package is missing, or a URI the tracker cannot open, i
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
-import json
 import logging
-import math
 import os
-import re
 import shutil
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
@@ -67,6 +62,17 @@ from audit.core.errors import UserInputError, check_choice
 from audit.core.extras import install_line
 from audit.core.safe_names import inside, slug
 from audit.integrations import importable
+from audit.tracked_values import (
+    _TAG_LENGTH,
+    TAG_DIGEST,
+    TAG_EXPERIMENT,
+    TAG_PARENT,
+    experiment_metrics,
+    experiment_params,
+    experiment_tags,
+    git_commit,
+    round_scalars,
+)
 
 if TYPE_CHECKING:  # types only: the reports (pandas, jsonschema) load when something is tracked
     from reports.document import Experiment, Results
@@ -85,20 +91,8 @@ MLFLOW_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "da
 DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
 #: the files of a results folder logged as artefacts of every run (figures/ too)
 ARTIFACT_FILES = ("results.json", "results.csv", "report.html", "config.yaml", "manifest.json")
-#: tags that identify a tracked experiment: a rerun finds them and adds nothing
-TAG_DIGEST, TAG_EXPERIMENT = "dpfl-audit.results_sha256", "dpfl-audit.experiment"
-#: MLflow's own tags: the git commit (shown on a run's page) and the parent of a nested run
-TAG_COMMIT, TAG_PARENT = "mlflow.source.git.commit", "mlflow.parentRunId"
-#: sweeps: what a run is (sweep, point, configuration), the sweep's digest, a point's name, the
-#: points a configuration belongs to
-TAG_KIND, TAG_SWEEP_DIGEST = "dpfl-audit.run", "dpfl-audit.sweep_sha256"
-TAG_POINT, TAG_POINTS = "dpfl-audit.point", "dpfl-audit.points"
-#: the files of a sweep's folder logged as artefacts of its parent run (figures/ too)
-SWEEP_ARTIFACT_FILES = ("sweep.html", "sweep.csv", "sweep-rows.csv", "sweep.json", "config.yaml", "manifest.json")
-_KEY_UNSAFE = re.compile(r"[^A-Za-z0-9_./ -]")
 #: MLflow's limits per log_batch call (mlflow.utils.validation)
 _BATCH_PARAMS_TAGS, _BATCH_METRICS = 100, 1000
-_PARAM_LENGTH, _TAG_LENGTH = 6000, 8000
 
 
 class TrackingError(RuntimeError):
@@ -223,112 +217,6 @@ def _chatter_hidden() -> Iterator[None]:
             logger.setLevel(level)
 
 
-# --------------------------------------------------------------------------- what is tracked
-
-
-def _finite(value: Any) -> float | None:
-    """A number a tracker can plot (None, NaN, ±inf and non-numbers: not recorded)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
-def metric_key(*parts: str) -> str:
-    """``a/b`` from parts, with what MLflow refuses in a key replaced (``%`` → ``pct``), so that
-    ``tpr_at_fpr_1%`` of attack ``lira`` becomes ``lira/tpr_at_fpr_1pct``."""
-    return "/".join(_KEY_UNSAFE.sub("_", part.replace("%", "pct")).strip("/") or "_" for part in parts)
-
-
-def _text(value: Any) -> str:
-    """A param value: text as it is, anything else as JSON (``null``, ``true``, ``[1, 2]``)."""
-    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
-
-
-def experiment_params(results: Results, experiment: Experiment) -> dict[str, str]:
-    """What one configuration was: the defense and its hyper-parameters, the training settings,
-    the claim, and the task it ran on."""
-    audit, claim = results.audit, experiment.claim
-    params: dict[str, Any] = {
-        "experiment": experiment.key, "defense": experiment.defense, "target_epsilon": experiment.target_epsilon,
-        "epsilon": claim.epsilon if claim.is_private else None, "delta": claim.delta, "unit": claim.unit,
-        "relation": claim.relation, "accountant": claim.accountant, "server_view": experiment.server_view,
-        "rounds": experiment.training.get("rounds"), "clients": audit.clients, "partition": audit.partition,
-        "model": audit.model, "dataset": audit.dataset, "seed": audit.seed, "membership_runs": audit.membership_runs,
-        "membership_unit": audit.membership_unit, "pool_size": audit.pool_size, "test_size": audit.test_size,
-    }
-    params.update({metric_key("defense", name): value for name, value in experiment.params.items()})
-    params.update({metric_key("training", name): value for name, value in experiment.training.items()})
-    return {key: _text(value)[:_PARAM_LENGTH] for key, value in params.items()}
-
-
-def _with_interval(block: str, name: str, estimate: Any) -> dict[str, float | None]:
-    """``block/name`` and its 95 % interval as ``block/name_ci_low`` and ``block/name_ci_high``
-    (the names of the sweep table's interval columns)."""
-    return {metric_key(block, name): estimate.value, metric_key(block, f"{name}_ci_low"): estimate.ci_low,
-            metric_key(block, f"{name}_ci_high"): estimate.ci_high}
-
-
-def experiment_metrics(experiment: Experiment) -> dict[str, float]:
-    """Final figures of one configuration: utility, the claim's ε per observer it covers, and every
-    metric of every attack (``<attack>/<metric>``), each estimate with the bounds of its 95 %
-    interval (``<attack>/<metric>_ci_low``, ``..._ci_high``: for an ε lower bound, ``ci_low`` is
-    the bound); figures that are null are left out."""
-    metrics: dict[str, float | None] = {
-        **_with_interval("utility", "test_accuracy", experiment.utility.test_accuracy),
-        **_with_interval("utility", "test_loss", experiment.utility.test_loss),
-        "claim/epsilon": experiment.claim.epsilon if experiment.claim.is_private else None,
-    }
-    for entry in experiment.claim.adversaries:
-        metrics[metric_key("claim", f"epsilon_{entry.adversary}")] = entry.epsilon if entry.covered else None
-    for attack in experiment.attacks:
-        for name, estimate in attack.metrics.items():
-            metrics.update(_with_interval(attack.attack, name, estimate))
-    return {key: number for key, value in metrics.items() if (number := _finite(value)) is not None}
-
-
-def round_scalars(experiment: Experiment) -> Iterator[tuple[int, str, float]]:
-    """(round, ``round/<metric>``, value) for each finite per-round figure results.json keeps."""
-    for row in experiment.rounds:
-        step = int(row["round"])  # type: ignore[arg-type]
-        for name, value in row.items():
-            number = _finite(value)
-            if name != "round" and number is not None:
-                yield step, metric_key("round", name), number
-
-
-def git_commit(*places: Path) -> str | None:
-    """The commit checked out (``git rev-parse HEAD``) in the repository holding the first of
-    ``places`` that is in one — by default the current directory, then this package's source;
-    None without git or outside any repository."""
-    for place in places or (Path.cwd(), Path(__file__).resolve().parent):
-        try:
-            done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=place, capture_output=True, text=True, timeout=30,
-                                  check=False)
-        except (OSError, subprocess.SubprocessError):  # no git, or a folder that is gone
-            return None
-        commit = done.stdout.strip()
-        if done.returncode == 0 and re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", commit):
-            return commit
-    return None
-
-
-def experiment_tags(experiment: Experiment, digest: str, commit: str | None = None) -> dict[str, str]:
-    """The verdict (the experiment's, and each ε figure's), status, the keys a rerun matches, and
-    the git commit when there is one."""
-    tags = {
-        "verdict": experiment.soundness, "status": experiment.status, "label": experiment.label,
-        "mlflow.note.content": f"{experiment.label}: {experiment.soundness}. {experiment.soundness_text}".strip(),
-        TAG_EXPERIMENT: experiment.key, TAG_DIGEST: digest,
-    }
-    if commit is not None:
-        tags[TAG_COMMIT] = commit
-    for attack in experiment.attacks:
-        for verdict in attack.verdicts:
-            tags[metric_key("verdict", attack.attack, verdict.metric)] = verdict.status
-    return {key: value[:_TAG_LENGTH] for key, value in tags.items()}
-
-
 # --------------------------------------------------------------------------- MLflow
 
 
@@ -445,114 +333,6 @@ def _track_mlflow(results: Results, folder: Path, uri: str | None, digest: str) 
         client.set_terminated(run_id, "FINISHED")
         LOG.info("mlflow: %s → run %s (%d params, %d metrics)", experiment.label, run_id, params, metrics)
     return tracking_uri
-
-
-# --------------------------------------------------------------------------- MLflow: sweeps
-
-
-def _sweep_points(out: Path) -> tuple[dict[str, list[Any]], list[Any]]:
-    """The sweep's axes (path → values) and its points (:class:`reports.sweep.SweepPoint`), read
-    back from ``out/manifest.json`` and each point's results.json."""
-    from reports.results import load_results
-    from reports.sweep import SweepPoint
-
-    try:
-        manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise UserInputError(f"--track mlflow: '{out}' holds no finished sweep (manifest.json: {error})") from None
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("axes"), dict) or not isinstance(
-            manifest.get("points"), dict):
-        raise UserInputError(f"--track mlflow: '{out}' holds no finished sweep (manifest.json without axes and points)")
-    points = []
-    for name, entry in manifest["points"].items():
-        results, _, _ = load_results(inside(out, out / entry["folder"]), "sweep point")
-        points.append(SweepPoint(name, entry["values"], entry["folder"], results))
-    return manifest["axes"], points
-
-
-def _axis_entries(values: dict[str, Any]) -> dict[str, str]:
-    """``axis/<path>`` → the value, as JSON text (``axis/defenses.1.epsilons`` → ``4``)."""
-    return {metric_key("axis", path): _text(value)[:_PARAM_LENGTH] for path, value in values.items()}
-
-
-def track_sweep(out: str | Path, uri: str | None = None) -> str:
-    """Send a finished sweep (the folder ``dpfl-audit sweep`` wrote) to MLflow as one parent run,
-    a child run per point and a run per configuration (see the module docstring); returns the
-    tracking URI. Tracking the same sweep results again adds nothing. Bad input raises
-    :class:`UserInputError`, a failure while sending :class:`TrackingError`."""
-    check_tracking(["mlflow"], uri)
-    out = Path(out)
-    axes, points = _sweep_points(out)
-    digests = {p.name: file_sha256(out / p.folder / "results.json") for p in points}
-    digest = hashlib.sha256(json.dumps({"axes": axes, "points": {p.name: [p.values, digests[p.name]] for p in points}},
-                                       sort_keys=True).encode()).hexdigest()
-    with _failures_reported("mlflow", "the sweep", f"its results are written in '{out}'",
-                            "finished points are not audited again"):
-        import mlflow  # noqa: F401  (first: importing it sets its loggers' levels, which we then lower)
-        with _chatter_hidden():
-            return _track_sweep_mlflow(out, uri, axes, points, digest, digests)
-
-
-def _track_sweep_mlflow(out: Path, uri: str | None, axes: dict[str, list[Any]], points: list[Any], digest: str,
-                        digests: dict[str, str]) -> str:
-    from reports.sweep import combined_experiments, fingerprint
-
-    client, tracking_uri, artifact_location = _mlflow_client(out, uri)
-    first = points[0].results.audit
-    experiment_id = _mlflow_experiment(client, first.name, first.dataset, artifact_location)
-    if client.search_runs([experiment_id], max_results=1, filter_string=(
-            f"tags.`{TAG_SWEEP_DIGEST}` = '{digest}' and tags.`{TAG_KIND}` = 'sweep' and attributes.status = 'FINISHED'")):
-        LOG.info("mlflow: the sweep in %s is tracked already (same points and results)", out)
-        return tracking_uri
-    commit = git_commit()
-    common = {} if commit is None else {TAG_COMMIT: commit}
-    opened: list[str] = []
-    try:
-        sweep_id = client.create_run(experiment_id, run_name=out.resolve().name).info.run_id
-        opened.append(sweep_id)
-        _log(client, sweep_id, {**_axis_entries(axes), "points": str(len(points))},
-             {**common, TAG_KIND: "sweep", TAG_SWEEP_DIGEST: digest, "dpfl-audit.axes": ", ".join(axes),
-              "dpfl-audit.sweep_folder": str(out.resolve())})
-        _log_files(client, sweep_id, out, SWEEP_ARTIFACT_FILES)
-        point_ids = {}
-        for point in points:
-            run_id = client.create_run(experiment_id, run_name=f"{point.name}: {_point_label(point.values)}",
-                                       tags={TAG_PARENT: sweep_id}).info.run_id
-            opened.append(run_id)
-            point_ids[point.name] = run_id
-            tags = {**common, TAG_KIND: "point", TAG_POINT: point.name, **_axis_entries(point.values),
-                    "dpfl-audit.sweep_run": sweep_id}
-            _log(client, run_id, _axis_entries(point.values), tags)
-            _log_files(client, run_id, out / point.folder, ARTIFACT_FILES)
-        members: dict[str, list[Any]] = {}  # configuration fingerprint → the points that have it
-        for point in points:
-            for experiment in point.results.experiments:
-                members.setdefault(fingerprint(experiment), []).append(point)
-        # each configuration once, named as the sweep's table names it (by the axes where it differs
-        # between points); under its point, or under the sweep when several points share it
-        for point, shown in combined_experiments(points):
-            experiment = next(e for e in point.results.experiments if e.key == shown.key)  # as written (keys are unique)
-            owners = members[fingerprint(experiment)]
-            agreed = {path: owners[0].values[path] for path in axes if len({_text(p.values[path]) for p in owners}) == 1}
-            tags = {TAG_KIND: "configuration", TAG_POINTS: ", ".join(p.name for p in owners),
-                    "dpfl-audit.sweep_run": sweep_id, **_axis_entries(agreed)}
-            run_id, params, metrics = _configuration_run(
-                client, experiment_id, point.results, experiment, digests[point.name], commit,
-                parent=point_ids[owners[0].name] if len(owners) == 1 else sweep_id, run_name=shown.label, extra_tags=tags)
-            opened.append(run_id)
-            LOG.info("mlflow: %s (%s) → run %s (%d params, %d metrics)", shown.label, tags[TAG_POINTS], run_id,
-                     params, metrics)
-    except BaseException:
-        for run_id in reversed(opened):  # a rerun does not count a half-tracked sweep as tracked
-            client.set_terminated(run_id, "FAILED")
-        raise
-    for run_id in reversed(opened):  # the parent last: a FINISHED sweep run means all of it is there
-        client.set_terminated(run_id, "FINISHED")
-    return tracking_uri
-
-
-def _point_label(values: dict[str, Any]) -> str:
-    return ", ".join(f"{path}={_text(value)}" for path, value in values.items())
 
 
 # --------------------------------------------------------------------------- TensorBoard

@@ -62,8 +62,9 @@ def command_sweep(args: argparse.Namespace) -> int:
     paths = result["paths"]
     print(f"sweep page: {paths['sweep_html']}")
     print(f"table: {paths['sweep_csv']}; figures: {paths['figures']}")
-    if "mlflow" in trackers:  # one parent run for the sweep, a child per point (audit.tracking.track_sweep)
-        from audit.tracking import TrackingError, track_sweep
+    if "mlflow" in trackers:  # one parent run for the sweep, a child per point (audit.sweep_tracking.track_sweep)
+        from audit.sweep_tracking import track_sweep
+        from audit.tracking import TrackingError
 
         try:
             print(f"tracked: mlflow → {track_sweep(args.out, args.track_uri)}")

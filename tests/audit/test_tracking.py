@@ -356,7 +356,7 @@ def test_an_mlflow_sweep_tracks_each_configuration_once_with_its_intervals(track
 
 
 def test_tracking_the_same_sweep_again_adds_nothing(tracked_sweep):
-    from audit.tracking import track_sweep
+    from audit.sweep_tracking import track_sweep
 
     before = sorted(run.info.run_id for kind in _sweep_runs(tracked_sweep).values() for run in kind)
     track_sweep(tracked_sweep)
@@ -364,7 +364,7 @@ def test_tracking_the_same_sweep_again_adds_nothing(tracked_sweep):
 
 
 def test_no_git_commit_outside_a_repository(tmp_path):
-    from audit.tracking import git_commit
+    from audit.tracked_values import git_commit
 
     assert git_commit(tmp_path) is None
     assert git_commit() == _head()
