@@ -136,7 +136,7 @@ train = make_train()
 def main(argv: list[str] | None = None) -> int:
     from audit.external import stated_claim
     from audit.own_training import audit_training, dataset_pool
-    from reports.html import verdict_lines
+    from reports.verdict_text import verdict_lines
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="opacus-audit-out", help="results folder (default: %(default)s)")

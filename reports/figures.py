@@ -32,9 +32,10 @@ from audit.core.safe_names import slug
 from reports.document import Results
 
 if TYPE_CHECKING:
-    from reports import plots
+    from reports import epsilon_plots, plots
 else:  # matplotlib is imported with the first figure (audit.core.lazy_modules)
     plots = lazy_module("reports.plots")
+    epsilon_plots = lazy_module("reports.epsilon_plots")
 
 #: PDF metadata without dates or versions (reproducible bytes)
 PDF_METADATA = {"CreationDate": None, "ModDate": None, "Producer": None, "Creator": None}
@@ -45,9 +46,9 @@ def _drawings(results: Results, chance: float | None = None) -> Iterator[tuple[s
     """(file stem, matplotlib figure or None) of every plot the figure files hold."""
     experiments = results.experiments
     yield "privacy-utility", plots.accuracy_vs_epsilon.figure(experiments, chance)
-    yield "leakage-auc", plots.leakage_vs_epsilon.figure(experiments, "auc")
-    yield "leakage-tpr-at-1pct", plots.leakage_vs_epsilon.figure(experiments, "tpr_at_fpr_1%")
-    yield "claimed-vs-measured", plots.empirical_vs_claimed.figure(experiments)
+    yield "leakage-auc", epsilon_plots.leakage_vs_epsilon.figure(experiments, "auc")
+    yield "leakage-tpr-at-1pct", epsilon_plots.leakage_vs_epsilon.figure(experiments, "tpr_at_fpr_1%")
+    yield "claimed-vs-measured", epsilon_plots.empirical_vs_claimed.figure(experiments)
     for name in plots.roc_attacks(experiments):  # an attack without scores gets no file
         yield f"roc-{slug(name)}", plots.roc_plot.figure(experiments, name)
 

@@ -20,7 +20,7 @@ def command_audit_training(args: argparse.Namespace) -> int:
     from audit.core.vocabulary import Observer, Relation, Unit
     from audit.external import stated_claim
     from audit.own_training import audit_training, dataset_pool
-    from reports.html import verdict_lines
+    from reports.verdict_text import verdict_lines
 
     if not is_reference(args.train):
         raise UserInputError(f"train: '{args.train}' is not of the form 'SCRIPT.py:FUNCTION' or 'module:function'")

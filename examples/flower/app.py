@@ -37,7 +37,7 @@ from audit.core.seeding import numpy_rng, torch_generator  # noqa: E402
 from audit.flower_audit import audit_flower, claim_of_view, flower_claim, summary  # noqa: E402
 from audit.flower_canaries import CanaryClients, canary_mod  # noqa: E402
 from audit.flower_view import FlowerRecorder  # noqa: E402
-from reports.html import verdict_lines  # noqa: E402
+from reports.verdict_text import verdict_lines  # noqa: E402
 
 
 def make_model() -> torch.nn.Module:

@@ -32,7 +32,7 @@ import matplotlib.pyplot as plt
 import pytest
 
 from audit.cli import main
-from reports import plots
+from reports import epsilon_plots, plots
 from reports.document import Results, Roc
 from reports.figures import save_figure
 from reports.results import load_results
@@ -101,7 +101,7 @@ def test_privacy_utility_legend_covers_no_point(smoke, tmp_path):
 @pytest.mark.parametrize("which", ["smoke", "violated"])
 def test_claimed_vs_measured_label_fits_and_squares_are_explained(which, smoke, violated, tmp_path):
     results = {"smoke": smoke, "violated": violated}[which]
-    figure = plots.empirical_vs_claimed.figure(results.experiments)
+    figure = epsilon_plots.empirical_vs_claimed.figure(results.experiments)
     (axis,) = figure.axes
     label = axis.yaxis.label
     handles = axis.get_legend().legend_handles
@@ -191,7 +191,7 @@ def _leakage_points(axis) -> list[tuple[str, float, float]]:
 
 
 def test_attacks_with_equal_leakage_are_drawn_apart(smoke):
-    figure = plots.leakage_vs_epsilon.figure(smoke.experiments, "auc")
+    figure = epsilon_plots.leakage_vs_epsilon.figure(smoke.experiments, "auc")
     try:
         _renderer(figure)
         (axis,) = figure.axes
@@ -229,8 +229,9 @@ def test_one_colour_per_attack_throughout_the_figures(which, smoke, violated):
     results = {"smoke": smoke, "violated": violated}[which]
     experiments = results.experiments
     colours = plots.attack_colors(experiments)
-    figures = [plots.leakage_vs_epsilon.figure(experiments, "auc"), plots.leakage_vs_epsilon.figure(experiments, "tpr_at_fpr_1%"),
-               plots.empirical_vs_claimed.figure(experiments), plots.roc_grid.figure(experiments),
+    figures = [epsilon_plots.leakage_vs_epsilon.figure(experiments, "auc"),
+               epsilon_plots.leakage_vs_epsilon.figure(experiments, "tpr_at_fpr_1%"),
+               epsilon_plots.empirical_vs_claimed.figure(experiments), plots.roc_grid.figure(experiments),
                *[plots.roc_plot.figure(experiments, name) for name in plots.roc_attacks(experiments)]]
     drawn: dict[str, set[str]] = {}
     try:

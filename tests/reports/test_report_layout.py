@@ -1,4 +1,4 @@
-"""report.html reads top-down (issue 20, item 5): a headline row per configuration, then the
+"""report.html reads top-down: a headline row per configuration, then the
 figures, then the detail tables with one short phrase per ε figure and its full sentence behind a
 disclosure element.
 
@@ -19,18 +19,17 @@ import pytest
 
 from audit.cli import main
 from reports.document import Experiment, Results
-from reports.html import (
+from reports.html import headline_rows, render_report
+from reports.results import load_results
+from reports.soundness import experiment_verdict
+from reports.verdict_text import (
     EPSILON_DESCRIPTIONS,
     accuracy_interval,
     finding_entries,
     finding_lines,
-    headline_rows,
-    render_report,
     verdict_lines,
     violation_lines,
 )
-from reports.results import load_results
-from reports.soundness import experiment_verdict
 from tests.helpers import HOSTILE
 from tests.reports.page import Element, parse
 
