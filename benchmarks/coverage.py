@@ -1,5 +1,5 @@
 """Do the verdict statistics mean what they say? Coverage of the 95 % intervals and the false
-VIOLATION rate, by simulation (issue 17; ``../shared/specs/auditing.md`` §5).
+VIOLATION rate, by simulation.
 
 Three designs, each replicated many times with fresh seeds:
 

@@ -1,4 +1,4 @@
-"""Does ``dpfl-audit check --baseline`` tolerate honest randomness? (issue 17, item 6)
+"""Does ``dpfl-audit check --baseline`` tolerate honest randomness?
 
 Runs the smoke preset at ``--seeds`` seeds (the same code, only the seed differs) and checks the
 no-regression rules of ``examples/policy.yaml`` between them — baseline one audit, new another —

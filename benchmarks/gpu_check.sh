@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check of issue 20, item 8, for a lent GPU machine (about 4 minutes): the CUDA tests
+# GPU check for a lent GPU machine (about 4 minutes): the CUDA tests
 # (tests/defenses/federated/test_cuda.py: a DP-FedAvg run on cuda against the CPU run, the noise's std in
 # the sum of uploads) and a quick benchmark on the device. Output goes to $OUT (default ./gpu-out).
 #
@@ -11,7 +11,7 @@
 # `pip install --no-index --find-links WHEELS ...` first. The CNN workload reads MNIST with the
 # project's loader, which needs torchvision (the lent machines' image has it).
 # The CNN workload reads the MNIST t10k files from $DPFL_AUDIT_DATA/mnist when set, else
-# ../shared/data/mnist (which does not travel to a lent machine: copy it into the repository).
+# the shared data folder beside the repository (which does not travel to a lent machine: copy it into the repository).
 # Run on 2026-11-26 (one H200) with wheels of dp-accounting, dm-tree, jsonschema, jsonschema-specifications,
 # referencing and rpds-py installed to a --target folder on PYTHONPATH: 13 tests passed.
 set -u

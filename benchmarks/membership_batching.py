@@ -16,8 +16,8 @@ part of the cost, as in an audit):
 * together — the 64 runs as one group (:func:`defenses.run_batch.train_together`: round t of
   all runs is one batched computation);
 * one after another — the same 64 runs, each trained alone;
-* one run alone — the cost unit the target (64 runs together ≤ 16× one run for ``mlp``, issue 20;
-  ≤ 24× for ``cnn``, issue 34) is stated in.
+* one run alone — the cost unit the target (64 runs together ≤ 16× one run for ``mlp``,
+  ≤ 24× for ``cnn``) is stated in.
 
 Every side first trains one warm-up run (torch's first-use costs). The two 64-run sides give
 bit-identical runs (checked here on the final models, as tests/defenses/federated/test_run_batch.py does).
@@ -45,7 +45,7 @@ from audit.planning import Plan, plan_audit  # noqa: E402
 from audit.run_training import train_membership_runs  # noqa: E402
 from audit.store import RunStore, run_id  # noqa: E402
 
-#: 64 runs together <= 16x one run for the MLP experiment (issue 20), <= 24x for the CNN one (issue 34)
+#: 64 runs together <= 16x one run for the MLP experiment, <= 24x for the CNN one
 TARGETS = {"mlp": 16.0, "cnn": 24.0}
 
 

@@ -1,4 +1,4 @@
-"""The machine's roofline and where a workload's training sits under it (issue 20, item 8).
+"""The machine's roofline and where a workload's training sits under it.
 
 Roofline (Williams, Waterman, Patterson 2009): a computation of arithmetic intensity
 I = FLOPs / bytes moved cannot run faster than min(P, I·B), where P is the machine's peak FLOP/s

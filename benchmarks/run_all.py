@@ -1,4 +1,4 @@
-"""Every benchmark of issues 9 and 20 in one run, side by side.
+"""Every benchmark in one run, side by side.
 
     python benchmarks/run_all.py [--json] [--skip-flower] [--skip-memory] [--skip-sequential] [--skip-canaries]
                                  [--workloads mlp cnn] [--device cpu|cuda] [--quick]
@@ -50,11 +50,13 @@ from resume import measure_resume  # noqa: E402
 from roofline import memory_bandwidth, workload_roofline  # noqa: E402
 from workloads import WORKLOADS, load_workload  # noqa: E402
 
-#: the targets of issue 20, item 8
+#: the targets: batched engine >= 10x the plain loop and >= 40x Flower, the CNN at >= 50 % of its roofline bound,
+#: 64 runs together <= 16x (mlp) or 24x (cnn) one run
 TARGETS = {"batched_vs_loop": 10.0, "batched_vs_flower": 40.0, "cnn_fraction_of_roofline": 0.5,
-           "together_vs_one_run": {"mlp": 16.0, "cnn": 24.0}}  # per workload (issue 34: cnn <= 24x)
+           "together_vs_one_run": {"mlp": 16.0, "cnn": 24.0}}  # per workload
 
-#: the targets of issue 34 for the CNN workload (convolutions at the matrix-multiply peak; the LeNet 64-run experiment)
+#: the CNN workload's targets for the grouped-convolution engine (convolutions at the matrix-multiply peak; the LeNet
+#: 64-run experiment)
 CNN_TARGETS_34 = {"fraction_of_roofline": 0.40, "batched_vs_loop": 3.5, "together_vs_one_run": 24.0}
 
 #: busier than this share of all cores, in the sample before a benchmark, is not idle
@@ -173,7 +175,7 @@ def run_all(skip_flower: bool = False, skip_memory: bool = False, workloads: tup
 
 
 def _cnn_targets_34(w: dict) -> str:
-    """One line: the CNN workload against issue 34's targets (the 64-run ratio when it was measured)."""
+    """One line: the CNN workload against CNN_TARGETS_34 (the 64-run ratio when it was measured)."""
     t, fraction = CNN_TARGETS_34, w["roofline"]["engines"]["batched"]["fraction_of_bound"]
     b = w.get("membership", {})
     runs = (f", 64 runs together {b['together_vs_one_run']:.1f}x one run (<= {t['together_vs_one_run']:g}x: "

@@ -1,5 +1,5 @@
 """How strong are our LiRA and RMIA? A strength check against the figures the papers' own code
-prints (issue 18, item 6).
+prints.
 
 Runs our registered attacks — ``lira`` (online and offline; the global "fixed" variance by
 default, and per-example variance as a second entry), ``rmia`` (online and offline) and the
@@ -17,7 +17,7 @@ Two settings:
 * ``few`` — ``--few-runs`` runs (default 4: 3 reference models per target, the fewest LiRA
   accepts), the low-cost regime in which RMIA claims to beat LiRA.
 
-Data: the MNIST test split in ``../shared/data/mnist``: 2,000 records (20 % of each class) held
+Data: the MNIST test split (its t10k IDX files in ``--data-root``): 2,000 records (20 % of each class) held
 out, 1,000 of which measure test accuracy, and the other 8,000 as the pool; model: an MLP
 784→256→10 trained 30 epochs with SGD (momentum 0.9, batch 32, no regularisation) to 100 %
 training accuracy.

@@ -7,10 +7,10 @@ permutation of their records); a trusted server clips each update to L2 norm S =
 clipping) and adds N(0, σ²S²), σ = 1, to the sum of clipped updates before averaging — what
 Flower's server-side DP wrapper does. 10 timed rounds.
 
-Workload 1 ("mlp", issue 9): scikit-learn's digits (8×8), 100 clients of 15 records, the MLP
+Workload 1 ("mlp"): scikit-learn's digits (8×8), 100 clients of 15 records, the MLP
 64→128→10, batches of 5 (3 local steps per client). Overhead- and memory-bound by construction.
 
-Workload 2 ("cnn", issue 20): the MNIST test split (28×28) from ``../shared/data/mnist``, shuffled
+Workload 2 ("cnn"): the MNIST test split (28×28, the t10k IDX files in ``MNIST_ROOT``), shuffled
 with the seed; 100 clients of 80 records (the first 8,000), the other 2,000 are the test set;
 the ``lenet`` model of :mod:`audit.core.models` (three 5×5 convolutions with 12 channels, strides
 2, 2, 1, sigmoid, one linear layer: 13,426 parameters), batches of 16 (5 local steps per client).
@@ -44,7 +44,8 @@ BATCH_SIZE = 5
 # workload 2
 CNN_RECORDS_PER_CLIENT = 80
 CNN_BATCH_SIZE = 16
-#: the MNIST test split: $DPFL_AUDIT_DATA/mnist when set (as the project's loaders read it), else ../shared/data/mnist
+#: the MNIST test split: $DPFL_AUDIT_DATA/mnist when set (as the project's loaders read it), else the shared data
+#: folder beside the repository
 MNIST_ROOT = (Path(os.environ["DPFL_AUDIT_DATA"]) / "mnist" if os.environ.get("DPFL_AUDIT_DATA")
               else Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist")
 

@@ -18,7 +18,8 @@ SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 def shared_data(*parts: str) -> Path:
-    """Path under ../shared/data; skips the test when a user's clone has no shared data."""
+    """Path under SHARED_DATA, the real datasets kept outside the repository; skips the test when a user's clone
+    has none."""
     path = SHARED_DATA.joinpath(*parts)
     if not path.exists():
         pytest.skip(f"shared real data not present at {path}")

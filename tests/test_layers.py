@@ -1,4 +1,4 @@
-"""The import architecture (issue 16): arrows point down the layers, and no new cycles appear.
+"""The import architecture: arrows point down the layers, and no new cycles appear.
 
 Layers, lowest first: ``audit.core`` → ``defenses`` → ``attacks`` → ``reports`` → the rest of
 ``audit``. ``lint-imports`` (pyproject's contracts, run by .ci/run) enforces them; these tests

@@ -1,4 +1,4 @@
-"""The verdict statistics, validated by simulation (issue 17, item 2): the small version of
+"""The verdict statistics, validated by simulation: the small version of
 ``benchmarks/coverage.py``.
 
 With n replicates a 95 % interval's empirical coverage is Binomial(n, 0.95)/n; we accept it when

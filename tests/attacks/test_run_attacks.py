@@ -1,4 +1,4 @@
-"""Issue 7's attacks inside `dpfl-audit run`: reconstruction from replayed uploads, attribute
+"""The reconstruction and inference attacks inside `dpfl-audit run`: reconstruction from replayed uploads, attribute
 inference (own data or the defense retrained on a tabular dataset), model and property inference."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Bounded input ("Hostile input, round two", item 3): YAML aliases, and sizes refused before any
+"""Bounded input: YAML aliases, and sizes refused before any
 allocation or work. Each case runs the command line and checks the exit code 2, the single line on
 stderr, and that nothing was written — no --out folder, no file anywhere under the test's folder.
 (Score files: tests/audit/test_score_files.py.)"""

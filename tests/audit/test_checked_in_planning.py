@@ -1,4 +1,4 @@
-"""Hostile input, round two (config side): every value below once trained first and then failed
+"""Hostile config values: every value below once trained first and then failed
 with an internal error, a half-written output folder, or was accepted silently. Each must now be
 refused in planning — exit code 2, one line naming the field and the allowed values, nothing
 written inside or outside ``--out``."""

@@ -1,4 +1,4 @@
-"""Membership attacks on checkpoints trained elsewhere (issue 19, item 4): models trained here by
+"""Membership attacks on checkpoints trained elsewhere: models trained here by
 plain PyTorch — not by dpfl-audit — saved as safetensors and scored through the public API."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 20, items 1–2: ``--set PATH=VALUE`` and config merging that matches intent."""
+"""``--set PATH=VALUE`` and config merging that matches intent."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Numerical failure is a result, not a crash (issue 15, item 2): a run whose training turns
+"""Numerical failure is a result, not a crash: a run whose training turns
 non-finite stops at that round, its experiment is recorded as diverged and its attacks are
 skipped with the reason, and the rest of the audit completes — the same way on every rerun."""
 

@@ -1,4 +1,4 @@
-"""Issue 19, item 3: a real Flower simulation's DP claim audited through canary clients.
+"""A real Flower simulation's DP claim audited through canary clients.
 
 Two real ``flwr.simulation.run_simulation`` runs of examples/flower/app.py (Ray backend, two
 actors): Flower's own ``DifferentialPrivacyServerSideFixedClipping(FedAvg)``, 4 real clients and

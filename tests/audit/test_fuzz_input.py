@@ -1,4 +1,4 @@
-"""Property-based fuzzing of the command line's input contract (issue 15).
+"""Property-based fuzzing of the command line's input contract.
 
 Malformed configs (one field of a valid tiny config replaced by a value its schema forbids, an
 unknown field, an unknown component name, a non-mapping document) and malformed command-line

@@ -1,4 +1,4 @@
-"""Hostile and broken input (issue 15): nothing escapes --out, one line and exit 2, code only when allowed."""
+"""Hostile and broken input: nothing escapes --out, one line and exit 2, code only when allowed."""
 
 from __future__ import annotations
 

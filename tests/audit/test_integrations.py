@@ -1,4 +1,4 @@
-"""`dpfl-audit list --json` shows the integrations the installed packages allow (issue 19)."""
+"""`dpfl-audit list --json` shows the integrations the installed packages allow."""
 
 import importlib
 import json

@@ -1,4 +1,4 @@
-"""Issue 20, item 4: logging through the standard module — -v/-vv, --log-file, run.log in every
+"""Logging through the standard module — -v/-vv, --log-file, run.log in every
 output directory, nothing printed by library code."""
 
 from __future__ import annotations

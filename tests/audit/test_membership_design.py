@@ -1,4 +1,4 @@
-"""The membership design builds the neighbouring datasets the claim speaks of (issue 17, item 4).
+"""The membership design builds the neighbouring datasets the claim speaks of.
 
 A run is a function of its inclusion coins. Toggling one coin must give exactly one neighbour:
 under add/remove, one client more or fewer (client unit) or one record more or fewer in its owner

@@ -1,4 +1,4 @@
-"""Bring-your-own training (issue 19, item 1): a user's train(features, labels, seed) driven through
+"""Bring-your-own training: a user's train(features, labels, seed) driven through
 membership runs and a one-run canary audit (audit.own_training), the Opacus example end to end,
 and the ``audit-training`` command."""
 

@@ -46,8 +46,8 @@ def test_outputs_exist_and_rows_are_tidy(smoke_runs):
         assert {"lira-online", "lira-offline", "rmia-online", "rmia-offline", "shokri", "loss-threshold", "record-canaries",
                 "client-canaries"} <= names
         assert all(a["verdicts"] for a in experiment["attacks"] if a["kind"] != "run")
-        # issue 7's rows: a reconstruction grid and attribute inference (digits has no attribute: the defense is
-        # retrained on diabetes, whose sensitive attribute is sex)
+        # the reconstruction and inference rows: a reconstruction grid and attribute inference (digits has no
+        # attribute: the defense is retrained on diabetes, whose sensitive attribute is sex)
         inversion = next(a for a in experiment["attacks"] if a["attack"] == "gradient-inversion")
         assert inversion["figures"] and -1.0 <= inversion["metrics"]["ssim"]["value"] <= 1.0  # SSIM lies in [−1, 1]
         attribute = next(a for a in experiment["attacks"] if a["attack"] == "attribute-inference-sex")

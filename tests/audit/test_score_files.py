@@ -1,4 +1,4 @@
-"""`dpfl-audit scores FILE` (issue 19, item 2): score files that another tool wrote, judged by our
+"""`dpfl-audit scores FILE`: score files that another tool wrote, judged by our
 statistics through the command line. The files are generated here from laws whose AUC and ε are
 known in closed form, so every check compares with a value derived independently of the code."""
 
@@ -73,8 +73,8 @@ def test_null_membership_scores_with_a_unit_effect(tmp_path, capsys):
 @pytest.mark.parametrize(("mu", "tau"), [(1.0, 0.0), (1.0, 1.5)])
 def test_leaky_membership_scores_auc_interval_covers_the_theory(tmp_path, capsys, mu, tau):
     """Members N(μ + a, 1), non-members N(a, 1), a ~ N(0, τ²) per unit. The AUC compares members
-    and non-members of *different* units: P(μ + a_u + e > a_v + e') = Φ(μ / √(2(1 + τ²))) — the
-    issue's Φ(μ/√2) without a unit effect. Read as NPZ (string ids, allow_pickle=False)."""
+    and non-members of *different* units: P(μ + a_u + e > a_v + e') = Φ(μ / √(2(1 + τ²))) — Φ(μ/√2)
+    without a unit effect. Read as NPZ (string ids, allow_pickle=False)."""
     frame = _membership_frame(seed=0, mu=mu, tau=tau)
     file = tmp_path / "leaky.npz"
     np.savez(file, run=frame["run"].to_numpy(dtype=str), unit=frame["unit"].to_numpy(dtype=str),
@@ -355,7 +355,7 @@ def test_row_order_changes_no_figure_and_no_verdict(tmp_path, capsys, kind):
 
 
 # --------------------------------------------------------------------------- bounded and exact reading
-# ("Hostile input, round two", items 3 and 4): sizes checked before anything is loaded, values that
+# sizes checked before anything is loaded, values that
 # a lenient parser would take silently, and scores at the ends of the float range
 
 

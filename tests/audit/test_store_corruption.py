@@ -1,5 +1,5 @@
 """A stored run whose files are truncated, garbage or missing is one line naming the run folder and
-how to discard it — never a safetensors/numpy/json traceback (issue 15)."""
+how to discard it — never a safetensors/numpy/json traceback."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 20, item 3: ``dpfl-audit sweep`` — a grid of audits sharing runs, resumable, with one
+"""``dpfl-audit sweep`` — a grid of audits sharing runs, resumable, with one
 combined table, the privacy–utility figures and a sweep page."""
 
 from __future__ import annotations

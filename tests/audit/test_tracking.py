@@ -1,4 +1,4 @@
-"""Experiment tracking (issue 20, item 7): `run --track mlflow|tensorboard` sends what results.json
+"""Experiment tracking: `run --track mlflow|tensorboard` sends what results.json
 holds to a real local MLflow store and real TensorBoard event files, read back here with MLflow's
 client and TensorBoard's own reader; expectations come from results.json, not from the tracker code."""
 

@@ -1,4 +1,4 @@
-"""The roofline's FLOP and byte counting (benchmarks/roofline.py, issue 20 item 8): the analytical
+"""The roofline's FLOP and byte counting (benchmarks/roofline.py): the analytical
 LeNet count is the textbook formula and equals torch's FlopCounterMode, for one model and for
 clients batched with vmap as the engine runs them."""
 

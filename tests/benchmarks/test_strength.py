@@ -1,4 +1,4 @@
-"""The strength check of LiRA and RMIA (issue 18, item 6): the small version of
+"""The strength check of LiRA and RMIA: the small version of
 ``benchmarks/strength.py`` (``--quick``: MNIST's test split, a 600-record pool, 6 and 4 runs of
 one overfitting client), run through its command-line entry point and read back from its JSON.
 

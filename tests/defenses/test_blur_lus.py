@@ -1,4 +1,5 @@
-"""BLUR and LUS (spec 000 §2.2–2.4) and the invariants of spec 000 §7 (3, 4, 5, 8)."""
+"""BLUR and LUS (Cheng et al. 2022, §4.1–4.2, Alg. 2): the LUS mask, BLUR's penalty and its closed-form step,
+the FedAvg limit, and the clip-and-noise error of Eq. 2."""
 
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ def test_lambda_zero_and_c_zero_give_dp_fedavg_bit_for_bit(digits_job):
 
 
 def test_no_clip_no_noise_is_fedavg(digits_job):
-    """Spec 000 §7.5: S = ∞, σ → 0, λ = 0, c = 0: uniform FedAvg."""
+    """S = ∞, σ → 0, λ = 0, c = 0: uniform FedAvg."""
     job = digits_job(rounds=3)
     plain = FedAvg().train(job)
     ours = DPFedAvgBLURLUS(BLURLUSParams(clip=1e6, noise_multiplier=1e-15, blur_lambda=0.0, lus_sparsity=0.0)).train(job)
@@ -95,7 +96,7 @@ def test_blur_penalty_gradient(digits_job):
 
 
 def test_blur_closed_form_recursion(digits_job):
-    """Outside the ball, one SGD step is u_q = (1 − λη)u_{q−1} − η·g_q exactly (spec 000 §2.2)."""
+    """Outside the ball, one SGD step is u_q = (1 − λη)u_{q−1} − η·g_q exactly (BLUR, Cheng et al. 2022, §4.1)."""
     job = digits_job()
     model = job.model_factory()
     anchor = parameters_of(model)
@@ -117,7 +118,7 @@ def test_lemma2_step_size_condition():
 
 @pytest.mark.parametrize("sparsity", [0.0, 0.3, 0.7, 0.95])
 def test_lus_mask_counts_and_choice(digits_job, sparsity):
-    """Spec 000 §7.3: exactly s_j = max(1, round((1 − c)·d_j)) ones per tensor, at the largest |g ⊙ Δ|."""
+    """LUS (Cheng et al. 2022, §4.2): exactly s_j = max(1, round((1 − c)·d_j)) ones per tensor, at the largest |g ⊙ Δ|."""
     job = digits_job()
     defense = DPFedAvgLUS(LUSParams(lus_sparsity=sparsity))
     ctx, updates = _round_context(job, defense)
@@ -167,7 +168,7 @@ def test_lus_last_batch_option_trains(digits_job):
 
 
 def test_clip_then_noise_error_decomposition(digits_job):
-    """Spec 000 §7.8 (Eq. 2): E‖Δ̄ − Δ‖²/d = (max(0, ‖Δ‖ − S))²/d + σ²S²/|P_t|."""
+    """Cheng et al. 2022, Eq. 2: E‖Δ̄ − Δ‖²/d = (max(0, ‖Δ‖ − S))²/d + σ²S²/|P_t|."""
     dim, participants, clip, sigma = 200_000, 4, 1.0, 0.7
     generator = torch.Generator().manual_seed(5)
     updates = torch.randn(participants, dim, generator=generator) * 0.01  # norms ≈ 4.5 > S

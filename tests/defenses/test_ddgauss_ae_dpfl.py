@@ -1,4 +1,5 @@
-"""DDGauss (spec 000 §2.5, §7.9) and AE-DPFL (§2.6, §7.10): building blocks, decoding, accounting."""
+"""DDGauss (Kairouz, Liu & Steinke 2021) and AE-DPFL (Zhu et al. 2020), the baselines of Cheng et al. 2022:
+building blocks, decoding, accounting."""
 
 from __future__ import annotations
 
@@ -91,7 +92,7 @@ def _bound_ddgauss(job, **params):
 
 
 def test_ddgauss_zero_noise_decodes_to_the_mean(digits_job):
-    """Spec 000 §7.9: σ_loc = 0 and many bits decode to the mean of the clipped updates within γ√d′/n.
+    """σ_loc = 0 and many bits decode to the mean of the clipped updates within γ√d′/n.
 
     γ√d′/n is a high-probability bound for n ≤ 6 clients (the rounding errors are independent with
     variance ≤ 1/4, so the typical error of the mean is γ√(d′/(6n))); the worst case is γ√d′."""

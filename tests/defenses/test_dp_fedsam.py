@@ -1,4 +1,5 @@
-"""DP-FedSAM, DP-FedSAM-top_k and Fed-SMP: the invariants of spec 002 §7."""
+"""DP-FedSAM, DP-FedSAM-top_k (Shi et al. 2023) and Fed-SMP (Hu et al. 2022): reductions, the SAM step,
+clipping, noise, top-k masks, sampling and accounting."""
 
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ def test_sam_loop_restores_weights_and_matches_batched(digits_job):
 
 
 def test_topk_support_counts_order_and_noise(digits_job):
-    """Spec 002 §7.5, the paper's Eq. 12 (mask_stage after_noise): nnz = Σ_l ⌈p·d_l⌉; kept |·| ≥ dropped in
+    """Shi et al. 2023, Eq. 12 (mask_stage after_noise): nnz = Σ_l ⌈p·d_l⌉; kept |·| ≥ dropped in
     each layer; no noise on dropped coordinates — so a clean-update mask releases its support (no finite
     claim) and a noisy one is post-processing of one upload. The sound default keeps every coordinate noisy."""
     job = digits_job()
@@ -141,7 +142,7 @@ def test_random_k_masks_differ_between_clients_and_rounds(digits_job):
 
 
 def test_noise_std_of_the_family(digits_job):
-    """Spec 002 §7.4: per-client std σC/√m on every noised coordinate."""
+    """Per-client std σC/√m on every noised coordinate (the mean's sensitivity is C/m: Shi et al. 2023, Lemma 1)."""
     job = digits_job()
     clip, sigma = 0.4, 1.3
     defense = DPFedSAM(DPFedSAMParams(clip=clip, noise_multiplier=sigma))
@@ -184,8 +185,9 @@ def test_masking_defenses_need_client_noise():
 
 
 @pytest.mark.parametrize("delta,row", [(5e-3, [3.64, 5.24, 7.77, 9.93]), (2e-3, [4.11, 5.82, 8.51, 10.80])])
-def test_spec002_epsilon_table_improved(delta, row):
-    """Spec 002 §3 (σ = 0.95, q = 0.1, the public code's Balle et al. conversion): within 1 %."""
+def test_dp_fedsam_epsilon_table_improved(delta, row):
+    """DP-FedSAM's accounting (Shi et al. 2023, Thm 2) at σ = 0.95, q = 0.1 with the official code's Balle et al.
+    2020 conversion: within 1 % of the values that code computes."""
     for steps, expected in zip([50, 100, 200, 300], row):
         assert compute_epsilon(GaussianSchedule(0.95, 0.1, steps), delta).epsilon == pytest.approx(expected, rel=0.01)
 

@@ -1,4 +1,4 @@
-"""FL-TOP family (paper 003): frozen coordinates, exchanged lengths, the table arithmetic, clip and noise."""
+"""FL-TOP family (Kerkouche et al. 2021): frozen coordinates, exchanged lengths, the table arithmetic, clip and noise."""
 
 from __future__ import annotations
 
@@ -30,12 +30,14 @@ PAPER_N = 1_663_370
     (0.05, 200, 1108.91), (0.05, 152, 842.77), (0.10, 199, 2206.74),
 ])
 def test_table1_bandwidth_cells_exactly(fraction, rounds, expected):
-    """Spec 003 §7.3: KB = ⌊r·n⌋·32·Round·C/8000 with n = 1,663,370 and C = 1/60."""
+    """The cost cells of Kerkouche et al. 2021, Tables 1–2: KB = ⌊r·n⌋·32·Round·C/8000 with n = 1,663,370 and
+    C = 1/60."""
     assert round(table_kilobytes(kept_count(fraction, PAPER_N), rounds, 1 / 60), 2) == expected
 
 
 def test_fl_top_dp_accounting_reproduces_the_calibration():
-    """Spec 003 §3: ε(200) = 1.000 ± 0.005 at σ = 1.5406, C = 1/60, δ = 1e-5 (classic conversion)."""
+    """Kerkouche et al. 2021, §3.2.2 (Thm 1), at the σ that gives Table 1's ε: ε(200) = 1.000 ± 0.005 at σ = 1.5406,
+    C = 1/60, δ = 1e-5 (classic conversion)."""
     layout = ParamLayout(("w",), ((1000,),))
     defense = FLTopDP(FLTopDPParams(noise_multiplier=1.5406), layout)
     claim = defense.privacy_claim(TrainingConfig(rounds=200, client_rate=1 / 60), 6000, 200, 1e-5,
@@ -53,7 +55,8 @@ def _initial_model(job):
 
 
 def test_frozen_coordinates_stay_bit_exact(digits_job):
-    """Spec 003 §7.1: outside 𝕋 every global model keeps w0's bits (momentum on, noise on)."""
+    """FL-TOP trains only 𝕋 (Kerkouche et al. 2021, Alg. 1): outside 𝕋 every global model keeps w0's bits (momentum
+    on, noise on)."""
     job = replace(digits_job(rounds=4, momentum=0.9), record=RecordSpec(global_rounds="all", upload_rounds="all"))
     defense = FLTopDP(FLTopDPParams(keep_fraction=0.1, noise_multiplier=1.0))
     outcome = defense.train(job)
@@ -117,7 +120,8 @@ def test_partial_dct_is_an_orthonormal_sketch():
                                          FLBasicDPParams(keep_fraction=0.2, noise_multiplier=1.3, calibration_subsets=5)),
                                         (FLStdDP, FLStdDPParams(noise_multiplier=1.3))])
 def test_clip_calibration_clipping_and_noise(digits_job, cls, params):
-    """§7.4–7.5: ‖clip(Δ)‖ ≤ S; per-client noise Sσ/√|𝕂| on the exchanged coordinates (χ²)."""
+    """The DP variants (Kerkouche et al. 2021, Alg. 3): ‖clip(Δ)‖ ≤ S; per-client noise Sσ/√|𝕂| on the exchanged
+    coordinates (χ²)."""
     job = digits_job()
     bound = cls(params)
     ctx, updates = _round_context(job, bound)

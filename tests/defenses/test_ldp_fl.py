@@ -1,4 +1,5 @@
-"""LDP-FL (paper 004): the two-point mechanism, ranges, split-and-shuffle and the claim — spec 004 §7."""
+"""LDP-FL (Sun et al. 2021): the two-point mechanism (Eq. 2, Alg. 2), ranges, split-and-shuffle (Alg. 3) and the
+claim."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def _draws(w: float, n: int, eps: float = 1.0, c: float = 0.0, r: float = 1.0, s
 
 
 def test_reference_magnitudes():
-    # spec 004 §2.1's table, printed to five or six significant figures
+    # A(ε) = (e^ε + 1)/(e^ε − 1) (Sun et al. 2021, Eq. 2), printed to five or six significant figures
     for eps, value, tolerance in ((0.1, 20.017, 5e-4), (0.5, 4.0830, 5e-5), (1, 2.16395, 5e-6), (4, 1.03732, 1e-5),
                                   (5, 1.01357, 5e-6), (10, 1.00009, 5e-6)):
         assert two_point_magnitude(eps) == pytest.approx(value, abs=tolerance)
@@ -40,7 +41,7 @@ def test_reference_magnitudes():
 
 @pytest.mark.parametrize("eps", [0.1, 1.0, 5.0])
 def test_two_values_never_inside_and_distance_bounds(eps):
-    """§7.1 and §7.5: outputs are c ± rA, outside (c − r, c + r); 2r/(e^ε−1) ≤ |M(w)−w| ≤ 2re^ε/(e^ε−1)."""
+    """Outputs are c ± rA, outside (c − r, c + r); 2r/(e^ε−1) ≤ |M(w)−w| ≤ 2re^ε/(e^ε−1)."""
     c, r = 0.3, 0.5
     w = torch.linspace(c - r, c + r, 101, dtype=torch.float64).repeat(50)
     out = two_point(w, c, r, eps, torch.Generator().manual_seed(1))
@@ -53,7 +54,7 @@ def test_two_values_never_inside_and_distance_bounds(eps):
 
 
 def test_probability_up():
-    """§7.2: ½ at c, e^ε/(e^ε+1) at c + r, bounded, extreme ratio exactly e^ε."""
+    """P(c + rA): ½ at c, e^ε/(e^ε+1) at c + r, bounded, extreme ratio exactly e^ε (Sun et al. 2021, Thm 1)."""
     eps = 1.3
     p = probability_up(torch.tensor([-1.0, 0.0, 1.0], dtype=torch.float64), 0.0, 1.0, eps).numpy()
     assert p[1] == pytest.approx(0.5) and p[2] == pytest.approx(math.exp(eps) / (math.exp(eps) + 1))
@@ -62,7 +63,8 @@ def test_probability_up():
 
 @pytest.mark.parametrize("w", [-1.0, 0.0, 1.0, 0.37])
 def test_unbiased_with_the_stated_variance(w):
-    """§7.3–7.4: |mean − w| ≤ 4·√(Var/N); the empirical variance matches r²A² − (w−c)² within 3 %."""
+    """Unbiased (Sun et al. 2021, Lemma 2): |mean − w| ≤ 4·√(Var/N); the empirical variance matches
+    r²A² − (w−c)² (Eq. 6) within 3 %."""
     n, eps = 200_000, 1.0
     out = _draws(w, n, eps)
     variance = two_point_magnitude(eps) ** 2 - w ** 2
@@ -83,9 +85,9 @@ def test_k_client_mean_variance_eq7_and_eq8():
 
 
 def test_duchi_equivalence_and_clipping():
-    """§7.6–7.7: with a shared uniform draw M(w; c, r) = c + r·Duchi((w − c)/r). An out-of-range input
+    """With a shared uniform draw M(w; c, r) = c + r·Duchi((w − c)/r). An out-of-range input
     is clipped first, so M(c + 5r) is distributed exactly as M(c + r) — c + rA with probability
-    e^ε/(1 + e^ε), not always (spec 004 §7.7 says "always", which would break the e^ε ratio)."""
+    e^ε/(1 + e^ε), not always (always would break the e^ε ratio)."""
     c, r, eps = 0.2, 0.5, 1.0
     w = torch.tensor([0.0, 0.3, 0.6], dtype=torch.float64)
     general = two_point(w, c, r, eps, torch.Generator().manual_seed(7))
@@ -99,7 +101,8 @@ def test_duchi_equivalence_and_clipping():
 
 
 def test_split_and_shuffle_keeps_every_mean():
-    """§7.8: the per-id mean is unchanged; each id keeps its k values (k·d items in all)."""
+    """Split and shuffle (Sun et al. 2021, Alg. 3): the per-id mean is unchanged; each id keeps its k values (k·d
+    items in all)."""
     reports = torch.randn(7, 50, generator=torch.Generator().manual_seed(0))
     shuffled = split_and_shuffle(reports, torch.Generator().manual_seed(1))
     assert torch.allclose(shuffled.mean(0), reports.mean(0))
@@ -108,7 +111,7 @@ def test_split_and_shuffle_keeps_every_mean():
 
 
 def test_unlinked_view_has_no_identities_and_two_values_per_id(digits_job):
-    """§7.9: the unlinked view holds no client ids; with a fixed range each id shows at most 2 values."""
+    """The unlinked view holds no client ids; with a fixed range each id shows at most 2 values."""
     job = replace(digits_job(rounds=1), record=RecordSpec(upload_rounds="all"))
     defense = LDPFL(LDPFLParams(epsilon=1.0, radius=0.5))
     outcome = defense.train(job)
@@ -133,7 +136,7 @@ def _initial_vector(job):
 
 
 def test_adaptive_ranges(digits_job):
-    """§7.12: c = 0, r = max − min covers [min, max] when min ≤ 0 ≤ max; global_prev and secure_minmax
+    """Adaptive ranges: c = 0, r = max − min covers [min, max] when min ≤ 0 ≤ max; global_prev and secure_minmax
     give every client of a round the same range; local ranges differ between clients."""
     job = digits_job()
     defense = LDPFL(LDPFLParams(range_mode="adaptive"))
@@ -154,7 +157,8 @@ def test_adaptive_ranges(digits_job):
 
 
 def test_claim_linked_figures_and_amplification(digits_job):
-    """§7.11: linked per round = d·ε; the FMT bound is inapplicable at k = 100, δ = 1e-5."""
+    """Linked per round = d·ε; the shuffle-amplification bound of Feldman, McMillan & Talwar 2021 is inapplicable
+    at k = 100, δ = 1e-5."""
     layout = ParamLayout(("w",), ((21_840,),))
     defense = LDPFL(LDPFLParams(epsilon=1.0), layout)
     claim = defense.privacy_claim(TrainingConfig(rounds=10, client_rate=1.0), 100, 10, 1e-5, AccountingSettings())
@@ -169,7 +173,7 @@ def test_claim_linked_figures_and_amplification(digits_job):
 
 
 def test_same_seed_same_reports(digits_job):
-    """§7.13."""
+    """The same seed gives the same perturbed weights and the same accuracy."""
     job = digits_job(rounds=2)
     first, second = LDPFL(LDPFLParams(epsilon=2.0)).train(job), LDPFL(LDPFLParams(epsilon=2.0)).train(job)
     assert all(torch.equal(first.final_params[n], second.final_params[n]) for n in first.final_params)
@@ -177,7 +181,7 @@ def test_same_seed_same_reports(digits_job):
 
 
 def test_two_point_audit_is_tight_and_never_above_the_claim():
-    """The issue's acceptance: ε = 1, N = 200000 gives a lower bound in (0.8, 1.0]."""
+    """The two-point mechanism's audit is tight: ε = 1, N = 200000 gives a lower bound in (0.8, 1.0]."""
     result = audit_two_point(1.0, 200_000, seed=0)
     assert 0.8 < result["epsilon_lower_bound"] <= 1.0 and not result["violation"]
     for seed in (1, 2):

@@ -1,4 +1,5 @@
-"""UDP-FL (DP-SGD clients with harmonized mechanisms) and NbAFL: spec 001 §8.8–8.9 and the claims."""
+"""UDP-FL (Feng et al. 2024: DP-SGD clients with harmonized mechanisms) and NbAFL (Wei et al. 2020): per-example
+clipping, the shuffler, the federated plumbing and the claims."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def _udp(**params) -> UDPFL:
 
 
 def test_per_example_clipping(digits_job):
-    """§8.8: every clipped per-example gradient has norm ≤ C (ℓ2 or ℓ1)."""
+    """Every clipped per-example gradient has norm ≤ C (ℓ2 or ℓ1)."""
     job = digits_job()
     model = job.model_factory()
     params = {n: p[None] for n, p in parameters_of(model).items()}
@@ -103,7 +104,7 @@ def test_group_noise_is_keyed_by_everything_it_depends_on(digits_job):
 
 
 def test_shuffling_leaves_the_model_unchanged_and_hides_identities(digits_job):
-    """§8.9: the shuffler permutes uploads (and their weights); FedAvg's result is unchanged."""
+    """The shuffler (Feng et al. 2024, §4.4) permutes uploads (and their weights); FedAvg's result is unchanged."""
     from defenses.federated.training_job import RecordSpec
 
     job = replace(digits_job(rounds=2, local_steps=1, aggregation="weighted"), record=RecordSpec(upload_rounds="all"))
@@ -131,7 +132,7 @@ def test_heterogeneous_epsilons(digits_job):
 
 
 def test_one_client_noiseless_fedavg_is_centralised_training(digits_job):
-    """§8.9: with one client and no noise, FedAvg after one round is plain SGD on that client's data."""
+    """With one client and no noise, FedAvg after one round is plain SGD on that client's data."""
     job = digits_job(rounds=1, local_steps=2, lr=0.1, engine="loop")
     job = replace(job, clients=[job.clients[0]])
     outcome = FedAvg().train(job)

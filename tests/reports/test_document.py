@@ -1,4 +1,4 @@
-"""results.json is its types (issue 16, item 4): the file, the reader and the published JSON Schema
+"""results.json is its types: the file, the reader and the published JSON Schema
 come from one set of frozen dataclasses, so they cannot drift apart.
 
 The schema expectations below are written from the JSON Schema specification (draft 2020-12)

@@ -1,4 +1,4 @@
-"""Issue 20, item 6: figure files — the report's plots as PNG and PDF in figures/."""
+"""Figure files: the report's plots as PNG and PDF in figures/."""
 
 from __future__ import annotations
 

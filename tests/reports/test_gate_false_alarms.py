@@ -1,5 +1,5 @@
-"""``check --baseline`` tolerates honest randomness and still catches a lost defense (issue 17,
-item 6): the small version of ``benchmarks/gate_false_alarms.py``.
+"""``check --baseline`` tolerates honest randomness and still catches a lost defense: the small
+version of ``benchmarks/gate_false_alarms.py``.
 
 Two audits of the same code with different seeds are two independent draws of every figure, and
 the gate's regression comparisons are one family decided by Holm at 5 %: a check between them

@@ -1,4 +1,4 @@
-"""Stored files that `check` and `report` read back are read strictly (issue 15): a results.json of
+"""Stored files that `check` and `report` read back are read strictly: a results.json of
 an unknown schema_version or with a wrong-typed field, a broken manifest.json, a policy with
 duplicate keys or in another encoding, a --junit file in a folder that does not exist — each ends
 with exit 2, one line on stderr naming the file and the field, and nothing written."""

@@ -1,4 +1,4 @@
-"""What a client-level claim implies for one record, and when it implies nothing (issue 17, item 4).
+"""What a client-level claim implies for one record, and when it implies nothing.
 
 Group privacy (Dwork & Roth 2014, Thm 2.2): a record added to one client's data replaces that
 client — two add/remove steps — so an (ε, δ) client-level claim gives (2ε, (1 + e^ε)·δ) per
@@ -71,7 +71,7 @@ def test_record_canaries_at_epsilon_12_complete_and_say_the_record_implication_i
     assert experiment["soundness"] == "vacuous"
 
 
-# ---------------------------------------------------------------- relations (issue 17, item 4)
+# ---------------------------------------------------------------- relations
 
 def test_what_a_claim_implies_depends_on_the_designs_neighbouring_relation():
     add_remove = client_claim(1.0)
@@ -91,7 +91,7 @@ def test_what_a_claim_implies_depends_on_the_designs_neighbouring_relation():
     assert (v.claim_relation, v.design_relation) == ("replace-one", "add-remove")
 
 
-# ---------------------------------------------------------------- family and power (issue 17, items 3 and 5)
+# ---------------------------------------------------------------- family and power
 
 def _tested(p_value: float, correct: int = 8) -> tuple[Verdict, OneRunAudit]:
     v = Verdict(metric="epsilon_one_run", unit="client", kind="lower_bound", measured=0.5, claimed=1.0, bound=1.0,

@@ -104,7 +104,7 @@ def leaky_record():
     return _results(_experiment(leaky=True, unit="record"))
 
 
-def test_registry_lists_every_attack_of_this_issue():
+def test_registry_lists_the_membership_and_canary_attacks():
     assert {"lira", "shokri", "loss-threshold", "confidence-threshold", "entropy-threshold", "canary-queries",
             "record-canaries", "client-canaries", "gradient-canaries"} <= set(ATTACKS.names())
 
@@ -113,12 +113,12 @@ def _assert_null(results):
     for name, result in results.items():
         m = result.metrics
         pairs = result.truth.size
-        # AUC's standard error on independent pairs is ≈ 1/√(12·n₊n₋/(n₊+n₋)); the issue's band [0.45, 0.55]
+        # AUC's standard error on independent pairs is ≈ 1/√(12·n₊n₋/(n₊+n₋)); the band [0.45, 0.55] below
         # is wider than 3 standard errors for every attack here (≥ 1920 pairs)
         assert 3 / math.sqrt(3 * pairs) < 0.05, name
         assert 0.45 <= m["auc"].value <= 0.55, (name, m["auc"].value)
         assert m["tpr_at_fpr_1%"].value <= 0.02, (name, m["tpr_at_fpr_1%"].value)
-        # the two-way intervals cover chance (the pairs are correlated; DeLong's did not, issue 17)
+        # the two-way intervals cover chance (the pairs are correlated; DeLong's intervals did not)
         assert m["auc"].low <= 0.5 <= m["auc"].high, (name, m["auc"])
         # a one-run bound exceeds 0 under the null with probability ≤ 5 %; with 0.2 for the odd exceedance
         assert m["epsilon_one_run"].value <= 0.2, (name, m["epsilon_one_run"])

@@ -25,7 +25,7 @@ from audit.core.empirical_epsilon import (
     (10_000, 1000, 900, 1e-5, 2.015),
 ])
 def test_one_run_reference_values(canaries, guesses, correct, delta, expected):
-    """peers.md §2: Privacy Meter's get_eps_audit values, p = 0.05."""
+    """The one-run bound (Steinke, Nasr & Jagielski 2023) as Privacy Meter's get_eps_audit computes it, p = 0.05."""
     assert one_run_epsilon_lower_bound(canaries, guesses, correct, delta, 0.05) == pytest.approx(expected, abs=5e-4)
 
 

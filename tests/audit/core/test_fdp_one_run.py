@@ -6,7 +6,7 @@ simulated μ-GDP mechanisms.
 No table or figure value of the paper could be read (only its abstract is stored where this was
 written), so the reference values are derived: with δ = 0 and every guess right the f-DP tail is
 the binomial one, p = q^k (module docstring), so Steinke et al.'s reference bounds at r = v
-(peers.md §2) hold for it too.
+(as Privacy Meter's get_eps_audit computes them) hold for it too.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def test_the_gaussian_recursion_meets_the_relaxation_of_its_tangents(canaries, g
 
 @pytest.mark.parametrize("canaries,guesses,expected", [(1000, 100, 3.493), (1000, 1000, 5.809)])
 def test_every_guess_right_gives_steinkes_reference_values(canaries, guesses, expected):
-    """δ = 0, v = k: p = q^k, so the bound is logit(α^{1/k}) (peers.md §2 reference values)."""
+    """δ = 0, v = k: p = q^k, so the bound is logit(α^{1/k}) (Steinke et al.'s reference values)."""
     bound = fdp_epsilon_lower_bound(canaries, guesses, guesses, 0.0, 0.05)
     q = 0.05 ** (1 / guesses)
     assert bound == pytest.approx(expected, abs=5e-4) and bound == pytest.approx(math.log(q / (1 - q)), abs=1e-8)

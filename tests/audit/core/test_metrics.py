@@ -1,4 +1,4 @@
-"""Attack metrics against reference values (peers.md §2) and their definitions."""
+"""Attack metrics against reference values (the test suites of tf-privacy and jax_privacy) and their definitions."""
 
 from __future__ import annotations
 

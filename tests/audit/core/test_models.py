@@ -10,9 +10,9 @@ from audit.core.models import MODELS, build_model, count_parameters
 
 
 @pytest.mark.parametrize("name,shape,classes,expected", [
-    ("cnn-mcmahan", (1, 28, 28), 10, 1_663_370),   # spec 003 §4
-    ("cnn2", (1, 28, 28), 62, 1_206_590),          # spec 000 §4 (Reddi et al.)
-    ("cnn-fedsam", (1, 32, 32), 62, 903_614),      # spec 002 §7.8
+    ("cnn-mcmahan", (1, 28, 28), 10, 1_663_370),   # McMahan et al. 2017's CNN, as Kerkouche et al. 2021 train it
+    ("cnn2", (1, 28, 28), 62, 1_206_590),          # Reddi et al. 2021's CNN, as Cheng et al. 2022 train it
+    ("cnn-fedsam", (1, 32, 32), 62, 903_614),      # the CNN of DP-FedSAM's official code (Shi et al. 2023)
     ("cnn-fedsam", (1, 28, 28), 62, 608_702),
     ("cnn-small", (1, 28, 28), 10, 46_730),
     ("cnn-udpfl", (1, 28, 28), 10, 421_642),

@@ -1,4 +1,4 @@
-"""Random streams are keyed by the whole path: distinct keys never share a stream (issue 14, item 4).
+"""Random streams are keyed by the whole path: distinct keys never share a stream.
 
 torch's CPU generator keeps only 32 bits of a ``manual_seed`` — ``manual_seed(k)`` and
 ``manual_seed(k + 2³²)`` draw the same numbers — so among a million streams seeded that way about

@@ -1,4 +1,4 @@
-"""Privatisation steps against references computed independently of the code path (issue 14, item 5):
+"""Privatisation steps against references computed independently of the code path:
 DP-SGD's clipped sum and per-example noise scale, SAM's perturbation, FL-CS-DP's compress-clip-noise,
 fixed-size sampling accounting, and Poisson sampling exercised end to end."""
 

@@ -1,4 +1,5 @@
-"""Noise mechanisms, their RDP curves and the Harmonizer: the invariants and reference values of spec 001 §8."""
+"""Noise mechanisms (Gaussian, Laplace, the staircase of Geng & Viswanath 2015), their RDP curves and UDP-FL's
+Harmonizer (Feng et al. 2024): densities, samplers, closed forms against integration, reference values."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from defenses.privacy.accounting import GaussianSchedule, calibrate_noise, rdp_p
 
 @pytest.mark.parametrize("eps", [0.5, 1.0, 3.0])
 def test_staircase_density(eps):
-    """§8.1: ∫f = 1; mass on [0, Δ) = (1 − b)/2; f(x) = e^ε·f(x + Δ) for x ≥ 0."""
+    """The staircase density: ∫f = 1; mass on [0, Δ) = (1 − b)/2; f(x) = e^ε·f(x + Δ) for x ≥ 0."""
     mechanism, delta = StaircaseNoise(eps), 0.7
     b, a, g = math.exp(-eps), mechanism.height(delta), mechanism.gamma
     steps = np.arange(0, 400)
@@ -32,7 +33,7 @@ def test_staircase_density(eps):
 
 
 def test_staircase_sampler_distribution_and_moments():
-    """§8.2: χ² against the exact bin probabilities; E|X| and Var at γ*, ε = 1, Δ = 1."""
+    """Geng's sampler: χ² against the exact bin probabilities; E|X| and Var at γ*, ε = 1, Δ = 1."""
     mechanism = StaircaseNoise(1.0)
     samples = mechanism.sample(torch.Generator().manual_seed(0), (400_000,)).numpy()
     assert mechanism.mean_abs() == pytest.approx(0.95952, abs=1e-5) and mechanism.variance() == pytest.approx(1.91968, abs=1e-5)
@@ -54,7 +55,7 @@ def test_staircase_sampler_distribution_and_moments():
 
 
 def test_laplace_and_gaussian_sampler_std():
-    """§8.8 (noise part): per-coordinate std zC (Gaussian) and √2·λC (Laplace) within 1 %."""
+    """Per-coordinate std zC (Gaussian) and √2·λC (Laplace) within 1 %."""
     generator = torch.Generator().manual_seed(1)
     assert GaussianNoise(1.3).sample(generator, (400_000,), 2.0).std().item() == pytest.approx(2.6, rel=0.01)
     assert LaplaceNoise(0.7).sample(generator, (400_000,), 2.0).std().item() == pytest.approx(math.sqrt(2) * 1.4, rel=0.01)
@@ -64,7 +65,7 @@ def test_laplace_and_gaussian_sampler_std():
 
 
 def test_staircase_rdp_reference_values_and_integration():
-    """§8.3: closed form vs numerical ∫p^α q^{1−α} (< 1e-4) and the listed values."""
+    """The staircase's RDP: closed form vs numerical ∫p^α q^{1−α} (< 1e-4) and the reference values."""
     assert StaircaseNoise(1.0).rdp_1d([2, 8]) == pytest.approx([0.710577, 0.948387], abs=1e-6)
     assert StaircaseNoise(0.5).rdp_1d([2])[0] == pytest.approx(0.223454, abs=1e-6)
     assert StaircaseNoise(2.0).rdp_1d([2])[0] == pytest.approx(1.811294, abs=1e-6)
@@ -89,7 +90,8 @@ def test_staircase_rdp_limits_and_simplified_form():
 
 
 def test_staircase_small_shift_grows_linearly():
-    """The discontinuous density: D(0.02Δ)/0.02 ≈ 21.1 at ε = 1, α = 8, versus D(Δ) = 0.948 (spec 001 §2.2)."""
+    """The discontinuous density: D(0.02Δ)/0.02 ≈ 21.1 at ε = 1, α = 8, versus D(Δ) = 0.948: a 1-D curve at
+    shift Δ does not bound a shift spread over many coordinates."""
     mechanism = StaircaseNoise(1.0)
     assert numeric_rdp(mechanism, 8.0, shift=0.02) / 0.02 == pytest.approx(21.1, abs=0.1)
     slope = mechanism.small_shift_slope([8.0])[0]
@@ -99,7 +101,7 @@ def test_staircase_small_shift_grows_linearly():
 
 
 def test_laplace_rdp_reference_values():
-    """§8.4: λ=1 → 0.619124 (α=2), 0.910199 (α=8); λ=.5, α=2 → 1.595774; λ=2 → 0.200304; ≤ α/(2λ²)."""
+    """Laplace RDP (Mironov 2017): λ=1 → 0.619124 (α=2), 0.910199 (α=8); λ=.5, α=2 → 1.595774; λ=2 → 0.200304; ≤ α/(2λ²)."""
     assert LaplaceNoise(1.0).rdp_1d([2, 8]) == pytest.approx([0.619124, 0.910199], abs=1e-6)
     assert LaplaceNoise(0.5).rdp_1d([2])[0] == pytest.approx(1.595774, abs=1e-6)
     assert LaplaceNoise(2.0).rdp_1d([2])[0] == pytest.approx(0.200304, abs=1e-6)
@@ -110,7 +112,7 @@ def test_laplace_rdp_reference_values():
 
 
 def test_gaussian_rdp():
-    """§8.5: q = 1 gives α/(2z²); the subsampled curve is dp-accounting's sampled Gaussian."""
+    """q = 1 gives α/(2z²); the subsampled curve is dp-accounting's sampled Gaussian."""
     assert GaussianNoise(1.5).rdp_1d([2, 10]) == pytest.approx([2 / 4.5, 10 / 4.5])
     orders, rdp = rdp_per_step(GaussianNoise(1.1), 0.05)
     assert np.allclose(rdp, rdp_per_round(GaussianSchedule(1.1, 0.05, 1), orders))
@@ -121,7 +123,7 @@ def test_gaussian_rdp():
 
 @pytest.mark.parametrize("kind", ["gaussian", "laplace", "staircase"])
 def test_harmonizer_meets_the_target_with_least_noise(kind):
-    """§8.6: ε_target − tol < ε(θ*) ≤ ε_target."""
+    """The Harmonizer's least noise: ε_target − tol < ε(θ*) ≤ ε_target."""
     mechanism = harmonize(kind, 3.0, 1e-5, 0.05, 300)
     value = epsilon(mechanism, 0.05, 300, 1e-5)
     assert 3.0 * (1 - 1e-3) < value <= 3.0
@@ -133,7 +135,8 @@ def test_harmonizer_gaussian_is_dp_sgd():
 
 
 def test_dominance_reference_values():
-    """§8.6: z = 1 gives λ ≈ 0.8269 and ε_s ≈ 1.0838; the binding order is the grid's smallest."""
+    """Dominance (no weaker than the Gaussian at every order): z = 1 gives λ ≈ 0.8269 and ε_s ≈ 1.0838; the binding
+    order is the grid's smallest."""
     laplace, staircase = dominance("laplace", 1.0), dominance("staircase", 1.0)
     assert laplace.parameter == pytest.approx(0.8269, abs=1e-4) and staircase.parameter == pytest.approx(1.0838, abs=1e-4)
     assert math.sqrt(laplace.variance()) == pytest.approx(1.169, abs=1e-3)
@@ -143,7 +146,7 @@ def test_dominance_reference_values():
 
 
 def test_monotonicity():
-    """§8.7: ε non-increasing in δ and in the noise; RDP linear in the number of steps."""
+    """ε non-increasing in δ and in the noise; RDP linear in the number of steps."""
     mechanism = LaplaceNoise(1.5)
     assert epsilon(mechanism, 0.05, 200, 1e-6) >= epsilon(mechanism, 0.05, 200, 1e-4)
     assert epsilon(LaplaceNoise(2.0), 0.05, 200, 1e-5) <= epsilon(mechanism, 0.05, 200, 1e-5)

@@ -1,5 +1,5 @@
-"""Top-K selection against brute-force references, and the keep counts in exact decimal arithmetic
-(issue 14, item 5): FL-TOP's public Top-K, LUS's per-tensor top-s_j of |g ⊙ Δ|, DP-FedSAM-top_k's
+"""Top-K selection against brute-force references, and the keep counts in exact decimal arithmetic:
+FL-TOP's public Top-K, LUS's per-tensor top-s_j of |g ⊙ Δ|, DP-FedSAM-top_k's
 per-tensor top-⌈p·d_l⌉."""
 
 from __future__ import annotations

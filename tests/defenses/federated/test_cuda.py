@@ -1,4 +1,4 @@
-"""The engine on a GPU (issue 20, item 8): DP-FedAvg trained on ``cuda`` agrees with the CPU run,
+"""The engine on a GPU: DP-FedAvg trained on ``cuda`` agrees with the CPU run,
 and the noise the server adds has the claimed standard deviation where the adversary sees it.
 
 Skipped without CUDA: nothing else depends on a GPU. Run on a GPU machine with

@@ -1,6 +1,8 @@
 """The federated engine and DP-FedAvg: batched vs loop, sampling, clipping, noise, server view.
 
-Invariants from spec 000 §7 (1, 2, 5, 6, 7) and the foundation issue.
+DP-FedAvg as McMahan et al. 2018, Alg. 1: clipping only rescales, each upload carries noise Sσ/√|P_t| on every
+coordinate, no clipping and no noise is FedAvg, the claim matches the accountant, and Poisson sampling skips an
+empty round but counts it.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ def test_fedavg_learns(digits_job):
 
 
 def test_dp_fedavg_without_clipping_or_noise_is_fedavg(digits_job):
-    """Spec 000 §7.5: S = ∞, σ → 0, uniform weights: DP-FedAvg equals FedAvg."""
+    """S = ∞, σ → 0, uniform weights: DP-FedAvg equals FedAvg."""
     job = digits_job()
     plain = FedAvg().train(job)
     dp = DPFedAvg(DPFedAvgParams(clip=1e6, noise_multiplier=1e-15)).train(job)  # noise std Sσ = 1e-9
@@ -81,7 +83,7 @@ def test_dp_fedavg_without_clipping_or_noise_is_fedavg(digits_job):
 
 
 def test_poisson_sampling_mean_size():
-    """Spec 000 §7.7: E|P_t| = qN; the sample mean over 4000 rounds lies within 4 standard errors."""
+    """Poisson sampling: E|P_t| = qN; the sample mean over 4000 rounds lies within 4 standard errors."""
     training = TrainingConfig(client_rate=0.1)
     sizes = np.array([len(sample_participants(50, training, 0, t)) for t in range(4000)])
     standard_error = math.sqrt(50 * 0.1 * 0.9 / len(sizes))
@@ -133,7 +135,7 @@ def _chi2_std_check(samples: torch.Tensor, std: float) -> None:
 
 
 def test_client_noise_std_is_s_sigma_over_sqrt_participants():
-    """Spec 000 §7.2: each upload's noise has per-coordinate std Sσ/√|P_t|, on every coordinate."""
+    """Each upload's noise has per-coordinate std Sσ/√|P_t|, on every coordinate."""
     clip, sigma, participants, dim = 0.3, 1.7, 8, 20000
     defense = DPFedAvg(DPFedAvgParams(clip=clip, noise_multiplier=sigma))
     uploads, _ = defense.privatize(torch.zeros(participants, dim), _context(participants))

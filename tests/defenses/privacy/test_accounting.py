@@ -1,4 +1,5 @@
-"""Accounting against reference values (peers.md §2, specs 000 §3 and 003 §3) and numerical integration.
+"""Accounting against reference values (the test suites of opacus and dp-accounting; the σ of Cheng et al. 2022's
+settings and the ε of Kerkouche et al. 2021, Table 1) and numerical integration.
 
 Each test says which accountant and conversion it checks: ``improved`` is dp-accounting's
 RDP→(ε, δ) conversion (Balle et al. 2020), ``classic`` is Mironov 2017's.
@@ -54,7 +55,7 @@ def test_opacus_cross_check_on_a_grid():
 
 
 def test_classic_conversion_fl_top_calibration():
-    # spec 003 §3: σ=1.5406, C=1/60, δ=1e-5, classic conversion: ε(200)=1 and Table 1's ε(t).
+    # Kerkouche et al. 2021 (§3.2.2, Table 1): σ=1.5406, C=1/60, δ=1e-5, classic conversion: ε(200)=1 and Table 1's ε(t).
     schedule = GaussianSchedule(1.5406, 1 / 60, 200)
     assert compute_epsilon(schedule, 1e-5, conversion="classic").epsilon == pytest.approx(1.000, abs=0.005)
     trajectory = epsilon_trajectory(schedule, 1e-5, "classic")
@@ -67,18 +68,21 @@ def test_classic_conversion_fl_top_calibration():
     (0.06, 300, 1 / 100, {2: 1.93, 4: 1.19, 6: 0.95, 8: 0.83}),
     (0.05, 100, 1 / 1000, {2: 1.34, 4: 0.92, 6: 0.77, 8: 0.67}),
 ])
-def test_spec000_sigma_table_classic(q, steps, delta, expected):
+def test_sigma_table_classic(q, steps, delta, expected):
+    """σ for ε = 2, 4, 6, 8 in Cheng et al. 2022's EMNIST and CIFAR-10 settings and a CPU proxy (classic)."""
     for target, sigma in expected.items():
         found = calibrate_noise(target, GaussianSchedule(1.0, q, steps), delta, conversion="classic")
         assert found == pytest.approx(sigma, rel=0.02)
 
 
-def test_spec000_sigma_table_improved():
+def test_sigma_table_improved():
+    """The EMNIST setting of Cheng et al. 2022 (q = 0.04, 1,000 rounds, δ = 1/3400), improved conversion."""
     for target, sigma in {2: 2.38, 4: 1.45, 6: 1.14, 8: 0.98}.items():
         assert calibrate_noise(target, GaussianSchedule(1.0, 0.04, 1000), 1 / 3400) == pytest.approx(sigma, rel=0.02)
 
 
-def test_spec000_sanity_point_classic():
+def test_dp_sgd_sanity_point_classic():
+    """MNIST-sized DP-SGD: q = 256/60000, σ = 1.1, 60 epochs (14,040 steps), δ = 1e-5 give ε ≈ 3.0 (classic)."""
     assert eps(1.1, 256 / 60000, 14040, 1e-5, conversion="classic") == pytest.approx(3.0, rel=0.02)
 
 

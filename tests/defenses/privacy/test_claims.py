@@ -1,5 +1,6 @@
 """Claims name their observer and neighbouring relation, and each figure follows from the noise that
-reaches that observer (issue 14, item 1; ``../shared/specs/auditing.md`` §1)."""
+reaches that observer: amplification by subsampling (Balle, Barthe & Gaboardi 2018) holds only against an
+observer who does not know who was sampled."""
 
 from __future__ import annotations
 
