@@ -57,7 +57,7 @@ TARGETS = {"batched_vs_loop": 10.0, "batched_vs_flower": 40.0, "cnn_fraction_of_
 
 #: the CNN workload's targets for the grouped-convolution engine (convolutions at the matrix-multiply peak; the LeNet
 #: 64-run experiment)
-CNN_TARGETS_34 = {"fraction_of_roofline": 0.40, "batched_vs_loop": 3.5, "together_vs_one_run": 24.0}
+CNN_TARGETS = {"fraction_of_roofline": 0.40, "batched_vs_loop": 3.5, "together_vs_one_run": 24.0}
 
 #: busier than this share of all cores, in the sample before a benchmark, is not idle
 IDLE_BUSY_SHARE = 0.10
@@ -108,7 +108,7 @@ def run_all(skip_flower: bool = False, skip_memory: bool = False, workloads: tup
             skip_canaries: bool = False) -> dict:
     started = time.perf_counter()
     result: dict = {"machine": machine(), "device": device, "quick": quick, "idle_before": idle_check(),
-                    "targets": TARGETS, "cnn_targets_34": CNN_TARGETS_34, "workloads": {}}
+                    "targets": TARGETS, "cnn_targets_34": CNN_TARGETS, "workloads": {}}
     rounds, runs = (3, 8) if quick else (10, 64)
     progress("roofline: matrix-multiply peak and memory bandwidth")
     peak = matmul_peak(device=device, repeats=3 if quick else 7)
@@ -167,20 +167,20 @@ def run_all(skip_flower: bool = False, skip_memory: bool = False, workloads: tup
     else:
         progress("peak memory of the default dpfl-audit run")
         result["memory"] = peak_memory_default_run(extra_args=("--device", device) if device != "cpu" else ())
-    progress("rerun of a finished smoke audit (issue 34: read back from OUT/cache)")
+    progress("rerun of a finished smoke audit (read back from OUT/cache)")
     result["resume"] = measure_resume("smoke", reruns=2 if quick else 5)
     result["idle_after"] = idle_check()
     result["total_seconds"] = time.perf_counter() - started
     return result
 
 
-def _cnn_targets_34(w: dict) -> str:
-    """One line: the CNN workload against CNN_TARGETS_34 (the 64-run ratio when it was measured)."""
-    t, fraction = CNN_TARGETS_34, w["roofline"]["engines"]["batched"]["fraction_of_bound"]
+def _cnn_targets(w: dict) -> str:
+    """One line: the CNN workload against CNN_TARGETS (the 64-run ratio when it was measured)."""
+    t, fraction = CNN_TARGETS, w["roofline"]["engines"]["batched"]["fraction_of_bound"]
     b = w.get("membership", {})
     runs = (f", 64 runs together {b['together_vs_one_run']:.1f}x one run (<= {t['together_vs_one_run']:g}x: "
             f"{_met(b['together_vs_one_run'], t['together_vs_one_run'], at_most=True)})" if b.get("runs") == 64 else "")
-    return (f"  issue 34 targets: batched {100 * fraction:.1f}% of the roofline bound "
+    return (f"  CNN targets: batched {100 * fraction:.1f}% of the roofline bound "
             f"(>= {100 * t['fraction_of_roofline']:.0f}%: "
             f"{_met(fraction, t['fraction_of_roofline'])}), batched/loop {w['batched_vs_loop']:.1f}x "
             f"(>= {t['batched_vs_loop']:g}x: {_met(w['batched_vs_loop'], t['batched_vs_loop'])}){runs}")
@@ -229,7 +229,7 @@ def _table(result: dict) -> str:
             lines.append(f"    {engine_name:7s} {e['achieved_flops'] / 1e9:7.2f} GFLOP/s = {100 * e['fraction_of_bound']:5.1f}% "
                          f"of the roofline bound{target}, {100 * e['fraction_of_peak']:.1f}% of P")
         if name == "cnn" and "batched" in r["engines"]:
-            lines.append(_cnn_targets_34(w))
+            lines.append(_cnn_targets(w))
         b = w["membership"]
         if "error" in b:
             lines.append(f"  membership experiment: {b['error']}")

@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
                      "≥ 4 (or --few-runs 0)")
     if args.dataset == "mnist" and not (args.data_root / "t10k-labels-idx1-ubyte.gz").exists() \
             and not (args.data_root / "t10k-labels-idx1-ubyte").exists():
-        parser.error(f"--data-root: no MNIST t10k files in {args.data_root} (see ../shared/data/README.md), or "
+        parser.error(f"--data-root: no MNIST t10k files in {args.data_root} (or set $DPFL_AUDIT_DATA), or "
                      "use --dataset digits")
     out = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
     torch.set_num_threads(args.threads)
@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"({seconds:.0f} s)")
     if out is not None:
         document = {
-            "benchmark": "strength", "issue": "18, item 6", "quick": args.quick, "seed": args.seed,
+            "benchmark": "strength", "quick": args.quick, "seed": args.seed,
             "command": "python benchmarks/strength.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             "date": time.strftime("%Y-%m-%d"), "seconds": round(seconds, 1), "torch_threads": args.threads,
             "machine": provenance.machine(), "versions": provenance.versions(),

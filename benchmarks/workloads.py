@@ -121,7 +121,7 @@ def workload_two(seed: int = SEED, root: Path | str = MNIST_ROOT) -> Workload:
     the other 2,000 are the test set."""
     root = Path(root)
     if not any((root / f"t10k-labels-idx1-ubyte{ext}").exists() for ext in ("", ".gz")):
-        raise FileNotFoundError(f"workload 2 needs the MNIST t10k IDX files in {root} (see ../shared/data/README.md)")
+        raise FileNotFoundError(f"workload 2 needs the MNIST t10k IDX files in {root} (or set $DPFL_AUDIT_DATA)")
     mnist = load_dataset("mnist", root=str(root), options={"download": False})
     features, labels = mnist.train.features, mnist.train.labels
     clients, test = _split(len(labels), CNN_RECORDS_PER_CLIENT, seed)
