@@ -359,6 +359,22 @@ def test_no_internal_references_in_user_facing_text():
     assert not found, "internal references in user-facing text (cite the paper: authors, year, section):\n" + "\n".join(found)
 
 
+#: the kinds of reference a test or benchmark may not carry either (its code has colours and hashes)
+CODE_KINDS = ("issue number", "spec number", "paper number", "../shared path")
+#: the detector's own patterns and examples, and a test that asserts the notebook has none
+DETECTOR_FILES = ("tests/test_docs.py", "tests/test_notebook.py")
+
+
+def test_no_internal_references_in_tests_and_benchmarks():
+    """Tests and benchmarks cite papers and behaviours, which outlive the project's issue tracker."""
+    files = [p for folder in ("tests", "benchmarks") for p in sorted((ROOT / folder).rglob("*"))
+             if p.is_file() and p.suffix in (".py", ".md", ".sh") and "results" not in p.relative_to(ROOT).parts
+             and relative(p) not in DETECTOR_FILES]
+    found = [hit for path in files for hit in internal_references(path.read_text(encoding="utf-8"), relative(path))
+             if hit.split(": ")[1].split(" '")[0] in CODE_KINDS]
+    assert not found, "\n".join(found)
+
+
 def test_no_internal_references_in_the_generated_reference(hook):
     """The generated pages carry the CLI's help, the config fields' help, the schemas' and the
     API's descriptions to the reader: the same rule holds for them."""
