@@ -43,22 +43,27 @@ import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from attacks.attack_result import AttackResult
 from attacks.canaries.canary_audit import canary_result
 from attacks.membership_metrics import ONE_RUN_FIGURES, gdp_note, membership_metrics
 from audit.core.atomic import file_sha256
 from audit.core.errors import UserInputError
+from audit.core.lazy_modules import lazy_module
 from audit.core.vocabulary import MEMBERSHIP_UNITS, EpsilonKind, Relation, Unit
 from audit.external import System, external_results, stated_claim, write_external
 from audit.score_tables import FORMATS, Table, read_table
 from reports.document import Results
 from reports.soundness import measurement_delta
+
+if TYPE_CHECKING:
+    from scipy import stats
+else:  # imported with the first statistic (audit.core.lazy_modules)
+    stats = lazy_module("scipy.stats")
 
 #: the columns of each kind of score file (optional ones apart)
 MEMBERSHIP_COLUMNS = ("run", "unit", "score", "member")

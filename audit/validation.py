@@ -32,9 +32,9 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy.stats import norm
 
 from attacks.membership_metrics import OPERATING_POINTS, membership_metrics, one_run_bounds
 from audit.attacking import attack_runs
@@ -42,6 +42,7 @@ from audit.config import load_config
 from audit.core.audit_power import tight_scores
 from audit.core.empirical_epsilon import gaussian_fit_epsilon
 from audit.core.fdp_one_run import gdp_epsilon
+from audit.core.lazy_modules import lazy_module
 from audit.core.vocabulary import EpsilonKind, Relation, Unit, VerdictStatus
 from audit.logs import progress_bar
 from audit.pipeline import train
@@ -52,6 +53,11 @@ from reports.document import Estimate
 from reports.gate import FAIL, evaluate_policy
 from reports.policy import parse_policy
 from reports.soundness import attack_verdicts, family_verdicts
+
+if TYPE_CHECKING:
+    from scipy import stats
+else:  # imported with the first statistic (audit.core.lazy_modules)
+    stats = lazy_module("scipy.stats")
 
 NULL_CONFIG = """
 seed: {seed}
@@ -237,9 +243,9 @@ def known_effect(replicates: int, mu: float = 1.0, runs: int = 16, units: int = 
     for i in range(replicates):
         scores, truth, sd = crossed_scores(rng, runs, units, mu)
         metrics, _, _ = membership_metrics(scores, truth, seed=seed * 100003 + i, bootstrap=bootstrap)
-        tallies["auc"].add(metrics["auc"].low, metrics["auc"].high, float(norm.cdf(mu / (sd * math.sqrt(2)))))
+        tallies["auc"].add(metrics["auc"].low, metrics["auc"].high, float(stats.norm.cdf(mu / (sd * math.sqrt(2)))))
         for name, fpr in OPERATING_POINTS:
-            true_tpr = float(1 - norm.cdf(norm.ppf(1 - fpr) - mu / sd))
+            true_tpr = float(1 - stats.norm.cdf(stats.norm.ppf(1 - fpr) - mu / sd))
             tallies[name].add(metrics[name].low, metrics[name].high, true_tpr)
     return tallies
 

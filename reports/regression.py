@@ -33,20 +33,25 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from scipy.stats import norm
-
+from audit.core.lazy_modules import lazy_module
 from audit.core.multiplicity import holm
 from reports.document import Experiment, Results
 from reports.measures import Measure, find_measure, format_interval, format_number, selected_measures
 from reports.outcomes import FAIL, PASS, SKIP, Outcome
 from reports.policy import RegressionRule
 
+if TYPE_CHECKING:
+    from scipy import stats
+else:  # imported with the first statistic (audit.core.lazy_modules)
+    stats = lazy_module("scipy.stats")
+
 #: metrics (or the last dotted part of one) for which a lower value is worse: utility, and
 #: reconstruction errors (a smaller error means a better reconstruction, i.e. more leakage)
 LOWER_IS_WORSE = frozenset({"test_accuracy", "train_accuracy", "mse", "mae"})
 #: family-wise error rate of one check's regression comparisons; the z of a two-sided 95 % interval
-FAMILY_ALPHA, Z_95 = 0.05, float(norm.ppf(0.975))
+FAMILY_ALPHA, Z_95 = 0.05, 1.959963984540054  # Φ⁻¹(0.975), written out: `check` loads no scipy.stats
 
 
 def _lower_is_worse(rule: RegressionRule, metric: str) -> bool:
@@ -72,7 +77,7 @@ def _compare_with_baseline(rule: RegressionRule, new: Measure, old: Measure) -> 
     if new.has_interval and old.has_interval:
         se = math.hypot(_standard_error(new), _standard_error(old))
         worse_by = old.value - new.value if lower_worse else new.value - old.value
-        p_value = float(norm.sf(worse_by / se)) if se > 0 else (0.0 if worse_by > 0 else 1.0)
+        p_value = float(stats.norm.sf(worse_by / se)) if se > 0 else (0.0 if worse_by > 0 else 1.0)
         comparison = (f"{new.described}: {format_interval(new)} vs baseline {format_interval(old)} ({direction}; worse by "
                       f"{format_number(worse_by)}, SE of the difference {format_number(se)}, one-sided p = {p_value:.2g})")
         return Outcome(rule.name, rule.kind, new.target, PASS, new.value, old.value, "≥" if lower_worse else "≤",
@@ -104,7 +109,7 @@ def decide_regressions(outcomes: list[Outcome], alpha: float = FAMILY_ALPHA) -> 
     for i, (rejected, level) in zip(tested, decisions):
         o = outcomes[i]
         assert isinstance(o.threshold, float) and o.se is not None
-        margin = float(norm.isf(level)) * o.se
+        margin = float(stats.norm.isf(level)) * o.se
         threshold = o.threshold + (margin if o.relation == "≤" else -margin)
         side = "above" if o.relation == "≤" else "below"
         test = f"Holm level {level:.2g} over the check's {len(tested)} interval comparison(s)"

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
-from scipy import stats
 
 from attacks.attack_result import AttackResult
 from attacks.base import Attack
@@ -40,6 +39,7 @@ from audit.core.vocabulary import EpsilonKind, Unit
 
 if TYPE_CHECKING:
     import torch
+    from scipy import stats
 
     from defenses.base import Defense
     from defenses.blocks.flat import ParamLayout
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from defenses.privacy.claims import PrivacyClaim
 else:  # imported when first used (audit.core.lazy_modules)
     torch = lazy_module("torch")
+    stats = lazy_module("scipy.stats")
 
 
 @dataclass

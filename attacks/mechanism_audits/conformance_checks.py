@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy import stats
 
 from attacks.mechanism_audits.conformance_results import AdversaryCheck, Candidate, CandidateResult, Failure
 from attacks.mechanism_audits.conformance_statistics import (
@@ -29,6 +28,11 @@ from audit.core.vocabulary import ConformanceStatus, Relation
 from defenses.federated.release_probe import ReleaseProbe, Trial
 from defenses.federated.training_job import ReleaseAnomaly
 from defenses.privacy.claims import AdversaryClaim
+
+if TYPE_CHECKING:
+    from scipy import stats
+else:  # imported with the first statistic (audit.core.lazy_modules)
+    stats = lazy_module("scipy.stats")
 
 if TYPE_CHECKING:
     import torch

@@ -11,13 +11,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scipy import stats
 
+from audit.core.lazy_modules import lazy_module
 from audit.core.metrics import epsilon_lower_bound, held_out_epsilon_lower_bound
 from audit.core.noise_shape import lighter_tails_p
+
+if TYPE_CHECKING:
+    from scipy import stats
+else:  # imported with the first statistic (audit.core.lazy_modules)
+    stats = lazy_module("scipy.stats")
 
 #: trials in which the target must move the view before its effect is measured
 MIN_INFLUENTIAL = 10

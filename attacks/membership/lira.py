@@ -23,14 +23,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy import stats
 
 from attacks.attack_result import AttackResult
 from attacks.base import ATTACKS, MembershipAttack
 from attacks.membership_experiment import MembershipExperiment, TargetParams, rounds_note
 from attacks.signals import AUGMENTATIONS, augmentation_views, logit_scaled_confidence
+from audit.core.lazy_modules import lazy_module
+
+if TYPE_CHECKING:
+    from scipy import stats
+else:  # imported with the first statistic (audit.core.lazy_modules)
+    stats = lazy_module("scipy.stats")
 
 VARIANTS = ("online", "offline")
 _VARIANCE_FLOOR = 1e-8

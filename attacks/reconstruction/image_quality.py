@@ -23,14 +23,15 @@ from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 from scipy.optimize import linear_sum_assignment
-from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 
 from audit.core.lazy_modules import lazy_module
 
 if TYPE_CHECKING:
     import torch
-else:  # imported when first used (audit.core.lazy_modules)
+    from skimage import metrics as skimage_metrics
+else:  # imported when first used (audit.core.lazy_modules): skimage loads scipy.stats
     torch = lazy_module("torch")
+    skimage_metrics = lazy_module("skimage.metrics")
 
 ImageBatch: TypeAlias = "np.ndarray | torch.Tensor"
 
@@ -61,7 +62,8 @@ def psnr_per_image(truth: ImageBatch, reconstruction: ImageBatch, data_range: fl
     """Peak signal-to-noise ratio 10·log10(range²/MSE) in dB of each pair; +inf for identical images."""
     truth, reconstruction = _pair(truth, reconstruction)
     with np.errstate(divide="ignore"):  # identical images: MSE 0 → +inf, by definition
-        return np.array([peak_signal_noise_ratio(t, r, data_range=data_range) for t, r in zip(truth, reconstruction)])
+        return np.array([skimage_metrics.peak_signal_noise_ratio(t, r, data_range=data_range)
+                         for t, r in zip(truth, reconstruction)])
 
 
 def _window(height: int, width: int) -> int:
@@ -81,9 +83,9 @@ def ssim_per_image(truth: ImageBatch, reconstruction: ImageBatch, data_range: fl
     scores = []
     for t, r in zip(truth, reconstruction):
         if channels == 1:
-            scores.append(structural_similarity(t[0], r[0], data_range=data_range, win_size=window))
+            scores.append(skimage_metrics.structural_similarity(t[0], r[0], data_range=data_range, win_size=window))
         else:
-            scores.append(structural_similarity(t, r, data_range=data_range, win_size=window, channel_axis=0))
+            scores.append(skimage_metrics.structural_similarity(t, r, data_range=data_range, win_size=window, channel_axis=0))
     return np.array(scores, dtype=np.float64)
 
 

@@ -41,12 +41,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy.stats import norm
-from scipy.stats import t as student_t
 
+from audit.core.lazy_modules import lazy_module
 from audit.core.metrics import IntervalEstimate
+
+if TYPE_CHECKING:
+    from scipy import stats
+else:  # imported with the first statistic: `list` and `config` name attacks without scipy.stats
+    stats = lazy_module("scipy.stats")
+
 
 #: bootstrap replicates per interval
 REPLICATES = 300  # per one-way bootstrap: the SE of a standard deviation estimate is ≈ 4 %
@@ -346,5 +352,5 @@ def combined_variance(v_runs: float, v_units: float, v_cells: float, runs: int, 
 def critical_value(confidence: float, dof: float) -> float:
     """The two-sided critical value: Student's t with ``dof`` degrees of freedom (normal when infinite)."""
     if not math.isfinite(dof):
-        return float(norm.ppf(0.5 + confidence / 2.0))
-    return float(student_t.ppf(0.5 + confidence / 2.0, max(dof, 1.0)))
+        return float(stats.norm.ppf(0.5 + confidence / 2.0))
+    return float(stats.t.ppf(0.5 + confidence / 2.0, max(dof, 1.0)))

@@ -27,14 +27,20 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
-from scipy import stats
 from scipy.optimize import brentq
 from scipy.special import ndtr
 
+from audit.core.lazy_modules import lazy_module
 from audit.core.metrics import IntervalEstimate
+
+if TYPE_CHECKING:
+    from scipy import stats
+else:  # imported with the first statistic: `list` and `config` name attacks without scipy.stats
+    stats = lazy_module("scipy.stats")
+
 
 # --------------------------------------------------------------------------- one-run audit (Steinke et al. 2023)
 

@@ -15,13 +15,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy import stats
 
 from audit.core.lazy_modules import lazy_module
 
 if TYPE_CHECKING:
+    from scipy import stats
     from sklearn import metrics as sklearn_metrics
-else:  # imported when first used (audit.core.lazy_modules)
+else:  # imported with the first statistic: `list` and `config` name attacks without them
+    stats = lazy_module("scipy.stats")
     sklearn_metrics = lazy_module("sklearn.metrics")
 
 

@@ -16,9 +16,17 @@ as heavy-tailed as the Gaussian the claim accounts?
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy import stats
+
+from audit.core.lazy_modules import lazy_module
+
+if TYPE_CHECKING:
+    from scipy import stats
+else:  # imported with the first statistic: `list` and `config` name attacks without scipy.stats
+    stats = lazy_module("scipy.stats")
+
 
 #: samples below which the tails are not tested (the kurtosis test's normal approximation needs them)
 MIN_SHAPE = 200

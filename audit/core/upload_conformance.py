@@ -53,11 +53,18 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy import stats
 
+from audit.core.lazy_modules import lazy_module
 from audit.core.noise_shape import lighter_tails_p
+
+if TYPE_CHECKING:
+    from scipy import stats
+else:  # imported with the first statistic: `list` and `config` name attacks without scipy.stats
+    stats = lazy_module("scipy.stats")
+
 
 #: the share of the clip test's level spent on bounding the noise std from above (γ)
 STD_BOUND_LEVEL = 1e-6

@@ -47,27 +47,41 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from importlib import metadata
+from typing import TYPE_CHECKING
 
-import dp_accounting
 import numpy as np
-from dp_accounting import dp_event
-from dp_accounting.rdp import rdp_privacy_accountant
 
 from audit.core.errors import UserInputError
+from audit.core.lazy_modules import lazy_module
 from audit.core.vocabulary import Relation
 from defenses.privacy.calibration import smallest_noise
 from defenses.privacy.pld_grid import pld_of
+
+if TYPE_CHECKING:
+    import dp_accounting
+    from dp_accounting import dp_event
+    from dp_accounting.rdp import rdp_privacy_accountant
+else:  # imported when an ε is first computed: `list`, `config` and `check` name defenses without it
+    dp_accounting = lazy_module("dp_accounting")
+    dp_event = lazy_module("dp_accounting.dp_event")
+    rdp_privacy_accountant = lazy_module("dp_accounting.rdp.rdp_privacy_accountant")
 
 ACCOUNTANTS = ("rdp", "pld")
 CONVERSIONS = ("improved", "classic")
 SAMPLINGS = ("poisson", "fixed")
 
-#: dp-accounting's default orders: 1.1..10.9 (step 0.1), 11..63, 128, 256, 512, 1024.
-DEFAULT_ORDERS: tuple[float, ...] = tuple(float(a) for a in rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
+#: dp-accounting's default orders, ``rdp_privacy_accountant.DEFAULT_RDP_ORDERS``: 1.1..10.9 (step
+#: 0.1), 11..63, 128, 256, 512, 1024 (written out so that naming a defense needs no dp-accounting;
+#: tests/defenses/privacy/test_accounting.py checks they are the library's)
+DEFAULT_ORDERS: tuple[float, ...] = tuple(float(a) for a in [1 + x / 10.0 for x in range(1, 100)] + list(range(11, 64))
+                                          + [128, 256, 512, 1024])
+#: our neighbouring relations by dp-accounting's names for them (the two it analyses): the one place they meet
+NEIGHBORING_RELATIONS = {Relation.ADD_REMOVE: "ADD_OR_REMOVE_ONE", Relation.REPLACE_ONE: "REPLACE_ONE"}
 
-NeighborRel = dp_accounting.NeighboringRelation
-#: our neighbouring relations as dp-accounting names them (the two it analyses): the one place they meet
-NEIGHBORING_RELATIONS = {Relation.ADD_REMOVE: NeighborRel.ADD_OR_REMOVE_ONE, Relation.REPLACE_ONE: NeighborRel.REPLACE_ONE}
+
+def neighboring_relation(relation: Relation) -> dp_accounting.NeighboringRelation:
+    """dp-accounting's ``NeighboringRelation`` for our ``relation``."""
+    return getattr(dp_accounting.NeighboringRelation, NEIGHBORING_RELATIONS[relation])
 
 
 @contextlib.contextmanager
@@ -138,8 +152,8 @@ class GaussianSchedule:
         return Relation.REPLACE_ONE if self.sampling == "fixed" and self.sampling_rate < 1 else Relation.ADD_REMOVE
 
     @property
-    def neighboring_relation(self) -> NeighborRel:
-        return NEIGHBORING_RELATIONS[self.relation]
+    def neighboring_relation(self) -> dp_accounting.NeighboringRelation:
+        return neighboring_relation(self.relation)
 
     def round_event(self) -> dp_event.DpEvent:
         """The DpEvent of one round."""

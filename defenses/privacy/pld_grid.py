@@ -10,15 +10,21 @@ too large, names the σ or the rounds that would fit instead.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-import dp_accounting
 import numpy as np
-from dp_accounting.pld import common as pld_common
-from dp_accounting.pld import privacy_loss_distribution
 
 from audit.core.errors import UserInputError
+from audit.core.lazy_modules import lazy_module
 
-NeighborRel = dp_accounting.NeighboringRelation
+if TYPE_CHECKING:
+    import dp_accounting
+    from dp_accounting.pld import common as pld_common
+    from dp_accounting.pld import privacy_loss_distribution
+else:  # imported when a PLD is first computed
+    dp_accounting = lazy_module("dp_accounting")
+    pld_common = lazy_module("dp_accounting.pld.common")
+    privacy_loss_distribution = lazy_module("dp_accounting.pld.privacy_loss_distribution")
 
 
 #: dp-accounting's PLD grid step (its PLDAccountant's default): ε is exact to about this much
@@ -61,10 +67,10 @@ def pld_of(sigma: float, rate: float, steps: int) -> privacy_loss_distribution.P
     if rate >= 1:
         return identity.compose(privacy_loss_distribution.from_gaussian_mechanism(
             standard_deviation=round_sigma, value_discretization_interval=PLD_DISCRETIZATION,
-            neighboring_relation=NeighborRel.ADD_OR_REMOVE_ONE))
+            neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE))
     one_round = privacy_loss_distribution.from_gaussian_mechanism(
         standard_deviation=sigma, value_discretization_interval=PLD_DISCRETIZATION, sampling_prob=rate,
-        neighboring_relation=NeighborRel.ADD_OR_REMOVE_ONE)
+        neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
     # the composed grid, as dp-accounting truncates it (a Chernoff bound on the tails it drops)
     points = max(_composed_points(pmf, steps) for pmf in _pmfs(one_round))
     if points > PLD_MAX_COMPOSED_POINTS:

@@ -630,3 +630,11 @@ def test_junit_spells_out_characters_xml_cannot_hold():
     assert case.get("classname") == "max\\x00auc" and case.get("name") == "exp\\x1b[2K/attack\\x01/auc"
     failure = case.find("failure")
     assert failure.get("message") == "too\thigh\nby far \\ufffe" and "\x1b" not in failure.text
+
+
+def test_the_written_out_normal_quantile_is_scipys():
+    from scipy.stats import norm
+
+    from reports.regression import Z_95
+
+    assert float(norm.ppf(0.975)) == Z_95

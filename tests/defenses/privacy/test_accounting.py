@@ -259,3 +259,18 @@ def test_calibration_finds_the_integer_order_dip():
     schedule = GaussianSchedule(1.0, 0.5, 264)
     sigma = calibrate_noise(9.5, schedule, 1e-5, conversion="improved")
     assert 9.5 * (1 - 1e-3) <= eps(sigma, 0.5, 264, 1e-5) <= 9.5
+
+
+def test_the_written_out_default_orders_are_dp_accountings():
+    """The RDP orders are written out (naming a defense loads no dp-accounting); they must be the
+    library's defaults, order for order."""
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    from audit.core.vocabulary import Relation
+    from defenses.privacy.accounting import DEFAULT_ORDERS, neighboring_relation
+
+    assert tuple(float(a) for a in rdp_privacy_accountant.DEFAULT_RDP_ORDERS) == DEFAULT_ORDERS
+    import dp_accounting
+
+    assert neighboring_relation(Relation.ADD_REMOVE) is dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+    assert neighboring_relation(Relation.REPLACE_ONE) is dp_accounting.NeighboringRelation.REPLACE_ONE
