@@ -44,6 +44,7 @@ from audit.commands.scores import command_scores
 from audit.commands.sweep import command_sweep
 from audit.core.errors import OutputError, UserInputError, os_error_text
 from audit.core.extensions import NO_PLUGINS_ENV
+from audit.core.visible_text import VisibleStream, terminal_text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,8 +57,6 @@ def main(argv: list[str] | None = None) -> int:
 
         os.environ[NO_PLUGINS_ENV] = "1"  # also reaches the process and Ray executors' workers
     from audit.core.output_folder import release_all
-    from audit.core.visible_text import VisibleStream, terminal_text
-
     stdout, sys.stdout = sys.stdout, VisibleStream(sys.stdout)  # labels and paths cannot drive the terminal
     try:
         from audit.logs import configure
@@ -65,10 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         folder = _output_folder(args)  # checked before any work: bad paths and links out are refused
         with configure(getattr(args, "verbose", 0), _log_file(args), folder):
             return _dispatch(args)
-    except UserInputError as exc:
-        print(f"dpfl-audit: error: {terminal_text(str(exc))}", file=sys.stderr)
-        return EXIT_USAGE
-    except OutputError as exc:  # a full disk, a read-only file system: one line, nothing half-written
+    except (UserInputError, OutputError) as exc:  # bad input; a full disk or a read-only file system
         print(f"dpfl-audit: error: {terminal_text(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
@@ -95,8 +91,6 @@ def _internal_error(args: argparse.Namespace, exc: Exception) -> int:
     """A bug or an unforeseen failure: one line, the traceback on request (``-v``)."""
     if getattr(args, "verbose", False):
         raise exc
-    from audit.core.visible_text import terminal_text
-
     text = terminal_text(" ".join(str(exc).split())[:300])
     print(f"dpfl-audit: internal error: {type(exc).__name__}: {text} (rerun with -v for the traceback)",
           file=sys.stderr)

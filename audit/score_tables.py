@@ -112,14 +112,15 @@ def _read_parquet(path: Path) -> dict[str, np.ndarray]:
 
     try:
         # the sizes from the footer's metadata first, before any column is read
-        metadata = pq.ParquetFile(path).metadata
+        parquet = pq.ParquetFile(path)
+        metadata = parquet.metadata
         if metadata.num_rows > MAX_ROWS:
             raise _too_many_rows(path, str(metadata.num_rows))
         size = sum(metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups))
         if size > MAX_TABLE_BYTES:
             raise _too_large(path, f"{size} bytes of data once uncompressed")
         # text columns stay dictionary-encoded until their decoded size is known
-        schema = pq.ParquetFile(path).schema_arrow
+        schema = parquet.schema_arrow
         text = [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
                 or pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)]
         table = pq.read_table(path, read_dictionary=text)

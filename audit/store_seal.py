@@ -49,10 +49,10 @@ def write(folder: Path, run_id: str) -> None:
 
 def problem(folder: Path, run_id: str) -> tuple[str, str] | None:
     """None while the run in ``folder`` holds its seal; else (the file, what is wrong with it)."""
+    names = _files(folder)
     try:
-        names = _files(folder)
         stamp = _stamp(folder, names)
-    except OSError:
+    except OSError:  # a file gone since it was listed, or no seal.json: checked below
         stamp = None
     if stamp is not None and _HELD.get(folder) == stamp:
         return None
@@ -65,7 +65,6 @@ def problem(folder: Path, run_id: str) -> tuple[str, str] | None:
     if not flat or not seal.holds(_body(run_id, digests), document.get("seal")):
         return SEAL_NAME, ("not sealed with this machine's key (edited, or written on another machine: "
                            f"set {seal.KEY_ENV} to the key file it was written with)")
-    names = _files(folder)
     for name in sorted(set(names) | set(digests)):
         if name not in digests:
             return name, "not among the files the run was written with"

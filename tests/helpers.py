@@ -77,3 +77,34 @@ def load_script(path: Path, name: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+#: what :func:`place_entry` can put at a name of an output folder
+ENTRY_KINDS = ("fifo", "folder", "file", "hardlink", "socket", "link-out", "link-in")
+
+
+def place_entry(out: Path, name: str, kind: str, victim: Path) -> None:
+    """Put an entry of ``kind`` at ``out/name`` (its parents created as folders): a FIFO, a folder,
+    a file, a hard link to ``victim``, a socket, or a symbolic link to ``victim`` (outside ``out``)
+    or to a file inside ``out``."""
+    import os
+    import socket
+
+    path = out / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    elif kind == "file":
+        path.write_text("not a folder\n", encoding="utf-8")
+    elif kind == "hardlink":
+        os.link(victim, path)
+    elif kind == "socket":
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(os.fspath(path))
+        server.close()  # the socket file stays
+    else:
+        inner = out / "inner.txt"
+        inner.write_text("inside\n", encoding="utf-8")
+        os.symlink(victim if kind == "link-out" else inner, path)

@@ -50,6 +50,7 @@ from hypothesis import strategies as st
 from audit.cli import main
 from audit.config import AuditConfig
 from audit.core.schema import field_reference
+from tests.helpers import ENTRY_KINDS, place_entry
 
 #: examples per test below, out of the ~600 of a default run; DPFL_FUZZ_EXAMPLES=N scales them to N in all
 SHARES = {"config": 150, "set": 90, "over": 40, "numbers": 70, "scores": 90, "policy": 90, "results": 70,
@@ -496,30 +497,6 @@ def test_hostile_policies(text, results_folder, workspace):
 #: names the commands write in --out (and deeper ones), and one the user left there
 OUTPUT_NAMES = [".dpfl-audit.lock", "run.log", "results.json", "results.csv", "report.html", "manifest.json", "figures",
                 "figures/roc-x.png", "cache", "cache/attacks/a/b.json", "runs", "runs/r/model.safetensors", "notes.txt"]
-ENTRY_KINDS = ["fifo", "folder", "file", "hardlink", "socket", "link-out", "link-in"]
-
-
-def _place(out: Path, name: str, kind: str, victim: Path) -> None:
-    import socket
-
-    path = out / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "folder":
-        path.mkdir()
-    elif kind == "file":
-        path.write_text("x\n", encoding="utf-8")
-    elif kind == "hardlink":
-        os.link(victim, path)
-    elif kind == "socket":
-        server = socket.socket(socket.AF_UNIX)
-        server.bind(os.fspath(path))
-        server.close()
-    else:  # a symbolic link to the victim outside --out, or to a file inside it
-        inner = out / "inner.txt"
-        inner.write_text("inside\n", encoding="utf-8")
-        os.symlink(victim if kind == "link-out" else inner, path)
 
 
 def _score_file(root: Path) -> Path:
@@ -541,7 +518,7 @@ def test_hostile_output_entries(entries, workspace):
         out = root / "out"
         out.mkdir()
         for name, kind in entries:
-            _place(out, name, kind, victim)
+            place_entry(out, name, kind, victim)
         problems = run_hostile(root, ["scores", str(_score_file(root)), "--out", str(out)], out)
         assert victim.read_text(encoding="utf-8") == "the victim\n"
         assert not problems, (entries, problems)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import os
 import resource
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,28 +18,11 @@ from audit.core import output_folder
 from audit.core.errors import UserInputError
 from audit.logs import RunLogHandler
 from tests.audit.test_hostile_input import run_cli, score_file, snapshot, tiny
+from tests.helpers import place_entry
 
 
 def sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def place(out: Path, name: str, kind: str, victim: Path) -> None:
-    """Put an entry of ``kind`` at ``out/name`` (its parents created as folders)."""
-    path = out / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if kind == "hardlink":
-        os.link(victim, path)
-    elif kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "folder":
-        path.mkdir()
-    elif kind == "file":
-        path.write_text("not a folder\n", encoding="utf-8")
-    elif kind == "socket":
-        server = socket.socket(socket.AF_UNIX)
-        server.bind(os.fspath(path))
-        server.close()  # the socket file stays
 
 
 # (entry inside --out, what is put there, words of the refusal)
@@ -64,7 +46,7 @@ def test_entries_of_the_wrong_kind_are_refused_before_any_work(tmp_path, capsys,
     victim.write_text("the victim's bytes\n", encoding="utf-8")
     out = tmp_path / "out"
     out.mkdir()
-    place(out, name, kind, victim)
+    place_entry(out, name, kind, victim)
     if command == "run":
         config = tmp_path / "c.yaml"
         config.write_text(tiny(), encoding="utf-8")
