@@ -82,6 +82,8 @@ def train_canary_runs(plan: Plan, store: RunStore, experiment: PlannedExperiment
         if injection.dirac_coords is not None:
             job = replace(job, dirac_canaries=dirac_rows(injection, canary_relation(experiment, audit), context.layout.dim,
                                                          plan.config.device))
+        if injection.gradient_plan is not None:
+            job = replace(job, gradient_canaries=injection.gradient_plan)
         members = np.concatenate([np.asarray(c) for c in base]) if base else np.array([], dtype=np.int64)
         group.append(PendingRun(rid, i, job, np.sort(members),
                                 {"canaries": {"audit": audit.label, "kind": audit.name, "index": i,

@@ -26,6 +26,7 @@ from defenses.federated.training_job import ReleaseAnomaly
 if TYPE_CHECKING:
     import torch
 
+    from defenses.blocks.record_gradient_canaries import ClaimedStep
     from defenses.federated.round_defense import RoundDefense
     from defenses.federated.training_job import DefenseState, RoundContext, TrainingConfig, TrainingJob
 else:  # imported when first used (audit.core.lazy_modules)
@@ -91,6 +92,12 @@ class AuditHooks:
             scale = torch.where(lengths > 0, norm / lengths.clamp_min(torch.finfo(torch.float64).tiny), torch.zeros_like(lengths))
             rows[:, part] = rows[:, part] * scale.to(rows.dtype)
         return rows
+
+    def claimed_step(self) -> ClaimedStep | None:
+        """What the record-level claim accounts for one local DP-SGD step (mechanism, Poisson rate,
+        clip norm): what gradient canaries (:mod:`defenses.blocks.record_gradient_canaries`) are scored
+        against; None where the defense has no such step (its noise is elsewhere)."""
+        return None
 
     def dirac_canaries_refused(self, training: TrainingConfig) -> str | None:
         """Why Dirac canary clients at scale (:mod:`defenses.blocks.dirac_rows`) cannot go through this

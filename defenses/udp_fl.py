@@ -44,6 +44,7 @@ from defenses.blocks.harmonizer import epsilon as accounted_epsilon
 from defenses.blocks.harmonizer import harmonize
 from defenses.blocks.local_training import LocalObjective
 from defenses.blocks.mechanisms import Mechanism, make_mechanism
+from defenses.blocks.record_gradient_canaries import ClaimedStep
 from defenses.blocks.sparsify import exact_fraction
 from defenses.federated.engine import FederatedEngine
 from defenses.federated.release_probe import ReleaseProbe
@@ -287,6 +288,15 @@ class DPSGDAuditHooks(AuditHooks):
     """UDP-FL as the conformance audit drives it: its noise is added inside local training (DP-SGD)."""
 
     defense: UDPFL
+
+    def claimed_step(self) -> ClaimedStep | None:
+        """Each client's step as the claim accounts it: its mechanism at sensitivity C, Poisson rate q,
+        the clip norm (None with heterogeneous ε: the claim is the weakest group's, the canaries'
+        clients meet their own group's noise)."""
+        params = self.defense.params
+        if params.client_epsilons:
+            return None
+        return ClaimedStep(self.defense.mechanism(), params.sample_rate, params.clip_norm)
 
     def release_probe(self, job) -> ReleaseProbe:
         """One DP-SGD step of one client of the weakest-ε group (its noise lives in local training, not

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
     from defenses.base import Defense
     from defenses.blocks.flat import ParamLayout
+    from defenses.blocks.record_gradient_canaries import GradientCanaryPlan
     from defenses.federated.training_job import TrainingConfig
     from defenses.privacy.claims import PrivacyClaim
 else:  # imported when first used (audit.core.lazy_modules)
@@ -79,6 +80,7 @@ class CanaryInjection:
     directions: torch.Tensor | None = None  # canary clients' unit update directions [m, d]
     dirac_coords: np.ndarray | None = None  # Dirac canary clients: the coordinate of each [m]
     dirac_values: np.ndarray | None = None  # and its raw update there, sign included [m] (before clipping)
+    gradient_plan: GradientCanaryPlan | None = None  # record gradient canaries inside local DP-SGD
 
 
 @dataclass

@@ -79,6 +79,7 @@ class Observation(StrEnum):
     ALL_ITERATES = "all iterates"
     EACH_UPLOAD = "each upload"
     AGGREGATE = "aggregate, participation known"
+    EVERY_STEP = "every local step"  # white box: each local DP-SGD step's noisy gradient, participation hidden
 
 
 class VerdictStatus(StrEnum):

@@ -20,6 +20,7 @@ from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import torch_generator
 from defenses.blocks.local_training import LocalObjective, Params
 from defenses.blocks.mechanisms import Mechanism
+from defenses.blocks.record_gradient_canaries import GradientCanaryLog
 
 if TYPE_CHECKING:
     import torch
@@ -46,8 +47,10 @@ EXAMPLE_CHUNK_VALUES = 1 << 22
 
 
 def clipped_gradient_sum(model, params: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, clip: float,
-                         clip_norm: str) -> Params:
-    """Σ_i g_i·min(1, C/‖g_i‖) over each client's real examples ([C, *shape]), in chunks of examples."""
+                         clip_norm: str, canaries: GradientCanaryLog | None = None) -> Params:
+    """Σ_i g_i·min(1, C/‖g_i‖) over each client's real examples ([C, *shape]), in chunks of examples;
+    the gradient canaries joining this step (``canaries``) are examples of their holders, clipped by
+    the same code (:mod:`defenses.blocks.record_gradient_canaries`)."""
     clients, width = mask.shape
     dim = sum(int(p[0].numel()) for p in params.values())
     step = max(1, EXAMPLE_CHUNK_VALUES // max(1, clients * dim))
@@ -59,6 +62,11 @@ def clipped_gradient_sum(model, params: Params, x: torch.Tensor, y: torch.Tensor
         gradients = per_example_gradients(model, params, x[:, part], y[:, part])
         for name, summed in clip_and_sum(gradients, mask[:, part], clip, clip_norm).items():
             total[name] += summed
+    if canaries is not None:
+        canaries.real_share(total)
+        for rows, joined in canaries.rows(mask):
+            for name, summed in clip_and_sum(rows, joined, clip, clip_norm).items():
+                total[name] += summed
     return total
 
 
@@ -139,7 +147,12 @@ class DPSGDObjective(LocalObjective):
                 for name in params}
 
     def batched_gradient(self, model, params, anchor, x, y, mask):
-        return self.noisy_gradient(clipped_gradient_sum(model, params, x, y, mask, self.clip, self.clip_norm), params)
+        summed = clipped_gradient_sum(model, params, x, y, mask, self.clip, self.clip_norm, self.gradient_canaries)
+        return self.noisy_gradient(summed, params)
+
+    def released_scale(self, client: int) -> float:
+        """B/C: what turns a coordinate of the released step g̃ into units of the clipped sum."""
+        return self.expected_batch_of(client) / self.clip
 
     def module_backward(self, model, anchor, x, y):
         named = dict(model.named_parameters())

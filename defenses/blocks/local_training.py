@@ -32,6 +32,7 @@ import numpy as np
 from audit.core.lazy_modules import lazy_module
 from defenses.blocks import grouped_network
 from defenses.blocks.flat import parameters_of
+from defenses.blocks.record_gradient_canaries import GradientCanaryLog
 
 if TYPE_CHECKING:
     import torch
@@ -156,6 +157,14 @@ class LocalObjective:
     #: (:mod:`defenses.run_batch`): true when the gradient depends only on the parameters, the
     #: anchor and the batch — false for objectives with per-run state (a run's noise streams or masks)
     joins_runs: ClassVar[bool] = True
+    #: the run's record-level gradient canaries (:mod:`defenses.blocks.record_gradient_canaries`), set by the
+    #: engine on an objective that clips per example (a DP-SGD step); None: no canaries
+    gradient_canaries: GradientCanaryLog | None = None
+
+    def released_scale(self, client: int) -> float:
+        """What turns a coordinate of ``client``'s released step into units of its clipped sum
+        (B/C for DP-SGD); only an objective that clips per example has one."""
+        raise NotImplementedError(f"{type(self).__name__} clips no per-example gradient: no gradient canaries")
 
     def batched_gradient(self, model: nn.Module, params: Params, anchor: Params,
                          x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> Params:
@@ -230,11 +239,16 @@ def train_batched(model: nn.Module, objective: LocalObjective, global_params: Pa
     taken = torch.zeros(clients, dtype=torch.float64, device=pool_x.device)  # Adam's per-client step count t
     ids = [schedule.client(i) for i in range(clients)]
     device = pool_x.device
+    canaries = objective.gradient_canaries
     for s in range(max_steps):
         objective.at_step(s, ids)
+        if canaries is not None:
+            canaries.begin_step(s, ids, schedule.active[:, s].tolist())
         index = schedule.indices[:, s].to(device)
         gradients = objective.batched_gradient(model, params, global_params, pool_x[index], pool_y[index],
                                                schedule.mask[:, s].to(device))
+        if canaries is not None:  # the released step, as the optimiser gets it
+            canaries.read(gradients, objective.released_scale)
         active = schedule.active[:, s].to(device)
         everyone = bool(active.all())
         if adam:

@@ -5,7 +5,8 @@ Update canaries (:attr:`TrainingJob.update_canaries`) are dense rows appended af
 participants, privatised with them; Dirac canary clients (:attr:`TrainingJob.dirac_canaries`)
 join as structured rows whose passage through the defense's code
 :mod:`defenses.federated.dirac_passage` measures. Both join each round like clients: Poisson at the
-clients' sampling rate, from a stream of their own.
+clients' sampling rate, from a stream of their own. Gradient canaries (:attr:`TrainingJob.gradient_canaries`)
+are records, not clients: the run's log of them (:func:`gradient_canary_log`) rides with its local steps.
 """
 
 from __future__ import annotations
@@ -18,8 +19,11 @@ import numpy as np
 from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import numpy_rng
 from defenses.blocks.dirac_rows import DiracRows
+from defenses.blocks.flat import ParamLayout
+from defenses.blocks.local_training import LocalObjective
+from defenses.blocks.record_gradient_canaries import GradientCanaryLog
 from defenses.federated.round_defense import RoundDefense
-from defenses.federated.training_job import RoundContext, TrainingJob
+from defenses.federated.training_job import RoundContext, RunState, TrainingJob
 
 if TYPE_CHECKING:
     import torch
@@ -81,3 +85,41 @@ def dirac_round(job: TrainingJob, ctx: RoundContext, row: dict[str, Any]) -> tup
                              ctx.round)
     row["canary_participants"] = int(len(chosen))
     return canaries.subset(torch.as_tensor(chosen, dtype=torch.long)), chosen
+
+
+def gradient_canary_log(defense: RoundDefense, job: TrainingJob, layout: ParamLayout) -> GradientCanaryLog:
+    """The run's gradient canaries, refused (one line) where its local step does not clip per example
+    in the batched trainer — the only path that hands them to the objective's clipping."""
+    plan = job.gradient_canaries
+    assert plan is not None
+    objective = defense.local_objective()
+    if type(objective).released_scale is LocalObjective.released_scale or not hasattr(objective, "clip"):
+        raise ValueError(f"{defense.name} cannot take gradient canaries: its local step ({type(objective).__name__}) "
+                         "is no per-example-clipping DP-SGD step")
+    if job.training.engine != "batched":
+        raise ValueError("gradient canaries go through the batched trainer only; set training.engine: batched")
+    if len(plan.holders) and int(plan.holders.max()) >= len(job.clients):
+        raise ValueError(f"gradient canaries: holder {int(plan.holders.max())} beyond the run's {len(job.clients)} clients")
+    if plan.coords.size and int(plan.coords.max()) >= layout.dim:
+        raise ValueError(f"gradient canaries: coordinate {int(plan.coords.max())} beyond the model's {layout.dim}")
+    return GradientCanaryLog(plan, layout, float(objective.clip))
+
+
+def canary_views(state: RunState) -> dict[str, torch.Tensor]:
+    """What a run's canaries leave in its recorded server view: each Dirac canary's upload and the
+    noise in it, whether its coordinate was released, the real clients' share on it; every released
+    step at each gradient canary's coordinates."""
+    views: dict[str, torch.Tensor] = {}
+    if state.dirac_uploads is not None:  # what a server that sees each upload reads of each canary
+        views["dirac/uploads"] = state.dirac_uploads
+    if state.dirac_noise is not None:  # the noise in each reading: the mechanism's, for the conformance tests
+        views["dirac/noise"] = state.dirac_noise
+    if state.dirac_exercised is not None and not bool(state.dirac_exercised.all()):
+        views["dirac/exercised"] = state.dirac_exercised.to(torch.uint8)
+    if state.gradient_canaries is not None:  # every step's release at each gradient canary's coordinates
+        views["gradient/readings"] = torch.from_numpy(state.gradient_canaries.readings())
+        views["gradient/joined"] = torch.tensor([state.gradient_canaries.joined], dtype=torch.int64)
+    if state.dirac_drift is not None and not any("dirac_drift" in row for row in state.metrics):
+        # the real clients' noise-free share of each step on each canary's coordinate (0 in a skipped round)
+        views["dirac/drift"] = torch.nan_to_num(state.dirac_drift, nan=0.0)
+    return views

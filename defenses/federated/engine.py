@@ -36,7 +36,8 @@ from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import numpy_rng, philox_rng, seed_torch
 from defenses.blocks.flat import ParamLayout, parameters_of
 from defenses.blocks.local_training import TRAINERS, LocalSchedule, OptimizerSettings
-from defenses.federated.canary_clients import add_canaries, dirac_round
+from defenses.blocks.record_gradient_canaries import GradientCanaryLog
+from defenses.federated.canary_clients import add_canaries, canary_views, dirac_round, gradient_canary_log
 from defenses.federated.dirac_passage import DiracPassage, dirac_passage, real_share, released_step
 from defenses.federated.evaluation import evaluate_many
 from defenses.federated.round_defense import RoundDefense
@@ -156,13 +157,17 @@ class FederatedEngine:
                             chunk_size=chunk_size(job.training, layout.dim, self.defense.memory_factor(job.training)),
                             state=state)
 
-    def local_updates(self, ctx: RoundContext) -> torch.Tensor:
-        """Train the participants locally; returns their raw updates Δ_i = w_i − w as a C×d matrix."""
+    def local_updates(self, ctx: RoundContext, canaries: GradientCanaryLog | None = None) -> torch.Tensor:
+        """Train the participants locally (with the run's gradient canaries, when it has them); returns
+        their raw updates Δ_i = w_i − w as a C×d matrix."""
         job, training, layout = self.job, self.job.training, ctx.layout
         trainer = TRAINERS[training.engine]
         opt = optimizer_settings(training, ctx.lr)
         objective = self.defense.local_objective()
         objective.begin_round(ctx)
+        if canaries is not None:
+            canaries.round = ctx.round
+            objective.gradient_canaries = canaries
         global_params = {n: v.clone() for n, v in ctx.global_params().items()}
 
         def train(rows: list[int]) -> torch.Tensor:
@@ -199,6 +204,8 @@ class FederatedEngine:
             state.dirac_noise = torch.full((training.rounds, len(job.dirac_canaries)), math.nan)
             state.dirac_drift = torch.full((training.rounds, len(job.dirac_canaries)), math.nan, dtype=torch.float64)
             state.dirac_exercised = torch.zeros(len(job.dirac_canaries), dtype=torch.bool)
+        if job.gradient_canaries is not None:
+            state.gradient_canaries = gradient_canary_log(defense, job, layout)
         return state
 
     def begin_round(self, state: RunState, t: int) -> tuple[RoundContext | None, dict[str, Any]]:
@@ -295,15 +302,7 @@ class FederatedEngine:
         claim = self.defense.privacy_claim(training, len(job.clients), training.rounds, job.delta, job.accounting,
                                            state.defense_state)
         final = {n: v.clone() for n, v in state.layout.unflatten(state.global_vector).items()}
-        if state.dirac_uploads is not None:  # what a server that sees each upload reads of each canary
-            state.server_view["dirac/uploads"] = state.dirac_uploads
-        if state.dirac_noise is not None:  # the noise in each reading: the mechanism's, for the conformance tests
-            state.server_view["dirac/noise"] = state.dirac_noise
-        if state.dirac_exercised is not None and not bool(state.dirac_exercised.all()):
-            state.server_view["dirac/exercised"] = state.dirac_exercised.to(torch.uint8)
-        if state.dirac_drift is not None and not any("dirac_drift" in row for row in state.metrics):
-            # the real clients' noise-free share of each step on each canary's coordinate (0 in a skipped round)
-            state.server_view["dirac/drift"] = torch.nan_to_num(state.dirac_drift, nan=0.0)
+        state.server_view.update(canary_views(state))
         return TrainingOutcome(final, state.layout, state.metrics, claim, state.server_view, state.global_models)
 
     def run(self, on_round: Callable[[int, int, dict[str, Any]], None] | None = None) -> TrainingOutcome:
@@ -316,7 +315,9 @@ class FederatedEngine:
         total = self.job.training.rounds
         for t in range(total):
             ctx, row = self.begin_round(state, t)
-            updates = self.local_updates(ctx) if ctx is not None else None
+            updates = self.local_updates(ctx, state.gradient_canaries) if ctx is not None else None
+            if state.gradient_canaries is not None and state.gradient_canaries.anomaly:
+                row["gradient_path"] = state.gradient_canaries.anomaly
             self.finish_round(state, t, ctx, updates, row)
             if on_round is not None:
                 on_round(t + 1, total, row)

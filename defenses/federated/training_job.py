@@ -30,6 +30,7 @@ from audit.core.seeding import torch_generator
 from defenses.blocks.dirac_rows import DiracRows
 from defenses.blocks.flat import ParamLayout
 from defenses.blocks.local_training import LocalSchedule
+from defenses.blocks.record_gradient_canaries import GradientCanaryLog, GradientCanaryPlan
 from defenses.privacy.accounting import AccountingSettings
 from defenses.privacy.claims import PrivacyClaim
 
@@ -140,6 +141,9 @@ class TrainingJob:
     #: each round a canary joins like a client; what the defense's own clipping, noise and
     #: aggregation make of it is measured on dense probe rows (:mod:`defenses.federated.dirac_passage`)
     dirac_canaries: DiracRows | None = None
+    #: record-level gradient canaries inside local DP-SGD (:mod:`defenses.blocks.record_gradient_canaries`):
+    #: per-example gradients clipped and noised by the objective's own step, read in every released step
+    gradient_canaries: GradientCanaryPlan | None = None
 
 
 @dataclass(frozen=True)
@@ -236,6 +240,8 @@ class RunState:
     #: whether each Dirac canary's coordinate was released in a round it joined [K] (a defense that
     #: trains a public subset of the coordinates releases no other: a canary outside it is no coin)
     dirac_exercised: torch.Tensor | None = None
+    #: the run's gradient canaries at work (:class:`~defenses.blocks.record_gradient_canaries.GradientCanaryLog`)
+    gradient_canaries: GradientCanaryLog | None = None
 
 
 class ReleaseAnomaly(Exception):
