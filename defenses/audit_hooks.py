@@ -93,10 +93,11 @@ class AuditHooks:
             rows[:, part] = rows[:, part] * scale.to(rows.dtype)
         return rows
 
-    def claimed_step(self) -> ClaimedStep | None:
-        """What the record-level claim accounts for one local DP-SGD step (mechanism, Poisson rate,
-        clip norm): what gradient canaries (:mod:`defenses.blocks.record_gradient_canaries`) are scored
-        against; None where the defense has no such step (its noise is elsewhere)."""
+    def claimed_step(self, training: TrainingConfig) -> ClaimedStep | None:
+        """What the record-level claim accounts for one local DP-SGD step of ``training`` (mechanism,
+        Poisson rate, clip norm, steps a round): what record gradient canaries
+        (:mod:`defenses.blocks.record_gradient_canaries`) are scored against; None where the defense has
+        no such step (its noise is elsewhere)."""
         return None
 
     def dirac_canaries_refused(self, training: TrainingConfig) -> str | None:

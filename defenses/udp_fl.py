@@ -289,14 +289,15 @@ class DPSGDAuditHooks(AuditHooks):
 
     defense: UDPFL
 
-    def claimed_step(self) -> ClaimedStep | None:
+    def claimed_step(self, training: TrainingConfig) -> ClaimedStep | None:
         """Each client's step as the claim accounts it: its mechanism at sensitivity C, Poisson rate q,
         the clip norm (None with heterogeneous ε: the claim is the weakest group's, the canaries'
         clients meet their own group's noise)."""
         params = self.defense.params
         if params.client_epsilons:
             return None
-        return ClaimedStep(self.defense.mechanism(), params.sample_rate, params.clip_norm)
+        return ClaimedStep(self.defense.mechanism(), params.sample_rate, params.clip_norm,
+                           self.defense.steps_per_round(training))
 
     def release_probe(self, job) -> ReleaseProbe:
         """One DP-SGD step of one client of the weakest-ε group (its noise lives in local training, not

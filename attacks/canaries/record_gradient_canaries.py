@@ -29,7 +29,7 @@ on accounts the release of every step, so the claim covers this view and every c
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -38,9 +38,12 @@ from attacks.attack_result import AttackResult
 from attacks.base import ATTACKS
 from attacks.canaries.canary_audit import CanaryAudit, CanaryContext, CanaryInjection, CanaryRun, canary_result
 from attacks.canaries.dirac_canaries import preregistered_levels
+from audit.core.errors import UserInputError
 from audit.core.seeding import derive_seed, numpy_rng
 from audit.core.vocabulary import Observation, Observer, Unit
+from defenses.audit_hooks import AuditHooks
 from defenses.blocks.record_gradient_canaries import ClaimedStep, GradientCanaryPlan
+from defenses.privacy.claims import PrivacyClaim
 
 if TYPE_CHECKING:
     import torch
@@ -48,6 +51,9 @@ if TYPE_CHECKING:
 STATISTIC = ("participation-hidden mixture Σ_t log(1 − q + q·e^{ℓ_t}) of the claimed mechanism's per-step log-likelihood "
              "ratio ℓ_t = Σ_i log f(z_{t,i} − a) − log f(z_{t,i}) of the signed readings z = s·g̃·B/C at the canary's "
              "coordinates")
+
+#: the largest share of inserted canaries expected to join no step (invisible coins) the design allows
+MAX_NEVER_JOINED = 0.01
 
 #: readings a run may record (T steps × canaries × b): 100 MB of float32
 MAX_READINGS = 25_000_000
@@ -64,6 +70,9 @@ class RecordGradientCanaryParams:
                                             "help": "b: coordinates a canary's gradient spreads over (1: Dirac)"})
     amplitude: float = field(default=10.0, metadata={"min": 1.0, "max": 1e6,
                                                      "help": "U/C: a canary's raw gradient has norm U = amplitude × the clip"})
+    against: str = field(default="", metadata={
+        "max_length": 64, "help": "judge against one of the claim's labelled alternative figures instead of its headline "
+                                  "(UDP-FL: paper_1d, the paper's one-dimensional accounting); empty: the headline"})
 
 
 def mixture_scores(readings: np.ndarray, signs: np.ndarray, step: ClaimedStep, width: int) -> np.ndarray:
@@ -78,6 +87,22 @@ def mixture_scores(readings: np.ndarray, signs: np.ndarray, step: ClaimedStep, w
     # log(1 − q + q·e^ℓ) computed as logaddexp(log(1 − q), log q + ℓ): stable for large |ℓ|
     mixed = np.logaddexp(np.log1p(-q), np.log(q) + ratio) if q < 1.0 else ratio
     return np.where(taken, mixed, 0.0).sum(axis=0)
+
+
+def judged_claim(claim: PrivacyClaim, against: str) -> PrivacyClaim:
+    """The claim the released view is held to: the headline figure for the released models, or the
+    alternative figure ``against`` names (same δ, relation and unit), labelled as such."""
+    observer = claim.for_observer(Observer.RELEASED)
+    if not against:
+        return observer
+    if against not in claim.alternatives:
+        allowed = ", ".join(sorted(claim.alternatives)) or "none (this claim has no alternative figure)"
+        raise UserInputError(f"attacks: record-gradient-canaries params.against: '{against}' is not a figure of the claim; "
+                             f"allowed: {allowed}")
+    epsilon = float(claim.alternatives[against])
+    return replace(observer, epsilon=epsilon, accountant=f"{observer.accountant}; judged against the claim's alternative "
+                   f"figure '{against}' (ε = {epsilon:.4g}), not its headline ε = {observer.epsilon:.4g}",
+                   notes=f"alternative figure '{against}'; {observer.notes}")
 
 
 def path_anomaly(runs: list[CanaryRun]) -> str | None:
@@ -103,7 +128,7 @@ class RecordGradientCanaries(CanaryAudit):
     def not_applicable(self, defense) -> str | None:
         if not defense.private:
             return f"'{defense.name}' makes no DP claim: gradient canaries audit a claim"
-        if defense.audit_hooks().claimed_step() is None:
+        if type(defense.audit_hooks()).claimed_step is AuditHooks.claimed_step:
             return (f"'{defense.name}' declares no local DP-SGD step its claim accounts (AuditHooks.claimed_step): record "
                     "gradient canaries need a per-example clip and noise inside local training; for noise added to "
                     "uploads use dirac-canaries")
@@ -119,12 +144,21 @@ class RecordGradientCanaries(CanaryAudit):
         return max(1, -(-self.params.coins // self.params.per_run))
 
     def refused(self, defense, training) -> str | None:
-        total = getattr(defense, "total_steps", None)
-        steps = total(training) if callable(total) else 0
+        step = defense.audit_hooks().claimed_step(training)
+        if step is None:
+            return (f"'{defense.name}' states no one local step its claim accounts for every client (heterogeneous ε: "
+                    "each group meets its own noise); audit one group at a time")
+        steps = step.steps_per_round * training.rounds
         readings = self.params.per_run * self.params.width * steps
         if readings > MAX_READINGS:
             return (f"{self.params.per_run} canaries × {self.params.width} coordinates × {steps} local steps = {readings} "
                     f"readings a run, above the {MAX_READINGS} allowed; lower params.per_run (more runs give the coins)")
+        never = step.never_joins(training.rounds, training.client_rate)
+        if never > MAX_NEVER_JOINED:
+            return (f"an inserted canary would join none of its holder's steps with probability {never:.1%} (q = "
+                    f"{step.rate:g}, {step.steps_per_round} steps a round, {training.rounds} rounds at participation "
+                    f"{training.client_rate:g}): such coins are invisible and the design's power would be overstated; "
+                    f"allowed: at most {MAX_NEVER_JOINED:.0%} — train more rounds or local epochs")
         return None
 
     def memory_bytes(self, dim: int) -> float:
@@ -132,7 +166,7 @@ class RecordGradientCanaries(CanaryAudit):
 
     def injection(self, context: CanaryContext, run: int) -> CanaryInjection:
         width, each = self.params.width, self.per_client(context)
-        step = context.defense.audit_hooks().claimed_step()
+        step = context.defense.audit_hooks().claimed_step(context.training)
         assert step is not None
         rng = numpy_rng(context.seed, "canaries", self.label, run, "coordinates")
         coords = np.concatenate([rng.permutation(context.layout.dim)[:each * width].reshape(each, width)
@@ -145,11 +179,11 @@ class RecordGradientCanaries(CanaryAudit):
         return CanaryInjection(inserted, gradient_plan=plan)
 
     def evaluate(self, context: CanaryContext, runs: list[CanaryRun], model: torch.nn.Module) -> list[AttackResult]:
-        step = context.defense.audit_hooks().claimed_step()
+        step = context.defense.audit_hooks().claimed_step(context.training)
         claim = runs[0].claim
         if step is None or claim is None:
             raise ValueError("the record gradient-canary audit needs the claimed step and each run's own claim")
-        scores, inserted, joined, steps = [], [], 0, 0
+        scores, inserted, joined, steps, never = [], [], 0, 0, []
         for run in runs:
             plan = run.injection.gradient_plan
             view = run.server_view or {}
@@ -159,15 +193,18 @@ class RecordGradientCanaries(CanaryAudit):
             inserted.append(plan.inserted)
             joined += int(view["gradient/joined"][0])
             steps = max(steps, readings.shape[0])
+            taken = np.isfinite(readings).all(axis=2).sum(axis=0)  # the steps each canary's holder took (public)
+            never.append((1.0 - step.rate) ** taken)
         score, truth = np.stack(scores), np.stack(inserted)
-        observer_claim = claim.for_observer(Observer.RELEASED)
+        observer_claim = judged_claim(claim, self.params.against)
         delta = observer_claim.delta if observer_claim.is_private and observer_claim.delta > 0 else context.delta
         levels = preregistered_levels(observer_claim, truth.size)
         notes = (f"{truth.size} record gradient canaries over {len(runs)} run(s), {int(truth.sum())} inserted, "
                  f"{truth.size // len(runs) // context.clients} per client, each on {self.params.width} coordinate(s) "
                  f"with raw norm {self.params.amplitude:g}·C before the step's own {step.clip_norm} clip; "
                  f"{joined} canary examples joined local steps (rate q = {step.rate:g}); read in each of up to {steps} "
-                 f"local steps' noisy gradients (white box), scored against {step.mechanism!r}")
+                 f"local steps' noisy gradients (white box), scored against {step.mechanism!r}; an inserted canary "
+                 f"joined no step with probability {float(np.mean(np.concatenate(never))):.2%} given the steps taken")
         if levels:
             notes += ("; abstention levels fixed in advance by the design's power against the claim: "
                       + ", ".join(f"{name} {fractions[0]:.1%} of the coins" for name, fractions in levels.items()))

@@ -51,11 +51,19 @@ CHUNK_VALUES = 1 << 22
 class ClaimedStep:
     """What a record-level claim accounts for one local DP-SGD step: i.i.d. ``mechanism`` noise of
     sensitivity C on every coordinate of the clipped sum (``clip_norm`` per example), each record in
-    the batch with Poisson probability ``rate``."""
+    the batch with Poisson probability ``rate``, ``steps_per_round`` steps in each round a client
+    takes part in."""
 
     mechanism: Mechanism
     rate: float
     clip_norm: str
+    steps_per_round: int
+
+    def never_joins(self, rounds: int, participation: float) -> float:
+        """The probability that an inserted canary joins none of its holder's steps, the holder taking
+        part in each of ``rounds`` rounds with probability ``participation``: such a canary is a coin
+        whose insertion no observer can see, and dilutes the audit's power."""
+        return (1.0 - participation + participation * (1.0 - self.rate) ** self.steps_per_round) ** rounds
 
     def shift(self, width: int) -> float:
         """A clipped canary's value on each of its ``width`` coordinates, in units of C: the clip maps

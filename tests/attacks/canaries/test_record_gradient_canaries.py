@@ -21,6 +21,7 @@ from defenses.blocks.local_training import LocalSchedule, OptimizerSettings, tra
 from defenses.blocks.mechanisms import GaussianNoise, LaplaceNoise, StaircaseNoise
 from defenses.blocks.record_gradient_canaries import ClaimedStep, GradientCanaryLog, GradientCanaryPlan
 from defenses.federated.engine import FederatedEngine
+from defenses.federated.training_job import TrainingConfig
 from defenses.udp_fl import UDPFL, UDPFLObjective
 
 
@@ -93,7 +94,7 @@ def test_the_statistic_is_the_claimed_mechanisms_likelihood_ratio_mixture():
     for mechanism, ratio in ((GaussianNoise(1.7), lambda v: v / 1.7**2 - 1 / (2 * 1.7**2)),
                              (LaplaceNoise(0.8), lambda v: (np.abs(v) - np.abs(v - 1)) / 0.8)):
         expected = np.nansum(np.log(1 - q + q * np.exp(ratio(z[:, :, 0]))), axis=0)
-        got = mixture_scores(readings, signs, ClaimedStep(mechanism, q, "l2"), 1)
+        got = mixture_scores(readings, signs, ClaimedStep(mechanism, q, "l2", 6), 1)
         np.testing.assert_allclose(got, expected, rtol=1e-10)
 
 
@@ -101,7 +102,7 @@ def test_width_adds_the_coordinates_ratios():
     """b coordinates: ℓ_t is the sum of the b one-coordinate ratios at the clipped value a = 1/b (ℓ1)."""
     rng = np.random.default_rng(4)
     z = rng.laplace(size=(3, 2, 4))
-    step = ClaimedStep(StaircaseNoise(2.0), 1.0, "l1")
+    step = ClaimedStep(StaircaseNoise(2.0), 1.0, "l1", 3)
     expected = sum((step.mechanism.log_density(z[..., i] - 0.25) - step.mechanism.log_density(z[..., i])) for i in range(4))
     np.testing.assert_allclose(mixture_scores(z, np.ones((2, 4)), step, 4), expected.sum(axis=0), rtol=1e-10)
 
@@ -169,4 +170,34 @@ def test_a_defense_without_a_claimed_step_is_not_applicable():
     audit = RecordGradientCanaries()
     assert "no local DP-SGD step" in audit.not_applicable(DPFedAvg())
     assert audit.not_applicable(_udp_fl(None)) is None
-    assert math.isfinite(_udp_fl(None).audit_hooks().claimed_step().mechanism.parameter)
+    step = _udp_fl(None).audit_hooks().claimed_step(TrainingConfig(rounds=3, local_unit="epochs", local_steps=2))
+    assert (step.rate, step.clip_norm, step.steps_per_round) == (0.25, "l1", 8)  # ⌈E/q⌉ = ⌈2/0.25⌉
+    assert math.isfinite(step.mechanism.parameter)
+
+
+def test_the_chance_an_inserted_canary_joins_no_step():
+    """(1 − p + p·(1 − q)^S)^R: in each of R rounds its holder takes part with probability p and then
+    takes S steps, each joined with probability q."""
+    step = ClaimedStep(GaussianNoise(1.0), 0.1, "l2", 20)
+    assert step.never_joins(1, 1.0) == pytest.approx(0.9**20)
+    assert step.never_joins(3, 0.5) == pytest.approx((0.5 + 0.5 * 0.9**20) ** 3)
+
+
+def test_an_alternative_figure_is_judged_under_its_own_name():
+    """``against: paper_1d`` holds the released view to the claim's labelled alternative (UDP-FL's
+    one-dimensional accounting) with the headline's δ and relation; a name the claim lacks is a
+    one-line error naming the figures it has."""
+    from attacks.canaries.record_gradient_canaries import judged_claim
+    from audit.core.errors import UserInputError
+    from defenses.privacy.accounting import AccountingSettings
+
+    defense = UDPFL(UDPFL.Params(mechanism="laplace", noise=2.0, sample_rate=0.1)).bind(ParamLayout.of(_Tiny()))
+    claim = defense.privacy_claim(TrainingConfig(rounds=2, local_unit="epochs", local_steps=1), 4, 2, 1e-5,
+                                  AccountingSettings())
+    headline = judged_claim(claim, "")
+    judged = judged_claim(claim, "paper_1d")
+    assert judged.epsilon == claim.alternatives["paper_1d"] < headline.epsilon == claim.alternatives["sound"]
+    assert (judged.delta, judged.relation, judged.unit) == (headline.delta, headline.relation, headline.unit)
+    assert "paper_1d" in judged.accountant
+    with pytest.raises(UserInputError, match="allowed: paper_1d, sound"):
+        judged_claim(claim, "exact")
