@@ -302,13 +302,17 @@ def family_verdicts(family: list[tuple[Verdict, OneRunAudit | UploadConformance 
                  f"at most ε_LB ≈ {power.tight_bound:.3g} is certifiable against a tight mechanism")
         if rejected:
             status, text = VerdictStatus.VIOLATION, f"VIOLATION: {figure} exceeds {_against(v, bound)}; {test}"
+        elif evidence.unmodelled_power:
+            status, text = (VerdictStatus.INCONCLUSIVE, f"inconclusive: {figure}, {test}; no power is stated: "
+                            f"{evidence.unmodelled_power}")
         elif power.detection >= POWER_TARGET:
             status, text = VerdictStatus.CONSISTENT, f"consistent: {figure}, {test}; {reach}"
         else:
             more = (f"about {power.needed} coins would reach 80 %" if power.needed is not None
                     else "no number of coins up to 10⁵ reaches 80 % with the one-run count at this δ")
             status, text = VerdictStatus.INCONCLUSIVE, f"inconclusive: {figure}, {test}; {reach} ({more})"
-        decided[i] = replace(v, status=status, text=text, family=k, level=level, power=power)
+        decided[i] = replace(v, status=status, text=text, family=k, level=level,
+                             power=None if evidence.unmodelled_power else power)
     return decided
 
 

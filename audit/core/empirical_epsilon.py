@@ -115,6 +115,10 @@ class OneRunAudit:
     tried: tuple[tuple[int, int], ...] = ()
     #: the abstention levels tried (fractions of the canaries), for the power simulation
     fractions: tuple[float, ...] = GUESS_FRACTIONS
+    #: why the power simulation's model (the optimal attack on a μ-GDP or randomised-response
+    #: mechanism at twice the claim) does not describe this design; empty where it does. A verdict
+    #: then states no power, and a bound below the claim is inconclusive, never consistent
+    unmodelled_power: str = ""
 
     def as_estimate(self) -> IntervalEstimate:
         return IntervalEstimate(self.epsilon, self.epsilon, math.inf)

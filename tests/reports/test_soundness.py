@@ -140,6 +140,22 @@ def test_power_decides_between_consistent_and_inconclusive():
     assert f"about {v.power.needed} coins" in v.text
 
 
+def test_a_design_the_power_model_does_not_describe_is_never_consistent():
+    """The power model is the optimal attack on a μ-GDP (or randomised-response) mechanism at twice
+    the claim; where an audit says it does not describe its design, the same counts that were
+    consistent above are inconclusive, with no power stated — and a rejection is still a violation."""
+    from dataclasses import replace
+
+    rng = np.random.default_rng(0)
+    inserted = rng.random(4000) < 0.5
+    pure = PrivacyClaim(1.0, 0.0, "client", "pure", relation="add-remove")
+    audit = replace(one_run_audit(rng.normal(size=4000), inserted, delta=0.0), unmodelled_power="subsampled steps")
+    v = verdict(pure, "client", "epsilon_one_run", audit.as_estimate(), "lower_bound", evidence=audit)
+    assert v.status == "inconclusive" and v.power is None and "no power is stated: subsampled steps" in v.text
+    leaky = replace(one_run_audit(np.where(inserted, 1.0, -1.0), inserted, delta=0.0), unmodelled_power="subsampled steps")
+    assert verdict(pure, "client", "epsilon_one_run", leaky.as_estimate(), "lower_bound", evidence=leaky).status == "violation"
+
+
 def test_the_power_of_the_one_run_count_matches_randomised_response_at_the_claim():
     """Against ε-randomised response (exactly ε-DP) with every canary guessed, the count is
     Binomial(m, e^ε/(1+e^ε)); the median bound the audit can certify is below ε and approaches it."""

@@ -201,3 +201,63 @@ def test_an_alternative_figure_is_judged_under_its_own_name():
     assert "paper_1d" in judged.accountant
     with pytest.raises(UserInputError, match="allowed: paper_1d, sound"):
         judged_claim(claim, "exact")
+
+
+# --------------------------------------------------------------------------- end to end
+
+PLUGIN = '''
+from defenses.udp_fl import UDPFL, UDPFLObjective
+
+
+class TenthNoise(UDPFLObjective):
+    def noise(self, client, shapes, device):
+        return {n: 0.1 * t for n, t in super().noise(client, shapes, device).items()}
+
+
+class TenthNoiseUDPFL(UDPFL):
+    def local_objective(self):
+        return TenthNoise(self)
+'''
+
+
+def _audit(tmp_path, rounds: int) -> dict:
+    import json
+
+    from audit.cli import main
+    from tests.helpers import tiny_config
+
+    (tmp_path / "broken.py").write_text(PLUGIN, encoding="utf-8")
+    params = {"mechanism": "laplace", "clip_norm": "l1", "clip": 1.0, "sample_rate": 0.25}
+    (tmp_path / "design.yaml").write_text(tiny_config(
+        dataset={"name": "digits", "max_pool": 80, "max_test": 40},
+        model={"name": "mlp", "options": {"hidden": [16]}},
+        training={"rounds": rounds, "local_unit": "epochs", "local_steps": 1, "lr": 0.05},
+        defenses=[{"name": "udp-fl", "label": "honest", "epsilons": [2], "params": dict(params)},
+                  {"name": f"{tmp_path / 'broken.py'}:TenthNoiseUDPFL", "label": "tenth", "epsilons": [2],
+                   "params": dict(params)}],
+        diagnostics={"enabled": False},
+        attacks=[{"name": "record-gradient-canaries", "params": {"coins": 2400, "per_run": 2400}}]), encoding="utf-8")
+    assert main(["run", str(tmp_path / "design.yaml"), "--out", str(tmp_path / "out"), "--quiet"]) in (0, 1)
+    return {e["label"].split(" (")[0]: e for e in json.loads((tmp_path / "out" / "results.json").read_text())["experiments"]}
+
+
+def test_end_to_end_a_tenth_of_the_noise_is_a_violation_and_the_honest_step_is_not(tmp_path):
+    """Five rounds of ⌈1/q⌉ = 4 steps: an inserted canary joins none with probability 0.75²⁰ ≈ 0.3 %.
+    The honest step's bounds stay below the claim and, the power model not describing subsampled
+    steps, are inconclusive — never consistent; the user's tenth-noise rewrite is a VIOLATION."""
+    experiments = _audit(tmp_path, rounds=5)
+    honest = [v for a in experiments["honest"]["attacks"] for v in a["verdicts"] if v["kind"] == "lower_bound"]
+    assert honest and all(v["status"] == "inconclusive" and "no power is stated" in v["text"] for v in honest)
+    tenth = [v for a in experiments["tenth"]["attacks"] for v in a["verdicts"] if v["kind"] == "lower_bound"]
+    assert any(v["status"] == "violation" for v in tenth)
+
+
+def test_a_design_whose_canaries_may_join_no_step_is_refused():
+    """Two rounds of ⌈1/q⌉ = 4 steps at q = 0.25: 0.75⁸ ≈ 10 % of inserted canaries would join no
+    step — coins no observer can see, which the stated power would not count; five rounds: 0.3 %."""
+    from attacks.canaries.record_gradient_canaries import RecordGradientCanaries
+
+    audit, defense = RecordGradientCanaries(), _udp_fl(None)
+    reason = audit.refused(defense, TrainingConfig(rounds=2, local_unit="epochs", local_steps=1))
+    assert reason and "probability 10.0%" in reason and "allowed: at most 1%" in reason
+    assert audit.refused(defense, TrainingConfig(rounds=5, local_unit="epochs", local_steps=1)) is None
