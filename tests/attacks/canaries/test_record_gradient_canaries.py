@@ -250,6 +250,14 @@ def test_end_to_end_a_tenth_of_the_noise_is_a_violation_and_the_honest_step_is_n
     assert honest and all(v["status"] == "inconclusive" and "no power is stated" in v["text"] for v in honest)
     tenth = [v for a in experiments["tenth"]["attacks"] for v in a["verdicts"] if v["kind"] == "lower_bound"]
     assert any(v["status"] == "violation" for v in tenth)
+    # the same counts against the accounted mechanism's own composed curve (ℓ1-clipped Laplace): held
+    # to that mechanism's exact ε, and no weaker evidence than the (ε, δ) curve's
+    curves = {label: next(a for a in experiments[label]["attacks"] if a["attack"].endswith("mechanism-curve"))
+              for label in ("honest", "tenth")}
+    (honest_curve,), (tenth_curve,) = curves["honest"]["verdicts"], curves["tenth"]["verdicts"]
+    assert honest_curve["status"] == "inconclusive" and honest_curve["claimed"] < 2.0
+    assert tenth_curve["status"] == "violation"
+    assert tenth_curve["p_value"] <= min(v["p_value"] for v in tenth if v.get("p_value") is not None)
 
 
 def test_a_design_whose_canaries_may_join_no_step_is_refused():
