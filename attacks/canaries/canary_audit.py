@@ -97,6 +97,17 @@ class CanaryRun:
     claim: PrivacyClaim | None = None  # the run's own claim
 
 
+def path_anomaly(runs: list[CanaryRun], key: str) -> str | None:
+    """Why the canaries' path through the defense's own code was not exercised in some run — the
+    first round whose metrics carry ``key`` (``dirac_path``: :mod:`defenses.federated.dirac_passage`;
+    ``gradient_path``: :mod:`defenses.blocks.record_gradient_canaries`) — None where it was in every one."""
+    for i, run in enumerate(runs):
+        for row in run.metrics or []:
+            if row.get(key):
+                return f"run {i + 1}, round {row.get('round')}: {row[key]}"
+    return None
+
+
 class CanaryAudit(Attack):
     kind = "canary"
     unit: ClassVar[str] = Unit.RECORD  # what one canary stands for

@@ -75,6 +75,7 @@ from attacks.canaries.canary_audit import (
     CanaryInjection,
     CanaryRun,
     canary_result,
+    path_anomaly,
 )
 from audit.core.audit_power import preregistered_fraction
 from audit.core.errors import UserInputError
@@ -174,16 +175,6 @@ def real_drift(run: CanaryRun) -> np.ndarray:
     return view["dirac/drift"].to(torch.float64).numpy()
 
 
-def path_anomaly(runs: list[CanaryRun]) -> str | None:
-    """Why the canaries' path through the defense's code was not isolated in some round of some run
-    (:mod:`defenses.federated.dirac_passage`), None where it was in every one."""
-    for i, run in enumerate(runs):
-        for row in run.metrics or []:
-            if row.get("dirac_path"):
-                return f"run {i + 1}, round {row.get('round')}: {row['dirac_path']}"
-    return None
-
-
 @ATTACKS.register("dirac-canaries")
 class DiracCanaries(CanaryAudit):
     name = "dirac-canaries"
@@ -243,7 +234,7 @@ class DiracCanaries(CanaryAudit):
         released = claim.against(Observer.RELEASED)
         sigma = per_canary_multiplier(released)
         mirrored = claim.relation == Relation.REPLACE_ONE
-        unread = path_anomaly(runs)
+        unread = path_anomaly(runs, "dirac_path")
         results = []
         for observer in self.params.observers:
             if unread is not None:

@@ -36,7 +36,7 @@ import numpy as np
 
 from attacks.attack_result import AttackResult
 from attacks.base import ATTACKS
-from attacks.canaries.canary_audit import CanaryAudit, CanaryContext, CanaryInjection, CanaryRun, canary_result
+from attacks.canaries.canary_audit import CanaryAudit, CanaryContext, CanaryInjection, CanaryRun, canary_result, path_anomaly
 from attacks.canaries.dirac_canaries import preregistered_levels
 from audit.core.errors import UserInputError
 from audit.core.mechanism_tradeoff import composed_epsilon, mechanism_one_run_audit
@@ -105,16 +105,6 @@ def judged_claim(claim: PrivacyClaim, against: str) -> PrivacyClaim:
     return replace(observer, epsilon=epsilon, accountant=f"{observer.accountant}; judged against the claim's alternative "
                    f"figure '{against}' (ε = {epsilon:.4g}), not its headline ε = {observer.epsilon:.4g}",
                    notes=f"alternative figure '{against}'; {observer.notes}")
-
-
-def path_anomaly(runs: list[CanaryRun]) -> str | None:
-    """Why the canaries did not go through the local step's own clipping in some run (the first one
-    the runs' metrics name), None where they did in every step of every run."""
-    for i, run in enumerate(runs):
-        for row in run.metrics or []:
-            if row.get("gradient_path"):
-                return f"run {i + 1}: {row['gradient_path']}"
-    return None
 
 
 @ATTACKS.register("record-gradient-canaries")
@@ -210,7 +200,7 @@ class RecordGradientCanaries(CanaryAudit):
         if levels:
             notes += ("; abstention levels fixed in advance by the design's power against the claim: "
                       + ", ".join(f"{name} {fractions[0]:.1%} of the coins" for name, fractions in levels.items()))
-        unexercised = path_anomaly(runs)
+        unexercised = path_anomaly(runs, "gradient_path")
         if unexercised is not None:
             score = np.zeros(truth.shape)
             notes += f"; no statistic: the canaries' path was not exercised ({unexercised}), and no other path is audited"
