@@ -22,15 +22,16 @@ import io
 from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
-from scipy.optimize import linear_sum_assignment
 
 from audit.core.lazy_modules import lazy_module
 
 if TYPE_CHECKING:
     import torch
+    from scipy import optimize
     from skimage import metrics as skimage_metrics
-else:  # imported when first used (audit.core.lazy_modules): skimage loads scipy.stats
+else:  # imported when first used (audit.core.lazy_modules): skimage loads scipy.stats, `list` needs no scipy.optimize
     torch = lazy_module("torch")
+    optimize = lazy_module("scipy.optimize")
     skimage_metrics = lazy_module("skimage.metrics")
 
 ImageBatch: TypeAlias = "np.ndarray | torch.Tensor"
@@ -96,7 +97,7 @@ def match_reconstructions(truth: ImageBatch, reconstruction: ImageBatch) -> np.n
     flat_truth = truth.reshape(len(truth), -1)
     flat_reconstruction = reconstruction.reshape(len(reconstruction), -1)
     cost = ((flat_truth[:, None, :] - flat_reconstruction[None, :, :]) ** 2).mean(axis=2)
-    rows, columns = linear_sum_assignment(cost)
+    rows, columns = optimize.linear_sum_assignment(cost)
     order = np.empty(len(truth), dtype=np.int64)
     order[rows] = columns
     return order

@@ -1,6 +1,6 @@
 """The commands that describe rather than run: ``list`` (what is registered: datasets, models,
-defenses with their claims at their defaults, attacks, presets, studies, and the integrations
-the installed extras allow), ``epsilon`` (what a
+defenses, with ``--json`` their claims at their defaults, attacks, presets, studies, and the
+integrations the installed extras allow), ``epsilon`` (what a
 (subsampled) Gaussian mechanism costs, or the noise for a target ε) and ``config`` (what a config
 resolves to, or every field's reference).
 
@@ -46,8 +46,9 @@ def command_list(args: argparse.Namespace) -> int:
                         "params": {f: {"type": t, "default": d, "help": h} for f, t, d, h in field_help(ATTACKS.get(n).Params)}}
                     for n in ATTACKS.names()},
     }
-    for name, claim in _claims_at_defaults(DEFENSES).items():
-        details["defenses"][name]["claim_at_defaults"] = claim
+    if args.json:  # only the JSON shows the claims: the text listing needs no accountant (dp-accounting, scipy)
+        for name, claim in _claims_at_defaults(DEFENSES).items():
+            details["defenses"][name]["claim_at_defaults"] = claim
     listing = {kind: sorted(entries) for kind, entries in details.items()}
     listing["presets"] = preset_names()
     from audit.reproduce import study_names

@@ -30,9 +30,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy.optimize import brentq
 
 from audit.core.empirical_epsilon import (
     GUESS_FRACTIONS,
@@ -46,6 +46,12 @@ from audit.core.fdp_one_run import (
     fdp_rejects,
     gdp_delta,
 )
+from audit.core.lazy_modules import lazy_module
+
+if TYPE_CHECKING:
+    from scipy import optimize
+else:  # imported with the first power figure: `list` registers the attacks without scipy.optimize
+    optimize = lazy_module("scipy.optimize")
 
 #: detection probability a verdict needs to call an audit powered
 POWER_TARGET = 0.8
@@ -71,7 +77,7 @@ def gdp_mu(epsilon: float, delta: float) -> float:
         high *= 2.0
         if high > 1e4:
             return high
-    return float(brentq(lambda mu: gdp_delta(mu, epsilon) - delta, 0.0, high, xtol=1e-13, rtol=1e-13))
+    return float(optimize.brentq(lambda mu: gdp_delta(mu, epsilon) - delta, 0.0, high, xtol=1e-13, rtol=1e-13))
 
 
 def tight_scores(rng: np.random.Generator, inserted: np.ndarray, epsilon: float, delta: float) -> np.ndarray:

@@ -30,15 +30,15 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
-from scipy.optimize import brentq
-from scipy.special import ndtr
 
 from audit.core.lazy_modules import lazy_module
 from audit.core.metrics import IntervalEstimate
 
 if TYPE_CHECKING:
-    from scipy import stats
-else:  # imported with the first statistic: `list` and `config` name attacks without scipy.stats
+    from scipy import optimize, special, stats
+else:  # imported with the first statistic: `list` and `config` name attacks without scipy
+    optimize = lazy_module("scipy.optimize")
+    special = lazy_module("scipy.special")
     stats = lazy_module("scipy.stats")
 
 
@@ -311,7 +311,7 @@ def noncentral_t_cdf(t: float, dof: int, noncentrality: float) -> float:
     """P[T ≤ t] for T = (Z + λ)/√(V/ν), Z ~ N(0, 1), V ~ χ²_ν: E_V[Φ(t·√(V/ν) − λ)], the
     expectation over ν's χ distribution taken at its quantiles (midpoint rule on [0, 1]).
     scipy's ``nct`` returns NaN once λ is in the tens (1,000 canaries at μ = 2 give λ ≈ 32)."""
-    return float(np.mean(ndtr(t * _chi_nodes(dof) - noncentrality)))
+    return float(np.mean(special.ndtr(t * _chi_nodes(dof) - noncentrality)))
 
 
 @lru_cache(maxsize=64)
@@ -335,8 +335,8 @@ def shift_interval(shift: float, inserted: int, held_out: int, confidence: float
     nodes = _chi_nodes(dof)
     reach = float(np.abs(t) * nodes.max()) + 40.0  # the cdf is 1 below −reach and 0 above: a bracket
     # the cdf falls as λ grows: the lower end leaves tail above t, the upper end tail below
-    low = brentq(lambda lam: noncentral_t_cdf(t, dof, lam) - (1.0 - tail), -reach, reach, xtol=1e-10)
-    high = brentq(lambda lam: noncentral_t_cdf(t, dof, lam) - tail, -reach, reach, xtol=1e-10)
+    low = optimize.brentq(lambda lam: noncentral_t_cdf(t, dof, lam) - (1.0 - tail), -reach, reach, xtol=1e-10)
+    high = optimize.brentq(lambda lam: noncentral_t_cdf(t, dof, lam) - tail, -reach, reach, xtol=1e-10)
     return low / scale, high / scale
 
 

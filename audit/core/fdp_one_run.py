@@ -72,11 +72,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
-from scipy.optimize import brentq
-from scipy.special import log_ndtr, ndtr, ndtri
 
 from audit.core.empirical_epsilon import (
     GUESS_FRACTIONS,
@@ -85,6 +83,13 @@ from audit.core.empirical_epsilon import (
     guess_counts,
     strongest_level,
 )
+from audit.core.lazy_modules import lazy_module
+
+if TYPE_CHECKING:
+    from scipy import optimize, special
+else:  # imported with the first curve or bound: `list` registers the attacks without scipy
+    optimize = lazy_module("scipy.optimize")
+    special = lazy_module("scipy.special")
 
 # --------------------------------------------------------------------------- trade-off functions
 
@@ -109,11 +114,11 @@ class GaussianTradeOff(TradeOff):
     mu: float
 
     def __call__(self, x: float) -> float:
-        return float(ndtr(ndtri(1.0 - min(max(x, 0.0), 1.0)) - self.mu))
+        return float(special.ndtr(special.ndtri(1.0 - min(max(x, 0.0), 1.0)) - self.mu))
 
     def floor(self, y: float) -> float:
         # Φ(Φ⁻¹(y) − μ) directly: y can be ~1e-300 inside a p-value search
-        return float(ndtr(ndtri(min(max(y, 0.0), 1.0)) - self.mu))
+        return float(special.ndtr(special.ndtri(min(max(y, 0.0), 1.0)) - self.mu))
 
 
 @dataclass(frozen=True)
@@ -144,7 +149,7 @@ def gdp_delta(mu: float, epsilon: float) -> float:
     second term in logs, so that e^ε does not overflow."""
     if mu <= 0:
         return 0.0
-    return max(0.0, float(ndtr(-epsilon / mu + mu / 2) - math.exp(epsilon + log_ndtr(-epsilon / mu - mu / 2))))
+    return max(0.0, float(special.ndtr(-epsilon / mu + mu / 2) - math.exp(epsilon + special.log_ndtr(-epsilon / mu - mu / 2))))
 
 
 def gdp_epsilon(mu: float, delta: float) -> float:
@@ -157,7 +162,7 @@ def gdp_epsilon(mu: float, delta: float) -> float:
     high = 1.0
     while gdp_delta(mu, high) > delta:
         high *= 2.0
-    return float(brentq(lambda e: gdp_delta(mu, e) - delta, 0.0, high, xtol=1e-12, rtol=1e-12))
+    return float(optimize.brentq(lambda e: gdp_delta(mu, e) - delta, 0.0, high, xtol=1e-12, rtol=1e-12))
 
 
 # --------------------------------------------------------------------------- the tail bound

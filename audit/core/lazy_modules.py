@@ -15,8 +15,8 @@ then kept on the stand-in, so later reads cost what a module's do. The stand-in 
 ``sys.modules``: code that asks whether torch is loaded is told the truth. A module that needs the
 library at import (a class deriving from ``nn.Module``, matplotlib's backend chosen before pyplot)
 is itself imported through a stand-in by the modules that use it (``attacks.reconstruction.inverse_network``,
-``reports.plots``). tests/audit/test_light_commands.py checks which commands load torch and
-matplotlib.
+``reports.plots``). tests/audit/test_light_commands.py checks which heavy modules (torch, matplotlib,
+scikit-learn, dp-accounting, scipy.stats, scipy.optimize, scipy.signal) each light command loads.
 """
 
 from __future__ import annotations

@@ -27,14 +27,15 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
-from scipy.special import logsumexp
 
 from audit.core.lazy_modules import lazy_module
 
 if TYPE_CHECKING:
     import torch
-else:  # imported when first used (audit.core.lazy_modules)
+    from scipy import special
+else:  # imported when first used (audit.core.lazy_modules): registering a defense loads no scipy
     torch = lazy_module("torch")
+    special = lazy_module("scipy.special")
 
 CLIP_NORMS = ("l2", "l1")
 
@@ -140,7 +141,7 @@ class LaplaceNoise(Mechanism):
         inv = 1.0 / self.parameter
         terms = np.stack([np.log(orders / (2 * orders - 1)) + (orders - 1) * inv,
                           np.log((orders - 1) / (2 * orders - 1)) - orders * inv])
-        return logsumexp(terms, axis=0) / (orders - 1)
+        return special.logsumexp(terms, axis=0) / (orders - 1)
 
     def sound_rdp(self, orders, clip_norm="l2"):
         if clip_norm == "l1":
@@ -227,7 +228,7 @@ class StaircaseNoise(Mechanism):
             np.full_like(orders, math.log(a_delta * (1 - 2 * gamma)) - eps) if gamma < 0.5 else np.full_like(orders, -np.inf),
             math.log(a_delta * gamma) - orders * eps,
         ])
-        return logsumexp(terms, axis=0) / (orders - 1)
+        return special.logsumexp(terms, axis=0) / (orders - 1)
 
     def small_shift_slope(self, orders) -> np.ndarray:
         """lim_{t→0} D_α(t)/t per unit of Δ. The density jumps only at ±(k + γ)Δ, so for a shift
@@ -274,7 +275,7 @@ def numeric_rdp(mechanism: Mechanism, order: float, shift: float = 1.0, scale: f
         points = np.unique(np.concatenate([base, base + shift]))
         mids, widths = (points[1:] + points[:-1]) / 2, np.diff(points)
         log_p, log_q = mechanism.log_density(mids, scale), mechanism.log_density(mids - shift, scale)
-        return float(logsumexp(order * log_p + (1 - order) * log_q, b=widths) / (order - 1))
+        return float(special.logsumexp(order * log_p + (1 - order) * log_q, b=widths) / (order - 1))
 
     def integrand(x: float) -> float:
         return float(np.exp(order * mechanism.log_density(np.array([x]), scale)[0]

@@ -13,15 +13,16 @@ import math
 from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy import fft
 
 from audit.core.lazy_modules import lazy_module
 from defenses.blocks.sparsify import exact_count
 
 if TYPE_CHECKING:
     import torch
-else:  # imported when first used (audit.core.lazy_modules)
+    from scipy import fft
+else:  # imported when first used (audit.core.lazy_modules): registering FL-CS loads no scipy
     torch = lazy_module("torch")
+    fft = lazy_module("scipy.fft")
 
 
 class PartialDCT:
