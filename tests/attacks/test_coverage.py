@@ -24,8 +24,11 @@ from audit.validation import (
     tight_claim,
 )
 
-REPLICATES = 120
-PIPELINE_REPLICATES = 30  # about 2 s each: training, attacks and verdicts of one small audit
+#: the benchmark runs 200 of each; here just enough to catch the failures the statistics were
+#: chosen against: at 60 replicates a correct interval's coverage is ≥ 0.866 within 3 binomial
+#: standard errors, an interval 1.7× too narrow covers ≈ 0.76
+REPLICATES = 60
+PIPELINE_REPLICATES = 20  # about 2 s each: training, attacks and verdicts of one small audit (≥ 0.80)
 
 
 def _tolerance(n: int, rate: float = 0.95) -> float:
@@ -48,7 +51,7 @@ def test_a_tight_claim_is_rarely_called_a_violation(epsilon, delta):
 
 def test_the_pipeline_intervals_cover_chance_under_a_null():
     """(a) through the real training, attacks and verdicts: AUC intervals cover ½ (3 binomial
-    standard errors at n = 30: ≥ 0.83), and no experiment is called a violation."""
+    standard errors at n = 20: ≥ 0.80), and no experiment is called a violation."""
     tallies = pipeline_null(PIPELINE_REPLICATES, start_seed=500, progress=False)
     for attack in ("lira-online", "lira-offline", "shokri", "loss-threshold"):
         tally = tallies[f"{attack} auc"]
@@ -59,8 +62,8 @@ def test_the_pipeline_intervals_cover_chance_under_a_null():
 def test_the_pipeline_intervals_cover_a_leaky_designs_expected_auc():
     """(b1): on non-private FedAvg the AUC intervals cover the design's expected AUC (the mean
     over the replicates) within 3 binomial standard errors, and the seed-to-seed spread is what
-    the intervals say (their implied SE within a factor 1.6 of the SD: at n = 30 an SD is
-    known to ±13 %)."""
+    the intervals say (their implied SE within a factor 1.6 of the SD: at n = 20 an SD is
+    known to ±16 %)."""
     for name, (tally, truth, sd, implied) in pipeline_leaky(PIPELINE_REPLICATES, start_seed=7 * 10**5, progress=False).items():
         if not name.endswith(" auc"):
             continue
