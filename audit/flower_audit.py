@@ -79,6 +79,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from audit.core.audit_power import power_caveat
 from audit.core.errors import UserInputError, check_choice
 from audit.core.vocabulary import EpsilonKind, Observer, Relation, Unit
 from audit.flower_canaries import CanaryClients
@@ -203,10 +204,12 @@ def canary_results(view: FlowerView, canaries: CanaryClients, claim: PrivacyClai
     described = (f"{canaries.count} canary clients (Flower Mod), {int(inserted.sum())} inserted, each uploading "
                  f"{canaries.scale:g}·S·u_i (clipped to S·u_i); held out: "
                  f"{canaries.held_out_norm:g}·S·v_i, v_i independent of u_i (replace-one design)")
+    # the released models' canaries meet Flower's sampling of m of N clients: outside the power model
+    caveat = power_caveat(view.num_sampled_clients / max(int(view.available.max()), 1), composed=" in every round")
     out = []
     for key, statistics in canary_statistics(view, canaries).items():
         result = canary_result(ATTACK, Unit.CLIENT, statistics[None, :], inserted[None, :], at, canaries.seed,
-                               f"{described}; observed: {OBSERVATIONS[key]}")
+                               f"{described}; observed: {OBSERVATIONS[key]}", unmodelled_power=caveat)
         result.variant = "" if key == "final-model" else key
         result.observation = OBSERVATIONS[key]
         result.relation = DESIGN_RELATION

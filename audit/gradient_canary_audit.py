@@ -25,7 +25,7 @@ import numpy as np
 from attacks.canaries.canary_audit import canary_result
 from attacks.canaries.dp_sgd_canaries import AMPLITUDE, STATISTIC, GradientCanaryHook
 from attacks.membership_metrics import one_run_bounds
-from audit.core.audit_power import AuditPower, gdp_mu, one_run_power
+from audit.core.audit_power import AuditPower, gdp_mu, one_run_power, power_caveat
 from audit.core.empirical_epsilon import OneRunAudit
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
@@ -229,11 +229,9 @@ def gradient_canary_audit(train: Callable[..., nn.Module], features: torch.Tenso
 
     # the two one-run figures of these coins, judged as one family (Holm) as the document judges them
     evidence = one_run_bounds(scores.ravel(), inserted.ravel(), delta)
-    if sample_rate < 1:  # the verdicts' power model (μ-GDP at 2ε, optimal attack) does not describe subsampled steps
-        evidence = {k: replace(v, unmodelled_power=f"the power model (the optimal attack on a μ-GDP mechanism at twice "
-                               f"the claim) does not describe steps subsampled at q = {sample_rate:g}, whose trade-off curve "
-                               "is far from Gaussian: a violation of the claim can go undetected")
-                    for k, v in evidence.items()}
+    caveat = power_caveat(sample_rate, composed=" at every step")
+    if caveat:  # the verdicts' power model (μ-GDP at 2ε, optimal attack) does not describe subsampled steps
+        evidence = {k: replace(v, unmodelled_power=caveat) for k, v in evidence.items()}
     metrics = {figure: audit.as_estimate() for figure, audit in evidence.items()}
     family = attack_verdicts(claim, Unit.RECORD, metrics, dict.fromkeys(evidence, EpsilonKind.LOWER_BOUND), Relation.ADD_REMOVE,
                              evidence)

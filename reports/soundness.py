@@ -57,6 +57,7 @@ from dataclasses import replace
 
 from audit.core.audit_power import POWER_TARGET, one_run_power
 from audit.core.empirical_epsilon import OneRunAudit
+from audit.core.mechanism_tradeoff import MechanismOneRunAudit
 from audit.core.multiplicity import weighted_holm
 from audit.core.upload_conformance import UploadConformance
 from audit.core.vocabulary import EpsilonKind, Relation, Unit, VerdictKind, VerdictStatus
@@ -300,8 +301,10 @@ def family_verdicts(family: list[tuple[Verdict, OneRunAudit | UploadConformance 
         reach = (f"power: {power.detection:.0%} (± {power.detection_se or 0.0:.1%}, {power.simulations} simulations) to "
                  f"detect 2ε = {2 * limit:.3g} with {power.canaries} coins; "
                  f"at most ε_LB ≈ {power.tight_bound:.3g} is certifiable against a tight mechanism")
+        against = (f"the accounted mechanism's own ε = {limit:.3g} (its composed curve, which the claim is computed "
+                   f"from)" if isinstance(evidence, MechanismOneRunAudit) else _against(v, bound))
         if rejected:
-            status, text = VerdictStatus.VIOLATION, f"VIOLATION: {figure} exceeds {_against(v, bound)}; {test}"
+            status, text = VerdictStatus.VIOLATION, f"VIOLATION: {figure} exceeds {against}; {test}"
         elif evidence.unmodelled_power:
             status, text = (VerdictStatus.INCONCLUSIVE, f"inconclusive: {figure}, {test}; no power is stated: "
                             f"{evidence.unmodelled_power}")

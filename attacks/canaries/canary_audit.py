@@ -23,7 +23,7 @@ runs is as private towards it as one run is.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
@@ -31,6 +31,7 @@ import numpy as np
 from attacks.attack_result import AttackResult
 from attacks.base import Attack
 from attacks.membership_metrics import ONE_RUN_FIGURES, gdp_note, membership_metrics
+from audit.core.audit_power import power_caveat, preregistered_fraction
 from audit.core.empirical_epsilon import gaussian_fit_epsilon, rescaled
 from audit.core.lazy_modules import lazy_module
 from audit.core.metrics import IntervalEstimate
@@ -159,7 +160,8 @@ class CanaryAudit(Attack):
         """The audit's results: one per observation set it reads (e.g. final model, all iterates)."""
         statistics = np.stack([self.statistics(context, run, model) for run in runs])
         inserted = np.stack([run.injection.inserted for run in runs])
-        return [canary_result(self.label, self.unit, statistics, inserted, context.delta, context.seed, self.describe(runs))]
+        return [canary_result(self.label, self.unit, statistics, inserted, context.delta, context.seed, self.describe(runs),
+                              unmodelled_power=sampling_caveat(context))]
 
     def describe(self, runs: list[CanaryRun]) -> str:
         m = sum(len(r.injection.inserted) for r in runs)
@@ -186,13 +188,43 @@ def gaussian_shape_note(held_out: np.ndarray) -> str:
             f"normality {shape} at 5 %")
 
 
+def preregistered_levels(claim: PrivacyClaim | None, coins: int) -> dict[str, tuple[float, ...]]:
+    """Per ε figure, the one abstention level the design's power analysis picks against the
+    observer's claim (:func:`audit.core.audit_power.preregistered_fraction`: coins, claim and test
+    only, nothing observed); empty where the claim gives no finite (ε, δ > 0) to plan against."""
+    if claim is None or not claim.is_private or not claim.delta > 0:
+        return {}
+    out = {}
+    for name, method in (("epsilon_one_run", "steinke"), ("epsilon_one_run_fdp", "fdp")):
+        fraction = preregistered_fraction(coins, float(claim.epsilon), float(claim.delta), method)
+        if fraction is not None:
+            out[name] = (fraction,)
+    return out
+
+
+def without_measurement(result: AttackResult, notes: str) -> AttackResult:
+    """``result`` of a canary audit whose statistic could not be read, emptied of every figure — no
+    ε, and no ROC of the placeholder scores it was built from — with ``notes`` saying why."""
+    result.metrics = {k: IntervalEstimate(math.nan) for k in result.metrics if not k.startswith("epsilon")}
+    result.epsilon_kind, result.evidence, result.notes = {}, {}, notes
+    return result
+
+
+def sampling_caveat(context: CanaryContext) -> str:
+    """Why no power is stated for canaries in the released models of clients sampled at a rate
+    below 1 (:func:`audit.core.audit_power.power_caveat`); "" under full participation."""
+    return power_caveat(context.training.sampling_rate(context.clients), composed=" in every round")
+
+
 def canary_result(attack: str, unit: str, statistics: np.ndarray, inserted: np.ndarray, delta: float, seed: int,
                   notes: str, confidence: float = 0.95, levels: dict[str, tuple[float, ...]] | None = None,
-                  exercised: np.ndarray | None = None) -> AttackResult:
+                  exercised: np.ndarray | None = None, unmodelled_power: str = "") -> AttackResult:
     """Metrics and the ε figures of a canary audit; statistics/inserted are [runs, canaries];
     ``levels``: abstention levels fixed in advance per ε figure (:func:`attacks.membership_metrics.one_run_bounds`);
     ``exercised`` [runs, canaries]: the canaries the mechanism met (public, whatever the coins) — the
-    others are no coins of the ε figures."""
+    others are no coins of the ε figures; ``unmodelled_power``: why the verdicts' power model does
+    not describe these coins (:func:`audit.core.audit_power.unmodelled_sampling`) — their bounds
+    are then never called consistent."""
     statistics = np.asarray(statistics, dtype=np.float64)
     if not np.isfinite(statistics).all():
         statistics = np.nan_to_num(statistics, nan=0.0, posinf=1e300, neginf=-1e300)
@@ -220,5 +252,7 @@ def canary_result(attack: str, unit: str, statistics: np.ndarray, inserted: np.n
         metrics = {name: IntervalEstimate(math.nan) for name in ("auc", "tpr_at_fpr_0.1%", "tpr_at_fpr_1%")}
         notes += "; every canary was inserted, or none was: no ROC and no ε figure"
     kinds = {**dict.fromkeys(ONE_RUN_FIGURES, EpsilonKind.LOWER_BOUND), "epsilon_gaussian_fit": EpsilonKind.ESTIMATE}
+    if unmodelled_power:
+        evidence = {k: replace(v, unmodelled_power=unmodelled_power) for k, v in evidence.items()}
     return AttackResult(attack, "", unit, statistics, truth, metrics, roc, notes,
                         {k: v for k, v in kinds.items() if k in metrics}, kind="canary", evidence=evidence)

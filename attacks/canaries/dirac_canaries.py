@@ -76,8 +76,11 @@ from attacks.canaries.canary_audit import (
     CanaryRun,
     canary_result,
     path_anomaly,
+    preregistered_levels,
+    sampling_caveat,
+    without_measurement,
 )
-from audit.core.audit_power import preregistered_fraction
+from attacks.canaries.mechanism_curve import FIGURE, mechanism_curve_result
 from audit.core.errors import UserInputError
 from audit.core.gaussian_canary_statistics import mixture_log_likelihood_ratio, standardised_sum
 from audit.core.lazy_modules import lazy_module
@@ -112,20 +115,6 @@ class DiracCanaryParams:
         "min": 1.0, "max": 1e6, "help": "U/S: a canary's raw update is ±U on its coordinate, U = amplitude × the clip"})
     observers: list[Literal["final model", "all iterates", "server"]] = field(
         default_factory=lambda: list(OBSERVERS), metadata={"min_length": 1, "help": "whose view to read (a result each)"})
-
-
-def preregistered_levels(claim: PrivacyClaim | None, coins: int) -> dict[str, tuple[float, ...]]:
-    """Per ε figure, the one abstention level the design's power analysis picks against the
-    observer's claim (:func:`audit.core.audit_power.preregistered_fraction`: coins, claim and test
-    only, nothing observed); empty where the claim gives no finite (ε, δ > 0) to plan against."""
-    if claim is None or not claim.is_private or not claim.delta > 0:
-        return {}
-    out = {}
-    for name, method in (("epsilon_one_run", "steinke"), ("epsilon_one_run_fdp", "fdp")):
-        fraction = preregistered_fraction(coins, float(claim.epsilon), float(claim.delta), method)
-        if fraction is not None:
-            out[name] = (fraction,)
-    return out
 
 
 def per_canary_multiplier(released: AdversaryClaim | None) -> float | None:
@@ -241,9 +230,9 @@ class DiracCanaries(CanaryAudit):
                 observation = Observation(observer) if observer != Observer.SERVER else (
                     Observation.EACH_UPLOAD if context.defense.observes == "uploads" else Observation.AGGREGATE)
                 who = Observer.SERVER if observer == Observer.SERVER else Observer.RELEASED
-                results.append(self._result(context, runs, inserted, None, observation, claim.for_observer(who),
-                                            f"the canaries' path through the defense's own code could not be "
-                                            f"isolated ({unread}), and no other path is audited"))
+                result = self._result(context, runs, inserted, None, observation, claim.for_observer(who),
+                                      f"the canaries' path through the defense's own code could not be "
+                                      f"isolated ({unread}), and no other path is audited")
             elif observer == Observer.SERVER:
                 result = self._server_result(context, runs, inserted, claim, sigma, mirrored)
             else:
@@ -254,7 +243,25 @@ class DiracCanaries(CanaryAudit):
                                       "" if sigma or observer == Observation.FINAL_MODEL else
                                       "the claim accounts no Gaussian noise multiplier to standardise with")
             results.append(result)
-        return results
+            if observer == Observation.ALL_ITERATES and sigma and not mirrored and unread is None:
+                results.append(self._mechanism_curve(context, result, runs, sigma))
+        return [r for r in results if r is not None]
+
+    def _mechanism_curve(self, context: CanaryContext, base: AttackResult, runs: list[CanaryRun],
+                         sigma: float) -> AttackResult | None:
+        """The all-iterates counts against the accounted mechanism's own curve
+        (:mod:`attacks.canaries.mechanism_curve`): Gaussian noise of multiplier σ per change S, Poisson
+        rate q, every round. A Dirac canary's readings are exactly that mechanism's when the code is
+        honest — one coordinate, shifted by 1/σ in a round it joined (add/remove; mirrored pairs
+        are left to the (ε, δ) curve) — so its counts cannot refute it more often than α."""
+        assert base.claim is not None
+        rounds = max(len(run.iterates) for run in runs if run.iterates is not None)
+        delta = base.claim.delta if base.claim.delta > 0 else context.delta
+        rate = context.training.sampling_rate(context.clients)
+        return mechanism_curve_result(base, "gaussian", sigma, rate, rounds, base.claim, delta,
+                                      f"Gaussian noise of multiplier σ = {sigma:.4g} per change S",
+                                      "all-iterates-mechanism-curve", base.evidence[FIGURE].unmodelled_power
+                                      if FIGURE in base.evidence else "")
 
     def _result(self, context: CanaryContext, runs: list[CanaryRun], inserted: np.ndarray, scores: np.ndarray | None,
                 observation: Observation, claim: PrivacyClaim | None, missing: str) -> AttackResult:
@@ -281,15 +288,15 @@ class DiracCanaries(CanaryAudit):
         if levels:
             notes += ("; abstention levels fixed in advance by the design's power against the claim (each tested at the "
                       "full α): " + ", ".join(f"{name} {fractions[0]:.1%} of the coins" for name, fractions in levels.items()))
+        # the released models' canaries meet the clients' sampling (the server's readings do not:
+        # it sees who joined) — a subsampled Gaussian, outside the verdicts' power model
         result = canary_result(self.label, self.unit, scores, inserted, delta, context.seed, notes, levels=levels,
-                               exercised=exercised)
+                               exercised=exercised,
+                               unmodelled_power=sampling_caveat(context) if adversary == Observer.RELEASED else "")
         result.variant = "" if observation == Observation.FINAL_MODEL else observation.split(",")[0].replace(" ", "-")
         result.observation, result.adversary, result.claim = observation, adversary, claim
         result.statistic = STATISTICS[observation]
-        if missing:
-            result.metrics = {k: v for k, v in result.metrics.items() if not k.startswith("epsilon")}
-            result.epsilon_kind, result.evidence = {}, {}
-        return result
+        return without_measurement(result, notes) if missing else result
 
     def _released_scores(self, context: CanaryContext, run: CanaryRun, observer: str, sigma: float | None,
                          mirrored: bool) -> np.ndarray:

@@ -36,12 +36,21 @@ import numpy as np
 
 from attacks.attack_result import AttackResult
 from attacks.base import ATTACKS
-from attacks.canaries.canary_audit import CanaryAudit, CanaryContext, CanaryInjection, CanaryRun, canary_result, path_anomaly
-from attacks.canaries.dirac_canaries import preregistered_levels
+from attacks.canaries.canary_audit import (
+    CanaryAudit,
+    CanaryContext,
+    CanaryInjection,
+    CanaryRun,
+    canary_result,
+    path_anomaly,
+    preregistered_levels,
+    without_measurement,
+)
+from attacks.canaries.mechanism_curve import mechanism_curve_result
+from audit.core.audit_power import power_caveat
 from audit.core.errors import UserInputError
-from audit.core.mechanism_tradeoff import composed_epsilon, mechanism_one_run_audit
 from audit.core.seeding import derive_seed, numpy_rng
-from audit.core.vocabulary import EpsilonKind, Observation, Observer, Unit
+from audit.core.vocabulary import Observation, Observer, Unit
 from defenses.audit_hooks import AuditHooks
 from defenses.blocks.mechanisms import GaussianNoise, LaplaceNoise
 from defenses.blocks.record_gradient_canaries import ClaimedStep, GradientCanaryPlan
@@ -206,16 +215,14 @@ class RecordGradientCanaries(CanaryAudit):
             notes += f"; no statistic: the canaries' path was not exercised ({unexercised}), and no other path is audited"
         result = canary_result(self.label, self.unit, score, truth, delta, context.seed, notes, levels=levels)
         if unexercised is not None:
-            result.metrics = {k: v for k, v in result.metrics.items() if not k.startswith("epsilon")}
-            result.epsilon_kind, result.evidence = {}, {}
+            without_measurement(result, notes)
         # the verdicts' power model is the optimal attack on a μ-GDP mechanism at 2ε: a DP-SGD step
         # subsampled at q and composed over many steps has a trade-off curve far from Gaussian (at a
         # claimed ε = 4, q = 0.05 and 100 steps, Gaussian noise halved has ε ≈ 15 at δ = 1e-5, yet
         # these canaries certify only ≈ 3.4), so no power is stated and no bound is called consistent
-        unmodelled = (f"the power model (the optimal attack on a μ-GDP mechanism at twice the claim) does not describe a "
-                      f"step subsampled at q = {step.rate:g} and composed over {steps} steps, whose trade-off curve is "
-                      "far from Gaussian: a violation of the claim can go undetected")
-        if not (isinstance(step.mechanism, GaussianNoise) and step.rate == 1.0):  # full batches of Gaussian noise: μ-GDP
+        unmodelled = power_caveat(step.rate, type(step.mechanism).__name__.removesuffix("Noise"),
+                                  f" and composed over {steps} steps")
+        if unmodelled:  # all but full batches of Gaussian noise, which are μ-GDP
             result.evidence = {k: replace(v, unmodelled_power=unmodelled) for k, v in result.evidence.items()}
         result.variant = "every-step"
         result.observation, result.adversary, result.claim = Observation.EVERY_STEP, Observer.RELEASED, observer_claim
@@ -233,26 +240,10 @@ class RecordGradientCanaries(CanaryAudit):
         coordinate — or when the figure judged is the paper's one-dimensional accounting itself."""
         kind = "gaussian" if isinstance(step.mechanism, GaussianNoise) else \
             "laplace" if isinstance(step.mechanism, LaplaceNoise) else None
-        counted = base.evidence.get("epsilon_one_run_fdp")
-        if kind is None or counted is None or not claim.is_private:
+        if kind is None:
             return None
         if kind == "laplace" and step.clip_norm != "l1" and self.params.width > 1 and self.params.against != "paper_1d":
             return None  # a canary spread over b coordinates of an ℓ2 clip leaks √b times the 1-D Laplace per step
-        steps = step.steps_per_round * rounds
-        parameter = step.mechanism.parameter
-        exact = composed_epsilon(kind, parameter, step.rate, steps, delta)
-        tested = mechanism_one_run_audit(counted.canaries, counted.tried, kind, parameter, step.rate, steps, delta,
-                                         counted.alpha, counted.fractions)
-        if not (kind == "gaussian" and step.rate == 1.0):
-            tested = replace(tested, unmodelled_power=unmodelled)
-        accounted = (f"the accounted mechanism's own curve: {step.mechanism!r} at sensitivity C, Poisson rate "
-                     f"{step.rate:g}, {steps} steps (dp-accounting PLD), ε = {exact:.4g} at δ = {delta:.2g}")
-        held = replace(claim, epsilon=exact, accountant=accounted, notes=f"{accounted}; {claim.notes}")
-        notes = (f"the counts of the every-step result ({counted.guesses} guesses, {counted.correct} right at its best level) "
-                 f"tested against {accounted}; ε_LB is that ε for the least noise (×{tested.scale:.3g}) whose curve "
-                 "they reject")
-        return replace(base, variant="every-step-mechanism-curve", notes=notes,
-                       metrics={**{k: v for k, v in base.metrics.items() if not k.startswith("epsilon")},
-                                "epsilon_one_run_fdp": tested.as_estimate()},
-                       epsilon_kind={"epsilon_one_run_fdp": EpsilonKind.LOWER_BOUND},
-                       evidence={"epsilon_one_run_fdp": tested}, claim=held)
+        return mechanism_curve_result(base, kind, step.mechanism.parameter, step.rate, step.steps_per_round * rounds,
+                                      claim, delta, f"{step.mechanism!r} at sensitivity C", "every-step-mechanism-curve",
+                                      unmodelled)

@@ -44,6 +44,7 @@ from attacks.canaries.canary_audit import (
     CanaryInjection,
     CanaryRun,
     canary_result,
+    sampling_caveat,
 )
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
@@ -145,7 +146,8 @@ class UpdateCanaryAudit(CanaryAudit):
                 statistics = np.stack([self.iterate_statistics(run) for run in runs])
                 variant = observation
             result = canary_result(self.label, self.unit, statistics, inserted, context.delta, context.seed,
-                                   f"{self.describe(runs)}; observed: {OBSERVATIONS[observation]}{self._rounds_note()}")
+                                   f"{self.describe(runs)}; observed: {OBSERVATIONS[observation]}{self._rounds_note()}",
+                                   unmodelled_power=sampling_caveat(context))
             result.variant, result.observation = variant, OBSERVATIONS[observation]
             results.append(result)
         return results

@@ -61,6 +61,33 @@ def test_the_secretly_halved_noise_of_a_user_rewrite_violates_the_claim(results)
     assert honest["epsilon_gaussian_fit"] != "estimate above claim"
 
 
+def test_the_halved_noise_exceeds_the_accounted_mechanisms_own_curve(results):
+    """The all-iterates counts held to the claim's own mechanism — Gaussian noise of the claimed
+    multiplier σ on each change S, every round, composed T = 10 times, whose exact ε at δ (PLD,
+    computed here with dp-accounting directly) sits below the RDP claim of 4 — instead of the (ε, δ)
+    curve, which caps the one-run bounds below 4 at these 2·10⁴ coins: the rewrite's halved noise is
+    a VIOLATION by this rigorous bound (measured ε_LB ≈ 5.1 against 3.70), the honest run's is not
+    (≈ 2.4), and the (ε, δ)-curve bounds of both stay below the claim."""
+    import dp_accounting
+
+    for label in ("dp-fedavg", "halved"):
+        experiment = _experiment(results, label)
+        released = next(a for a in experiment["claim"]["adversaries"] if a["adversary"] == "released")
+        accountant = dp_accounting.pld.PLDAccountant()
+        accountant.compose(dp_accounting.GaussianDpEvent(released["noise_multiplier"]), released["rounds"])
+        exact = accountant.get_epsilon(released["delta"])
+        statuses, record = _statuses(experiment, "all iterates")
+        curve = next(a for a in experiment["attacks"] if a["attack"].endswith("all-iterates-mechanism-curve"))
+        (verdict,) = curve["verdicts"]
+        assert verdict["claimed"] == pytest.approx(exact, rel=1e-2) and exact < 4.0
+        assert all(v["measured"] < 4.0 for v in record["verdicts"] if v["metric"].startswith("epsilon_one_run"))
+        if label == "halved":
+            assert verdict["status"] == "violation" and verdict["measured"] > exact, verdict
+            assert "accounted mechanism's own ε" in verdict["text"]
+        else:
+            assert verdict["status"] != "violation" and verdict["measured"] < exact, verdict
+
+
 def test_one_client_unclipped_after_round_one_violates_the_claimed_mechanism(results):
     """One canary a round, from round 2 on, reaches the server unclipped: too few coins to move a
     one-run count, but its upload of ±U where ±S belongs is a VIOLATION of the claimed clip."""
@@ -159,7 +186,8 @@ diagnostics: {enabled: false}
 def test_fixed_size_sampling_is_audited_with_mirrored_pairs(tmp_path):
     """Under fixed-size sampling (m = 10 of 20) the canaries run (no refusal), held out as mirrored
     replace-one pairs: the server's uploads test sees the rewrite's halved noise, the honest run is
-    no VIOLATION, and the released figures are compared with the claim's replace-one ε."""
+    no VIOLATION, and the released figures are compared with the claim's replace-one ε — never
+    called consistent, since no power model describes their subsampled mechanism."""
     (tmp_path / "design.yaml").write_text(FIXED, encoding="utf-8")
     assert main(["run", str(tmp_path / "design.yaml"), "--out", str(tmp_path / "out"), "--quiet"]) in (0, 1)
     results = json.loads((tmp_path / "out" / "results.json").read_text(encoding="utf-8"))
@@ -171,6 +199,14 @@ def test_fixed_size_sampling_is_audited_with_mirrored_pairs(tmp_path):
     assert honest["claim"]["relation"] == "replace-one" and "violation" not in statuses.values()
     assert record["verdicts"][0]["claimed"] == pytest.approx(4.0, rel=1e-3)
     assert record["verdicts"][0]["design_relation"] == "replace-one"
+    # the released models' canaries met the sampling of 10 of 20 clients: a subsampled Gaussian,
+    # whose one-run counts certify far less than the μ-GDP power model promises — never consistent
+    bounds = [v for v in record["verdicts"] if v["metric"].startswith("epsilon_one_run")]
+    assert bounds and all(v["status"] == "inconclusive" and "no power is stated" in v["text"]
+                          and "subsampled at q = 0.5" in v["text"] for v in bounds), bounds
+    # the server sees who joined: its per-upload readings are Gaussian, and its power is stated
+    _, server = _statuses(honest, "each upload")
+    assert all("no power is stated" not in v["text"] for v in server["verdicts"])
 
 
 NBAFL = """
@@ -211,3 +247,32 @@ def test_nbafl_is_audited_with_mirrored_model_canaries(tmp_path):
     skipped = _experiment(results, "clip-skips-odd")
     statuses, record = _statuses(skipped, "each upload")
     assert skipped["soundness"] == "violation" and statuses["upload_conformance"] == "violation", record["verdicts"]
+
+
+CLOCK = """
+name: dirac-clock
+partition: {clients: 8}
+training: {rounds: 3, local_steps: 1}
+defenses:
+  - {name: "tests.defenses.broken_dp_fedavg:UserClockSeededNoise", label: clock, epsilons: [4]}
+membership: {runs: 2}
+attacks:
+  - {name: dirac-canaries, params: {coins: 2000, observers: [all iterates, server]}}
+diagnostics: {enabled: false}
+"""
+
+
+def test_noise_the_audit_cannot_couple_is_no_measurement_not_a_crash(tmp_path):
+    """A user's noise seeded from the clock cannot be reproduced for a canary's probe rows: every
+    observer's result says the path could not be isolated and carries no figure — no ε, and no ROC
+    of placeholder scores — and the configuration is "no measurement", not consistent and not an
+    internal error."""
+    (tmp_path / "design.yaml").write_text(CLOCK, encoding="utf-8")
+    assert main(["run", str(tmp_path / "design.yaml"), "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    (experiment,) = json.loads((tmp_path / "out" / "results.json").read_text(encoding="utf-8"))["experiments"]
+    assert experiment["soundness"] == "no measurement"
+    records = [a for a in experiment["attacks"] if a["attack"].startswith("dirac-canaries")]
+    assert {a["observation"] for a in records} == {"all iterates", "each upload"}
+    for record in records:
+        assert "could not be isolated" in record["notes"] and not record["epsilon_kind"] and not record["verdicts"]
+        assert all(value["value"] is None for value in record["metrics"].values()), record["metrics"]
