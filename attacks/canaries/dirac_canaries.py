@@ -87,6 +87,7 @@ from audit.core.lazy_modules import lazy_module
 from audit.core.seeding import numpy_rng
 from audit.core.upload_conformance import upload_conformance
 from audit.core.vocabulary import Observation, Observer, Relation, Unit
+from defenses.privacy.accounting import CONTINUOUS_GAUSSIAN
 from defenses.privacy.claims import AdversaryClaim, PrivacyClaim
 
 if TYPE_CHECKING:
@@ -243,7 +244,8 @@ class DiracCanaries(CanaryAudit):
                                       "" if sigma or observer == Observation.FINAL_MODEL else
                                       "the claim accounts no Gaussian noise multiplier to standardise with")
             results.append(result)
-            if observer == Observation.ALL_ITERATES and sigma and not mirrored and unread is None:
+            if observer == Observation.ALL_ITERATES and sigma and not mirrored and unread is None \
+                    and claim.mechanism.startswith(CONTINUOUS_GAUSSIAN):
                 results.append(self._mechanism_curve(context, result, runs, sigma))
         return [r for r in results if r is not None]
 
@@ -252,8 +254,10 @@ class DiracCanaries(CanaryAudit):
         """The all-iterates counts against the accounted mechanism's own curve
         (:mod:`attacks.canaries.mechanism_curve`): Gaussian noise of multiplier σ per change S, Poisson
         rate q, every round. A Dirac canary's readings are exactly that mechanism's when the code is
-        honest — one coordinate, shifted by 1/σ in a round it joined (add/remove; mirrored pairs
-        are left to the (ε, δ) curve) — so its counts cannot refute it more often than α."""
+        honest — one coordinate, shifted by 1/σ in a round it joined — so its counts cannot refute
+        it more often than α. Only where the claim accounts exactly that continuous Gaussian, every
+        round or Poisson-subsampled (add/remove): mirrored pairs, discrete or distributed noise and
+        accountants of their own are left to the (ε, δ) curve."""
         assert base.claim is not None
         rounds = max(len(run.iterates) for run in runs if run.iterates is not None)
         delta = base.claim.delta if base.claim.delta > 0 else context.delta

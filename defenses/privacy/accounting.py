@@ -115,6 +115,11 @@ def _check_choice(value: str, allowed: Sequence[str], field: str) -> None:
         raise UserInputError(f"{field}: '{value}' is not allowed; allowed: {', '.join(allowed)}")
 
 
+#: how :meth:`GaussianSchedule.describe` names a continuous Gaussian accounted every round, without
+#: sampling or Poisson-subsampled: the mechanisms whose own composed curve an audit can test
+CONTINUOUS_GAUSSIAN = ("Gaussian mechanism", "Poisson-subsampled Gaussian")
+
+
 @dataclass(frozen=True)
 class GaussianSchedule:
     """T rounds of a Gaussian mechanism with noise multiplier σ on a sampled set of items.
@@ -172,9 +177,9 @@ class GaussianSchedule:
 
     def describe(self) -> str:
         if self.sampling_rate >= 1:
-            return f"Gaussian mechanism, σ={self.noise_multiplier:.6g}, every item every round, T={self.steps}"
+            return f"{CONTINUOUS_GAUSSIAN[0]}, σ={self.noise_multiplier:.6g}, every item every round, T={self.steps}"
         if self.sampling == "poisson":
-            return (f"Poisson-subsampled Gaussian, σ={self.noise_multiplier:.6g}, q={self.sampling_rate:.6g}, "
+            return (f"{CONTINUOUS_GAUSSIAN[1]}, σ={self.noise_multiplier:.6g}, q={self.sampling_rate:.6g}, "
                     f"T={self.steps}, add/remove neighbours")
         return (f"Gaussian on a fixed-size sample without replacement, σ={self.noise_multiplier:.6g}, "
                 f"m/N={self.sampling_rate:.6g}, N={self.population}, T={self.steps}, replace-one neighbours "
