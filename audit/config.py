@@ -139,10 +139,10 @@ def _default_training() -> TrainingConfig:
 
 def _default_defenses() -> list[DefenseEntry]:
     # ε ∈ {1, 4}: what 10⁵ Dirac canary coins can decide (≥ 80 % power against 2ε). At ε = 8 the
-    # (ε, δ)-curve bounds cannot certify more than ≈ 4.6 at δ = 10⁻⁵; the all-iterates counts held
-    # to the mechanism's own curve can (measured at 10⁵ coins, 10 rounds: honest 4.9 of an exact
-    # 7.44, halved noise 10.8, a VIOLATION on one seed); the default stays at two configurations
-    # for its time budget, and --set 'defenses.1.epsilons=[1, 4, 8]' adds it
+    # one-run count bound cannot certify more than ≈ 5 at δ = 10⁻⁵; the all-iterates counts held to
+    # the mechanism's own curve can (benchmarks/dirac_own_curve.py, 10⁵ coins, 10 rounds, 4 seeds:
+    # honest 0.66–0.68 of its exact 7.44, halved noise 10.8–12.2, VIOLATION in 4 of 4). The default
+    # stays at two configurations for its time budget; --set 'defenses.1.epsilons=[1, 4, 8]' adds it
     return [DefenseEntry("fedavg"), DefenseEntry("dp-fedavg", epsilons=[1.0, 4.0])]
 
 
