@@ -223,7 +223,7 @@ def canary_result(attack: str, unit: str, statistics: np.ndarray, inserted: np.n
     ``levels``: abstention levels fixed in advance per ε figure (:func:`attacks.membership_metrics.one_run_bounds`);
     ``exercised`` [runs, canaries]: the canaries the mechanism met (public, whatever the coins) — the
     others are no coins of the ε figures; ``unmodelled_power``: why the verdicts' power model does
-    not describe these coins (:func:`audit.core.audit_power.unmodelled_sampling`) — their bounds
+    not describe these coins (:func:`audit.core.audit_power.power_caveat`) — their bounds
     are then never called consistent."""
     statistics = np.asarray(statistics, dtype=np.float64)
     if not np.isfinite(statistics).all():

@@ -80,7 +80,7 @@ from attacks.canaries.canary_audit import (
     sampling_caveat,
     without_measurement,
 )
-from attacks.canaries.mechanism_curve import FIGURE, mechanism_curve_result
+from attacks.canaries.mechanism_curve import mechanism_curve_result
 from audit.core.errors import UserInputError
 from audit.core.gaussian_canary_statistics import mixture_log_likelihood_ratio, standardised_sum
 from audit.core.lazy_modules import lazy_module
@@ -244,10 +244,12 @@ class DiracCanaries(CanaryAudit):
                                       "" if sigma or observer == Observation.FINAL_MODEL else
                                       "the claim accounts no Gaussian noise multiplier to standardise with")
             results.append(result)
-            if observer == Observation.ALL_ITERATES and sigma and not mirrored and unread is None \
-                    and claim.mechanism.startswith(CONTINUOUS_GAUSSIAN):
-                results.append(self._mechanism_curve(context, result, runs, sigma))
-        return [r for r in results if r is not None]
+            curve = self._mechanism_curve(context, result, runs, sigma) \
+                if observer == Observation.ALL_ITERATES and sigma and not mirrored and unread is None \
+                and claim.mechanism.startswith(CONTINUOUS_GAUSSIAN) else None
+            if curve is not None:
+                results.append(curve)
+        return results
 
     def _mechanism_curve(self, context: CanaryContext, base: AttackResult, runs: list[CanaryRun],
                          sigma: float) -> AttackResult | None:
@@ -258,14 +260,10 @@ class DiracCanaries(CanaryAudit):
         it more often than α. Only where the claim accounts exactly that continuous Gaussian, every
         round or Poisson-subsampled (add/remove): mirrored pairs, discrete or distributed noise and
         accountants of their own are left to the (ε, δ) curve."""
-        assert base.claim is not None
         rounds = max(len(run.iterates) for run in runs if run.iterates is not None)
-        delta = base.claim.delta if base.claim.delta > 0 else context.delta
-        rate = context.training.sampling_rate(context.clients)
-        return mechanism_curve_result(base, "gaussian", sigma, rate, rounds, base.claim, delta,
+        return mechanism_curve_result(base, "gaussian", sigma, context.training.sampling_rate(context.clients), rounds,
                                       f"Gaussian noise of multiplier σ = {sigma:.4g} per change S",
-                                      "all-iterates-mechanism-curve", base.evidence[FIGURE].unmodelled_power
-                                      if FIGURE in base.evidence else "")
+                                      "all-iterates-mechanism-curve")
 
     def _result(self, context: CanaryContext, runs: list[CanaryRun], inserted: np.ndarray, scores: np.ndarray | None,
                 observation: Observation, claim: PrivacyClaim | None, missing: str) -> AttackResult:

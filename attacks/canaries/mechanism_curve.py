@@ -23,28 +23,27 @@ from dataclasses import replace
 from attacks.attack_result import AttackResult
 from audit.core.mechanism_tradeoff import composed_epsilon, mechanism_one_run_audit
 from audit.core.vocabulary import EpsilonKind
-from defenses.privacy.claims import PrivacyClaim
 
 #: the figure the result reports: the f-DP analysis of the counts, against the mechanism's curve
 FIGURE = "epsilon_one_run_fdp"
 
 
 def mechanism_curve_result(base: AttackResult, kind: str, parameter: float, rate: float, steps: int,
-                           claim: PrivacyClaim, delta: float, mechanism: str, variant: str,
-                           unmodelled: str = "") -> AttackResult | None:
+                           mechanism: str, variant: str) -> AttackResult | None:
     """``base``'s counts against the ``kind`` ("gaussian" or "laplace") mechanism with noise
     ``parameter`` at sensitivity 1, Poisson ``rate``, composed ``steps`` times, as a result named
-    ``variant`` held to that mechanism's exact ε at ``delta``; None where ``base`` has no counts or
-    the claim is not private. ``mechanism`` describes it for the reader; ``unmodelled``: why no power
-    is stated (:func:`audit.core.audit_power.power_caveat`)."""
-    counted = base.evidence.get(FIGURE)
-    if counted is None or not claim.is_private:
+    ``variant`` held to that mechanism's exact ε at the δ of ``base``'s counts, in place of
+    ``base``'s claim; None where ``base`` has no counts or no private claim. ``mechanism``
+    describes it for the reader. Where ``base``'s counts state no power
+    (:func:`audit.core.audit_power.power_caveat`), neither does this result."""
+    counted, claim = base.evidence.get(FIGURE), base.claim
+    if counted is None or claim is None or not claim.is_private:
         return None
+    delta = counted.delta
     exact = composed_epsilon(kind, parameter, rate, steps, delta)
-    tested = mechanism_one_run_audit(counted.canaries, counted.tried, kind, parameter, rate, steps, delta,
-                                     counted.alpha, counted.fractions)
-    if unmodelled:
-        tested = replace(tested, unmodelled_power=unmodelled)
+    tested = replace(mechanism_one_run_audit(counted.canaries, counted.tried, kind, parameter, rate, steps, delta,
+                                             counted.alpha, counted.fractions),
+                     unmodelled_power=counted.unmodelled_power)
     accounted = (f"the accounted mechanism's own curve: {mechanism}, Poisson rate {rate:g}, {steps} compositions "
                  f"(dp-accounting PLD), ε = {exact:.4g} at δ = {delta:.2g}")
     held = replace(claim, epsilon=exact, accountant=accounted, notes=f"{accounted}; {claim.notes}")

@@ -213,25 +213,24 @@ class RecordGradientCanaries(CanaryAudit):
         if unexercised is not None:
             score = np.zeros(truth.shape)
             notes += f"; no statistic: the canaries' path was not exercised ({unexercised}), and no other path is audited"
-        result = canary_result(self.label, self.unit, score, truth, delta, context.seed, notes, levels=levels)
-        if unexercised is not None:
-            without_measurement(result, notes)
         # the verdicts' power model is the optimal attack on a μ-GDP mechanism at 2ε: a DP-SGD step
         # subsampled at q and composed over many steps has a trade-off curve far from Gaussian (at a
         # claimed ε = 4, q = 0.05 and 100 steps, Gaussian noise halved has ε ≈ 15 at δ = 1e-5, yet
         # these canaries certify only ≈ 3.4), so no power is stated and no bound is called consistent
+        # — all but full batches of Gaussian noise, which are μ-GDP
         unmodelled = power_caveat(step.rate, type(step.mechanism).__name__.removesuffix("Noise"),
                                   f" and composed over {steps} steps")
-        if unmodelled:  # all but full batches of Gaussian noise, which are μ-GDP
-            result.evidence = {k: replace(v, unmodelled_power=unmodelled) for k, v in result.evidence.items()}
+        result = canary_result(self.label, self.unit, score, truth, delta, context.seed, notes, levels=levels,
+                               unmodelled_power=unmodelled)
+        if unexercised is not None:
+            without_measurement(result, notes)
         result.variant = "every-step"
         result.observation, result.adversary, result.claim = Observation.EVERY_STEP, Observer.RELEASED, observer_claim
         result.statistic = STATISTIC
-        curve = self._mechanism_curve(result, step, context.training.rounds, observer_claim, delta, unmodelled)
+        curve = self._mechanism_curve(result, step, context.training.rounds)
         return [result] if curve is None else [result, curve]
 
-    def _mechanism_curve(self, base: AttackResult, step: ClaimedStep, rounds: int, claim: PrivacyClaim, delta: float,
-                         unmodelled: str) -> AttackResult | None:
+    def _mechanism_curve(self, base: AttackResult, step: ClaimedStep, rounds: int) -> AttackResult | None:
         """The same counts against the accounted mechanism's own composed curve — its noise at
         sensitivity C, Poisson rate q, every step of every round (dp-accounting's PLD,
         :mod:`audit.core.mechanism_tradeoff`) — instead of the (ε, δ) curve: a result of its own,
@@ -245,5 +244,4 @@ class RecordGradientCanaries(CanaryAudit):
         if kind == "laplace" and step.clip_norm != "l1" and self.params.width > 1 and self.params.against != "paper_1d":
             return None  # a canary spread over b coordinates of an ℓ2 clip leaks √b times the 1-D Laplace per step
         return mechanism_curve_result(base, kind, step.mechanism.parameter, step.rate, step.steps_per_round * rounds,
-                                      claim, delta, f"{step.mechanism!r} at sensitivity C", "every-step-mechanism-curve",
-                                      unmodelled)
+                                      f"{step.mechanism!r} at sensitivity C", "every-step-mechanism-curve")

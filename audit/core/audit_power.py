@@ -309,7 +309,6 @@ def preregistered_fraction(canaries: int, epsilon: float, delta: float, method: 
     return max((c for c in candidates if c[0] >= best - 0.02), key=lambda c: (c[1], c[2]))[2]
 
 
-
 def power_caveat(rate: float = 1.0, noise: str = "Gaussian", composed: str = "") -> str:
     """Why no power is stated for coins whose mechanism is ``noise`` subsampled at ``rate``
     (``composed``: e.g. " and composed over 100 steps"); "" when the power model applies: Gaussian
