@@ -15,7 +15,7 @@ import numpy as np
 from audit.core.empirical_epsilon import OneRunAudit
 from audit.core.metrics import IntervalEstimate
 from audit.core.upload_conformance import UploadConformance
-from audit.core.vocabulary import Relation
+from audit.core.vocabulary import AttackKind, Relation
 from defenses.privacy.claims import PrivacyClaim
 
 
@@ -34,7 +34,7 @@ class AttackResult:
     #: images for the report: {"title", "png" (base64), "caption"} — e.g. reconstruction grids
     figures: list[dict[str, str]] = field(default_factory=list)
     #: "membership" (scores per unit, ROC metrics), "canary" or "run" (metrics of their own)
-    kind: str = "membership"
+    kind: str = AttackKind.MEMBERSHIP
     #: neighbouring relation of the design the scores come from (audit.tasks): one coin adds or
     #: removes a unit, or replaces one client of a pair by the other
     relation: str = Relation.ADD_REMOVE
@@ -60,4 +60,4 @@ def run_result(label: str, variant: str, unit: str, metrics, notes: str, figures
     """The result of a run attack (attribute, model and property inference, gradient inversion):
     metrics of its own, no per-unit scores."""
     return AttackResult(label, variant, unit, np.zeros((0, 0)), np.zeros((0, 0), dtype=bool), dict(metrics), ((), ()),
-                        notes, figures=list(figures or []), kind="run")
+                        notes, figures=list(figures or []), kind=AttackKind.RUN)

@@ -28,7 +28,7 @@ from attacks.membership_experiment import MembershipExperiment
 from attacks.membership_metrics import ONE_RUN_FIGURES, design_coins, gdp_note, membership_metrics
 from attacks.target_run import TargetRun
 from audit.core.registry import Registry
-from audit.core.vocabulary import EpsilonKind, Relation
+from audit.core.vocabulary import AttackKind, EpsilonKind, Relation
 
 
 @dataclass(frozen=True)
@@ -52,8 +52,8 @@ class Attack:
     Params: ClassVar[type]
     #: the fewest membership runs the attack can work with (each target needs references)
     min_runs: ClassVar[int] = 2
-    #: "membership" attacks score the membership runs; "canary" audits train runs of their own
-    kind: ClassVar[str] = "membership"
+    #: membership attacks score the membership runs; canary audits train runs of their own
+    kind: ClassVar[AttackKind] = AttackKind.MEMBERSHIP
 
     params: Any
     label: str
@@ -145,7 +145,7 @@ ATTACKS: Registry[type[Attack]] = Registry("attack", base=Attack)
 class RunAttack(Attack):
     """An attack on one trained run (:class:`TargetRun`); see the module docstring."""
 
-    kind = "run"
+    kind = AttackKind.RUN
     min_runs = 1
 
     def not_applicable(self, defense: Any, dataset: Any) -> str | None:

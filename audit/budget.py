@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from audit.core.errors import UserInputError
+from audit.core.vocabulary import AttackKind
 
 if TYPE_CHECKING:
     import torch
@@ -182,7 +183,7 @@ def estimate(plan: Plan, out: str | os.PathLike | None = None) -> CostEstimate:
     clients = config.partition.clients
     runs = config.membership.runs
     records = float(np.mean([sum(len(c) for c in run) for run in plan.clients])) if plan.clients else 0.0
-    others = _canary_trainings(plan, params) + sum(1 for a in plan.attacks if a.kind == "run")
+    others = _canary_trainings(plan, params) + sum(1 for a in plan.attacks if a.kind == AttackKind.RUN)
     examples = stored = held = 0.0
     for experiment in plan.experiments:
         total = experiment.training.rounds

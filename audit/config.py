@@ -70,7 +70,9 @@ class ModelConfig:
 @dataclass(frozen=True)
 class DefenseEntry:
     name: str = field(metadata={"help": "registry name or module:callable returning a Defense class"})
-    label: str | None = field(default=None, metadata={"help": "display name in the report", "max_chars": MAX_LABEL})
+    label: str | None = field(default=None, metadata={
+        "help": "display name in the report (default: the registered name; for a 'module:Class' reference, the class's own "
+                "`name` or its Python name)", "max_chars": MAX_LABEL})
     params: dict = field(default_factory=dict, metadata={"help": "the defense's hyper-parameters (see `dpfl-audit list`)"})
     epsilons: list[float] | None = field(default=None, metadata={"min": MIN_EPSILON, "max": MAX_EPSILON,
                                                                  "min_length": 1, "max_length": 100,

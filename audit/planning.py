@@ -21,9 +21,10 @@ from attacks.canaries.canary_audit import CanaryAudit, CanaryContext
 from audit.config import AuditConfig, merge
 from audit.core.devices import check_device
 from audit.core.errors import UserInputError
+from audit.core.extensions import is_reference
 from audit.core.safe_names import slug
 from audit.core.schema import from_mapping, to_mapping
-from audit.core.vocabulary import Relation, Unit
+from audit.core.vocabulary import AttackKind, Relation, Unit
 from audit.tasks import Membership, Task, build_task, client_membership, record_membership
 from defenses.base import DEFENSES, AccountingSettings, Defense, PrivacyClaim
 from defenses.blocks.flat import ParamLayout
@@ -90,7 +91,7 @@ class Plan:
 
     @property
     def membership_attacks(self) -> list[Attack]:
-        return [a for a in self.attacks if a.kind == "membership"]
+        return [a for a in self.attacks if a.kind == AttackKind.MEMBERSHIP]
 
     @property
     def canary_audits(self) -> list[CanaryAudit]:
@@ -143,7 +144,7 @@ def resolve_entries(config: AuditConfig) -> tuple[list[tuple], list[Attack]]:
     attack_list: list[Attack] = []
     for i, attack_entry in enumerate(config.attacks):
         attack_cls = ATTACKS.get(attack_entry.name, f"attacks[{i}].name")
-        if attack_cls.kind == "membership" and config.membership.runs < attack_cls.min_runs:
+        if attack_cls.kind == AttackKind.MEMBERSHIP and config.membership.runs < attack_cls.min_runs:
             raise UserInputError(f"membership.runs: attack '{attack_entry.name}' needs at least {attack_cls.min_runs} "
                                  f"runs, got {config.membership.runs}")
         attack = attack_cls(from_mapping(attack_cls.Params, attack_entry.params, f"attacks[{i}].params"), attack_entry.label)
@@ -178,7 +179,7 @@ def plan_audit(config: AuditConfig) -> Plan:
             if key in used_keys:
                 key = f"{key}-{i}"
             used_keys.add(key)
-            label = entry.label or entry.name
+            label = entry.label or _own_name(entry.name, cls)
             if target is not None:
                 label = f"{label} (ε={_format_epsilon(target)})"
             claim = defense.privacy_claim(training, num_clients, training.rounds, entry.delta, accounting)
@@ -192,6 +193,16 @@ def plan_audit(config: AuditConfig) -> Plan:
     membership = build(task.pool.labels.numpy(), design, config.partition, config.seed)
     return Plan(config, task, tuple(experiments), tuple(attack_list), membership, accounting, _record_spec(config, attack_list),
                 target_record=_record_spec(config, attack_list, target=True))
+
+
+def _own_name(name: str, cls: type) -> str:
+    """What a defense is called when its entry has no label: a registered name as written; a
+    ``module:Class`` or ``file.py:Class`` reference by the class's own ``name`` (declared on the
+    class itself, not inherited from the defense it extends) or else its Python name — not by the
+    path, which two classes of one file share."""
+    if not is_reference(name):
+        return name
+    return cls.__dict__.get("name") or cls.__name__
 
 
 def design_relation(relation: str, unit: str, experiments: list[PlannedExperiment]) -> DesignRelation:

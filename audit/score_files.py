@@ -54,7 +54,7 @@ from attacks.membership_metrics import ONE_RUN_FIGURES, gdp_note, membership_met
 from audit.core.atomic import file_sha256
 from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
-from audit.core.vocabulary import MEMBERSHIP_UNITS, EpsilonKind, Relation, Unit
+from audit.core.vocabulary import MEMBERSHIP_UNITS, AttackKind, EpsilonKind, Relation, Unit
 from audit.external import System, external_results, stated_claim, write_external
 from audit.score_tables import FORMATS, Table, read_table
 from reports.document import Results
@@ -69,7 +69,7 @@ else:  # imported with the first statistic (audit.core.lazy_modules)
 MEMBERSHIP_COLUMNS = ("run", "unit", "score", "member")
 CANARY_COLUMNS = ("canary", "score", "inserted")
 #: optional columns: the unit kind of either file, the run of a canary file
-OPTIONAL_COLUMNS = {"membership": ("unit_kind",), "canary": ("run", "unit_kind")}
+OPTIONAL_COLUMNS = {AttackKind.MEMBERSHIP: ("unit_kind",), AttackKind.CANARY: ("run", "unit_kind")}
 #: what ``unit_kind`` (and ``--unit``) may say
 UNIT_KINDS = tuple(unit.value for unit in MEMBERSHIP_UNITS)
 #: a 0/1 cell written as text: 0, 1 (also 0.0, 1.00), true, false in any case (the schema's pattern)
@@ -80,9 +80,9 @@ SCORE_TEXT = re.compile(r"\s*[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?\s*", re.A
 #: below this two-sided binomial p-value, the coins are not fair enough for a one-run bound
 FAIR_COIN_P = 1e-3
 #: the attack names under which a file's scores are reported
-ATTACK_NAMES = {"membership": "membership-scores", "canary": "canary-scores"}
+ATTACK_NAMES = {AttackKind.MEMBERSHIP: "membership-scores", AttackKind.CANARY: "canary-scores"}
 
-Kind = Literal["membership", "canary"]
+Kind = Literal[AttackKind.MEMBERSHIP, AttackKind.CANARY]
 
 
 @dataclass(frozen=True)
@@ -115,10 +115,10 @@ def _kind(table: Table) -> Kind:
     if membership and canary:
         raise table.error(f"columns of both kinds (member and inserted): {expected}")
     if membership or canary:
-        return "membership" if membership else "canary"
+        return AttackKind.MEMBERSHIP if membership else AttackKind.CANARY
     # the kind the file seems meant to be: the one whose distinctive columns it has
-    meant = "canary" if names & {"canary", "inserted"} and not names & {"unit", "member"} else "membership"
-    wanted = CANARY_COLUMNS if meant == "canary" else MEMBERSHIP_COLUMNS
+    meant = AttackKind.CANARY if names & {"canary", "inserted"} and not names & {"unit", "member"} else AttackKind.MEMBERSHIP
+    wanted = CANARY_COLUMNS if meant == AttackKind.CANARY else MEMBERSHIP_COLUMNS
     missing = next(c for c in wanted if c not in names)
     found = ", ".join(repr(n) for n in table.columns) or "none"
     raise table.error(f"missing column '{missing}' (columns found: {found}); {expected}")
@@ -272,18 +272,18 @@ def read_scores(path: str | os.PathLike) -> ScoreFile:
     kind = _kind(table)
     if table.rows == 0:
         raise table.error("no rows of scores (only a header)")
-    id_column = "unit" if kind == "membership" else "canary"
-    truth_column = "member" if kind == "membership" else "inserted"
+    id_column = "unit" if kind == AttackKind.MEMBERSHIP else "canary"
+    truth_column = "member" if kind == AttackKind.MEMBERSHIP else "inserted"
     units = _ids(table, id_column)
     runs = _ids(table, "run") if "run" in table.columns else np.full(table.rows, "0", dtype=object)
     scores, truth, unit_kind = _scores(table), _truth(table, truth_column), _unit_kind(table)
     run_names, unit_names, where = _grid(table, runs, units, id_column)
-    if kind == "membership" and len(unit_names) < 2:
+    if kind == AttackKind.MEMBERSHIP and len(unit_names) < 2:
         raise table.error(f"only one unit ('{unit_names[0]}'); the ROC compares members and non-members of different units")
     if truth.all() or not truth.any():
         raise table.error(f"column '{truth_column}': every row is {int(truth[0])}; "
                           f"the statistics need both {truth_column} = 1 and {truth_column} = 0")
-    read = {*(MEMBERSHIP_COLUMNS if kind == "membership" else CANARY_COLUMNS), *OPTIONAL_COLUMNS[kind]}
+    read = {*(MEMBERSHIP_COLUMNS if kind == AttackKind.MEMBERSHIP else CANARY_COLUMNS), *OPTIONAL_COLUMNS[kind]}
     return ScoreFile(path=path, format=FORMATS[path.suffix.lower()], kind=kind, runs=run_names, units=unit_names,
                      scores=scores[where], truth=truth[where], unit_kind=unit_kind,
                      ignored=tuple(c for c in table.columns if c not in read), sha256=file_sha256(path))
@@ -328,7 +328,7 @@ def score_result(data: ScoreFile, unit: str, delta: float, seed: int = 0) -> Att
     source = f"scores of {data.path.name} (sha256 {data.sha256[:12]})"
     if data.ignored:
         source += f"; columns not read: {', '.join(data.ignored)}"
-    if data.kind == "canary":
+    if data.kind == AttackKind.CANARY:
         return _canary_result(data, unit, delta, seed, source)
     first, coins_truth = data.runs[0], data.truth[0]
     p = fair_coin_p_value(coins_truth)
@@ -341,15 +341,15 @@ def score_result(data: ScoreFile, unit: str, delta: float, seed: int = 0) -> Att
                 f"(its scores must not use its own membership; other runs' coins are not independent of its "
                 f"guesses){gdp_note(evidence)}")
     design = f"{len(data.runs)} run(s) × {len(data.units)} {unit}s"
-    return AttackResult(ATTACK_NAMES["membership"], "", unit, data.scores, data.truth, metrics, roc,
+    return AttackResult(ATTACK_NAMES[AttackKind.MEMBERSHIP], "", unit, data.scores, data.truth, metrics, roc,
                         f"{source}; {design}; {note}", dict.fromkeys(ONE_RUN_FIGURES, EpsilonKind.LOWER_BOUND),
-                        kind="membership", relation=Relation.ADD_REMOVE, evidence=evidence)
+                        kind=AttackKind.MEMBERSHIP, relation=Relation.ADD_REMOVE, evidence=evidence)
 
 
 def _canary_result(data: ScoreFile, unit: str, delta: float, seed: int, source: str) -> AttackResult:
     inserted = data.truth.ravel()
     described = f"{inserted.size} canaries over {len(data.runs)} run(s), {int(inserted.sum())} inserted"
-    result = canary_result(ATTACK_NAMES["canary"], unit, data.scores, data.truth, delta, seed, f"{source}; {described}")
+    result = canary_result(ATTACK_NAMES[AttackKind.CANARY], unit, data.scores, data.truth, delta, seed, f"{source}; {described}")
     p = fair_coin_p_value(inserted)
     if p >= FAIR_COIN_P:
         return result
@@ -372,14 +372,14 @@ def score_file_results(path: str | os.PathLike, claim_epsilon: float | None = No
     # the ε figures at the δ the claim allows for this unit (group privacy may enlarge it)
     at_delta = measurement_delta(claim, unit, default=delta)
     result = score_result(data, unit, at_delta, seed)
-    count = f"{len(data.runs)} run(s) × {len(data.units)} {unit}s" if data.kind == "membership" else \
+    count = f"{len(data.runs)} run(s) × {len(data.units)} {unit}s" if data.kind == AttackKind.MEMBERSHIP else \
         f"{data.truth.size} canaries over {len(data.runs)} run(s)"
     system = System(name=name or data.path.stem, description=f"{data.kind} scores read from {data.path.name} ({count}), "
                                                              "computed by another tool",
                     source=str(data.path), pool_size=len(data.units), runs=len(data.runs), unit=unit, seed=seed,
                     server_view="not known (scores supplied)")
     config = {"command": "scores", "file": str(data.path), "format": data.format, "sha256": data.sha256,
-              "kind": data.kind, "claim_epsilon": claim_epsilon, "delta": delta, "unit": unit,
+              "kind": str(data.kind), "claim_epsilon": claim_epsilon, "delta": delta, "unit": unit,
               "relation": relation, "seed": seed, "measurement_delta": at_delta}
     return external_results(system, claim, [result], config), data
 

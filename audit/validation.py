@@ -43,7 +43,7 @@ from audit.core.audit_power import tight_scores
 from audit.core.empirical_epsilon import gaussian_fit_epsilon
 from audit.core.fdp_one_run import gdp_epsilon
 from audit.core.lazy_modules import lazy_module
-from audit.core.vocabulary import EpsilonKind, Relation, Unit, VerdictStatus
+from audit.core.vocabulary import AttackKind, EpsilonKind, Relation, Unit, VerdictStatus
 from audit.logs import progress_bar
 from audit.pipeline import train
 from audit.planning import plan_audit
@@ -166,7 +166,7 @@ def pipeline_replicates(template: str, replicates: int, start_seed: int = 0, pro
             experiment = results.experiments[0]
             scores_of = {result.name: result.scores for result in attacked.results[experiment.key]}
             for record in experiment.attacks:
-                if record.kind != "membership":
+                if record.kind != AttackKind.MEMBERSHIP:
                     continue
                 scores = scores_of[record.attack]
                 figures.setdefault(f"{record.attack} auc", Replicates()).add(record.metrics["auc"])

@@ -71,7 +71,7 @@ def vote_histogram(predictions: torch.Tensor, num_classes: int) -> torch.Tensor:
                                                                                device=predictions.device))
 
 
-@DEFENSES.register("ae-dpfl")
+@DEFENSES.register
 class AEDPFL(Defense):
     name = "ae-dpfl"
     summary = "Private voting: agents' noisy one-hot votes, summed under secure aggregation, label server data"

@@ -124,7 +124,7 @@ class _LUSMixin:
         return updates * kept, kept  # noise still goes on every coordinate (noise_on_kept_only = False)
 
 
-@DEFENSES.register("dp-fedavg-blur")
+@DEFENSES.register
 class DPFedAvgBLUR(_BLURMixin, DPFedAvg):
     name = "dp-fedavg-blur"
     summary = "DP-FedAvg with BLUR: hinge penalty keeping local models within the clip radius"
@@ -140,7 +140,7 @@ class DPFedAvgLUS(_LUSMixin, DPFedAvg):
     Params = LUSParams
 
 
-@DEFENSES.register("dp-fedavg-blur-lus")
+@DEFENSES.register
 class DPFedAvgBLURLUS(_BLURMixin, _LUSMixin, DPFedAvg):
     name = "dp-fedavg-blur-lus"
     summary = "DP-FedAvg with BLUR and LUS (the paper's method, Alg. 2)"

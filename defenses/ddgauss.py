@@ -150,7 +150,7 @@ def heuristic_gamma(clip: float, local_std: float, bits: int, clients: int, dim:
     return 1.0 / scale
 
 
-@DEFENSES.register("ddgauss")
+@DEFENSES.register
 class DDGauss(Defense):
     name = "ddgauss"
     summary = "Distributed discrete Gaussian with secure aggregation: rotate, scale, round, integer noise, modular sum"

@@ -94,7 +94,7 @@ class FedSAMParams:
     sam_variant: Literal["sam", "asam"] = field(default="sam", metadata={"help": "sam (paper) or asam (public code)"})
 
 
-@DEFENSES.register("fedsam")
+@DEFENSES.register
 class FedSAM(Defense):
     """FedAvg with SAM local steps, no privacy (our addition: the non-private ceiling)."""
 
@@ -116,7 +116,7 @@ class DPFedSAMParams(DPFedAvgParams):
     sam_variant: Literal["sam", "asam"] = field(default="sam", metadata={"help": "sam (paper) or asam (public code)"})
 
 
-@DEFENSES.register("dp-fedsam")
+@DEFENSES.register
 class DPFedSAM(DPFedAvg):
     name = "dp-fedsam"
     summary = "DP-FedAvg with sharpness-aware (SAM/ASAM) local steps"
@@ -139,7 +139,7 @@ class DPFedSAMTopKParams(DPFedSAMParams):
                                            "noisy one (post-processing, accounted with σ/√m)"})
 
 
-@DEFENSES.register("dp-fedsam-topk")
+@DEFENSES.register
 class DPFedSAMTopK(DPFedSAM):
     name = "dp-fedsam-topk"
     summary = "DP-FedSAM whose noisy uploads keep only each tensor's top-⌈p·d⌉ coordinates"

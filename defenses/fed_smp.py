@@ -55,7 +55,7 @@ class _FedSMP(DPFedAvg):
         return NoiseSupport.kept() if self.params.noise_support == "kept" else NoiseSupport()
 
 
-@DEFENSES.register("fed-smp-randk")
+@DEFENSES.register
 class FedSMPRandK(_FedSMP):
     name = "fed-smp-randk"
     summary = "Fed-SMP: random-k sparsified update, clipped, Gaussian noise (dense, or on the kept coordinates)"

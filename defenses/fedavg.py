@@ -59,7 +59,7 @@ else:  # imported when first used (audit.core.lazy_modules)
     torch = lazy_module("torch")
 
 
-@DEFENSES.register("fedavg")
+@DEFENSES.register
 class FedAvg(Defense):
     """Non-private federated averaging: the leakage baseline every defense is compared with."""
 
@@ -111,7 +111,7 @@ class DPFedAvgParams:
         metadata={"help": "flat: one ℓ2 clip over all parameters; per_tensor: each tensor to S (sensitivity S√L, accounted)"})
 
 
-@DEFENSES.register("dp-fedavg")
+@DEFENSES.register
 class DPFedAvg(Defense):
     """DP-FedAvg with ℓ2 clipping and Gaussian noise, client-level (ε, δ)-DP."""
 

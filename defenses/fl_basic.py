@@ -65,7 +65,7 @@ class _Basic(SubsetFL):
         return float(np.median(norms))
 
 
-@DEFENSES.register("fl-basic")
+@DEFENSES.register
 class FLBasic(_Basic):
     name = "fl-basic"
     summary = "Clients train and upload a fresh random K-subset each round; the full model goes down (non-private)"

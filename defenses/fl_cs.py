@@ -109,7 +109,7 @@ class CompressedAuditHooks(SubsetAuditHooks):
                 "per coordinate summed: a Dirac canary cannot be read alone (the dense client-canaries audit applies)")
 
 
-@DEFENSES.register("fl-cs")
+@DEFENSES.register
 class FLCS(_CS):
     name = "fl-cs"
     summary = "Compressive sensing of updates (partial DCT up, ℓ1 reconstruction at the server; non-private)"

@@ -31,7 +31,7 @@ class _Std(SubsetFL):
     downstream_full = True  # every coordinate trains; S from the public round with all of them (the frame's default)
 
 
-@DEFENSES.register("fl-std")
+@DEFENSES.register
 class FLStd(_Std):
     name = "fl-std"
     summary = "Standard FedAvg with uniform averaging, the full model each way (the paper's reference)"

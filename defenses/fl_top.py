@@ -83,7 +83,7 @@ class _TopK(SubsetFL):
         return 1 if getattr(self.params, "topk_selection", "public") == "private" else 0
 
 
-@DEFENSES.register("fl-top")
+@DEFENSES.register
 class FLTop(_TopK):
     name = "fl-top"
     summary = "Clients train and exchange only a Top-K set of coordinates chosen on public data (non-private)"

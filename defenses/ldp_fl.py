@@ -76,7 +76,7 @@ class LDPFLParams:
                                                          "help": "δ for reporting the shuffling-amplification bound"})
 
 
-@DEFENSES.register("ldp-fl")
+@DEFENSES.register
 class LDPFL(Defense):
     name = "ldp-fl"
     summary = "Per-weight ε-LDP (two-point, Laplace or Duchi) on clipped local models, split and shuffled"

@@ -101,7 +101,7 @@ def downlink_std(clip: float, epsilon: float, delta: float, exposures: float, sm
     return 2 * c * clip * math.sqrt(rounds ** 2 - exposures ** 2 * clients) / (smallest * clients * epsilon)
 
 
-@DEFENSES.register("nbafl")
+@DEFENSES.register
 class NbAFL(Defense):
     name = "nbafl"
     summary = "Noising before aggregation: clipped local models plus Gaussian noise, server noise when needed"

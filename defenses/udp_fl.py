@@ -79,7 +79,7 @@ class UDPFLParams:
     penalty: float = field(default=0.01, metadata={"min": 0.0, "help": "scale of the heterogeneous-ε penalty"})
 
 
-@DEFENSES.register("udp-fl")
+@DEFENSES.register
 class UDPFL(Defense):
     name = "udp-fl"
     summary = "DP-SGD clients with Gaussian, Laplace or Staircase noise harmonized by RDP; FedAvg server"

@@ -10,7 +10,7 @@ from typing import Any
 import matplotlib.lines
 import matplotlib.ticker
 
-from audit.core.vocabulary import VerdictKind, VerdictStatus
+from audit.core.vocabulary import AttackKind, VerdictKind, VerdictStatus
 from reports.document import Estimate, Experiment
 from reports.plots import (
     MARKERS,
@@ -40,7 +40,7 @@ def leakage_vs_epsilon(experiments: list[Experiment], metric: str = "auc") -> An
     baselines: dict[tuple[str, str], Estimate] = {}
     for experiment in experiments:
         for attack in experiment.attacks:
-            if attack.kind != "membership" or metric not in attack.metrics:
+            if attack.kind != AttackKind.MEMBERSHIP or metric not in attack.metrics:
                 continue
             estimate = attack.metrics[metric]
             if not _probability(estimate.value):

@@ -33,7 +33,7 @@ from audit.core.atomic import update_text
 from audit.core.audit_power import POWER_TARGET
 from audit.core.lazy_modules import lazy_module
 from audit.core.visible_text import terminal_text
-from audit.core.vocabulary import EpsilonKind, VerdictStatus
+from audit.core.vocabulary import AttackKind, EpsilonKind, VerdictStatus
 from reports.document import AttackRecord, Experiment, Power, Results, Verdict
 from reports.verdict_text import (
     EPSILON_NAMES,
@@ -109,7 +109,7 @@ def missing_reason(attack: AttackRecord, metric: str) -> tuple[str, str] | None:
     if estimate is not None and finite_number(estimate.value):
         return None
     if estimate is None:
-        if metric == "accuracy" and attack.kind == "canary":
+        if metric == "accuracy" and attack.kind == AttackKind.CANARY:
             return ("a canary audit reports no accuracy at a fitted threshold: its measures are the ROC figures and "
                     "its ε figures", "")
         return f"{attack.attack} does not report this metric", ""
@@ -136,7 +136,7 @@ def metric_cells(experiment: Experiment, columns: tuple[str, ...] = ("auc", *TPR
     notes: list[str] = []
     rows = []
     for attack in experiment.attacks:
-        if attack.kind == "run":
+        if attack.kind == AttackKind.RUN:
             continue
         row = {}
         for metric in columns:

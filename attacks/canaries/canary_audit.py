@@ -36,7 +36,7 @@ from audit.core.empirical_epsilon import gaussian_fit_epsilon, rescaled
 from audit.core.lazy_modules import lazy_module
 from audit.core.metrics import IntervalEstimate
 from audit.core.seeding import numpy_rng
-from audit.core.vocabulary import EpsilonKind, Unit
+from audit.core.vocabulary import AttackKind, EpsilonKind, Unit
 
 if TYPE_CHECKING:
     import torch
@@ -110,7 +110,7 @@ def path_anomaly(runs: list[CanaryRun], key: str) -> str | None:
 
 
 class CanaryAudit(Attack):
-    kind = "canary"
+    kind = AttackKind.CANARY
     unit: ClassVar[str] = Unit.RECORD  # what one canary stands for
     #: under a replace-one claim, a held-out canary client takes part with its update mirrored
     #: (−u for +u): the two are a replace-one pair at the claim's full sensitivity 2S
@@ -255,4 +255,4 @@ def canary_result(attack: str, unit: str, statistics: np.ndarray, inserted: np.n
     if unmodelled_power:
         evidence = {k: replace(v, unmodelled_power=unmodelled_power) for k, v in evidence.items()}
     return AttackResult(attack, "", unit, statistics, truth, metrics, roc, notes,
-                        {k: v for k, v in kinds.items() if k in metrics}, kind="canary", evidence=evidence)
+                        {k: v for k, v in kinds.items() if k in metrics}, kind=AttackKind.CANARY, evidence=evidence)

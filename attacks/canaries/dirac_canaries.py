@@ -165,7 +165,7 @@ def real_drift(run: CanaryRun) -> np.ndarray:
     return view["dirac/drift"].to(torch.float64).numpy()
 
 
-@ATTACKS.register("dirac-canaries")
+@ATTACKS.register
 class DiracCanaries(CanaryAudit):
     name = "dirac-canaries"
     summary = ("Dirac canary clients at scale (one per coordinate, 10⁵ coins), read by the released models, every "

@@ -59,7 +59,7 @@ class RecordCanaryParams:
     runs: int = field(default=1, metadata={"min": 1, "help": "audit runs (their canaries are pooled)"})
 
 
-@ATTACKS.register("record-canaries")
+@ATTACKS.register
 class RecordCanaries(CanaryAudit):
     name = "record-canaries"
     summary = "mislabelled or out-of-distribution canary records in one run; Steinke et al.'s one-run audit"

@@ -116,7 +116,7 @@ def judged_claim(claim: PrivacyClaim, against: str) -> PrivacyClaim:
                    notes=f"alternative figure '{against}'; {observer.notes}")
 
 
-@ATTACKS.register("record-gradient-canaries")
+@ATTACKS.register
 class RecordGradientCanaries(CanaryAudit):
     name = "record-gradient-canaries"
     summary = ("record-level gradient canaries inside each client's local DP-SGD (10⁵ coins), clipped and noised by its own "

@@ -168,7 +168,7 @@ def cosines(directions: torch.Tensor, changes: torch.Tensor) -> np.ndarray:
     return (units @ changes.T / norms).numpy()
 
 
-@ATTACKS.register("client-canaries")
+@ATTACKS.register
 class ClientCanaries(UpdateCanaryAudit):
     name = "client-canaries"
     summary = "canary clients with random update directions; cosine with the final model change and with every round's"
@@ -186,7 +186,7 @@ class ClientCanaries(UpdateCanaryAudit):
         return raw.to(torch.float32)
 
 
-@ATTACKS.register("gradient-canaries")
+@ATTACKS.register
 class GradientCanaries(UpdateCanaryAudit):
     name = "gradient-canaries"
     summary = ("white-box Dirac canaries: a canary client's update is ±S on one coordinate (one per tensor under "

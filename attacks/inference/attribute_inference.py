@@ -270,7 +270,7 @@ class AttributeParams:
     max_targets: int = field(default=1000, metadata={"min": 10, "help": "training records attacked (a random subset)"})
 
 
-@ATTACKS.register("attribute-inference")
+@ATTACKS.register
 class AttributeInference(RunAttack):
     name = "attribute-inference"
     summary = "infer a sensitive attribute of training records; black-box, white-box, beside a no-model baseline"

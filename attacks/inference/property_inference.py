@@ -276,7 +276,7 @@ class PropertyParams:
     shadow_updates: int = field(default=200, metadata={"min": 4, "help": "attacker's shadow uploads from auxiliary data"})
 
 
-@ATTACKS.register("property-inference")
+@ATTACKS.register
 class PropertyInference(RunAttack):
     name = "property-inference"
     summary = "does an upload's batch hold a given class? a classifier on shadow uploads (Melis et al.)"

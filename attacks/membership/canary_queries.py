@@ -78,7 +78,7 @@ def attacked_records(experiment: MembershipExperiment, unit: str, limit: int) ->
     return np.sort(np.concatenate(chosen))
 
 
-@ATTACKS.register("canary-queries")
+@ATTACKS.register
 class CanaryQueries(MembershipAttack):
     name = "canary-queries"
     summary = "LiRA on adversarially optimised query sets per record (Canary in a Coalmine)"

@@ -77,7 +77,7 @@ def _gaussians(count: np.ndarray, total: np.ndarray, squares: np.ndarray,
     return mean, variance, usable
 
 
-@ATTACKS.register("lira")
+@ATTACKS.register
 class LiRA(MembershipAttack):
     name = "lira"
     summary = "Likelihood Ratio Attack, online and offline, leave-one-out over the membership runs"

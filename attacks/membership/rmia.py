@@ -118,7 +118,7 @@ def _fraction_dominated(log_ratio: np.ndarray, population: np.ndarray, log_gamma
     return np.where(size > 0, (count - own_hits) / np.maximum(size, 1), 0.5)
 
 
-@ATTACKS.register("rmia")
+@ATTACKS.register
 class RMIA(MembershipAttack):
     name = "rmia"
     summary = "Robust Membership Inference Attack: pairwise likelihood ratios against population records, online and offline"

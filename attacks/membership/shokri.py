@@ -57,7 +57,7 @@ def sorted_features(logits: np.ndarray, log_features: bool) -> np.ndarray:
     return np.concatenate([np.exp(log_sorted), log_sorted], -1) if log_features else np.exp(log_sorted)
 
 
-@ATTACKS.register("shokri")
+@ATTACKS.register
 class Shokri(MembershipAttack):
     name = "shokri"
     summary = "shadow-model attack: one classifier per class on the sorted output vector"

@@ -61,7 +61,7 @@ class ThresholdAttack(MembershipAttack):
         return [self.result("", experiment, scores, notes, independent=(np.arange(experiment.runs), scores))]
 
 
-@ATTACKS.register("loss-threshold")
+@ATTACKS.register
 class LossThreshold(ThresholdAttack):
     name = "loss-threshold"
     summary = "Yeom et al.'s loss threshold: members have lower loss"
@@ -83,7 +83,7 @@ class ConfidenceThreshold(ThresholdAttack):
         return signals.confidence(logits, labels)
 
 
-@ATTACKS.register("entropy-threshold")
+@ATTACKS.register
 class EntropyThreshold(ThresholdAttack):
     name = "entropy-threshold"
     summary = "prediction entropy (or Song & Mittal's modified entropy), thresholded"

@@ -38,7 +38,7 @@ from audit.core.errors import UserInputError
 from audit.core.lazy_modules import lazy_module
 from audit.core.metrics import mean_estimate
 from audit.core.seeding import derive_seed, numpy_rng
-from audit.core.vocabulary import Unit
+from audit.core.vocabulary import AttackKind, Unit
 
 if TYPE_CHECKING:
     import torch
@@ -62,7 +62,7 @@ class ReconstructionParams:
     max_images: int = field(default=32, metadata={"min": 1, "help": "skip when a secure sum hides more records than this"})
 
 
-@ATTACKS.register("gradient-inversion")
+@ATTACKS.register
 class GradientInversion(RunAttack):
     name = "gradient-inversion"
     summary = "reconstruct a client's records from its upload (DLG, iDLG, Inverting Gradients) at the run's model"
@@ -100,13 +100,13 @@ class GradientInversion(RunAttack):
             notes = (f"not attempted: the server sees a secure sum of {threat.clients} uploads "
                      f"({threat.examples} records > max_images {self.params.max_images})")
             return [AttackResult(self.label, "", Unit.CLIENT, np.zeros((0, 0)), np.zeros((0, 0), dtype=bool), {}, ((), ()),
-                                 notes, kind="run")]
+                                 notes, kind=AttackKind.RUN)]
         eligible = [c for c in range(len(run.clients)) if len(run.clients[c]) >= self.params.batch_size]
         if len(eligible) < threat.clients:  # e.g. a zero-out membership run whose coins emptied the clients
             notes = (f"not attempted: {len(eligible)} of the target run's {len(run.clients)} clients hold "
                      f"{self.params.batch_size} records, and an upload of this threat model needs {threat.clients}")
             return [AttackResult(self.label, "", Unit.CLIENT, np.zeros((0, 0)), np.zeros((0, 0), dtype=bool), {}, ((), ()),
-                                 notes, kind="run")]
+                                 notes, kind=AttackKind.RUN)]
         params = run.global_before(self.params.round)
         if params is None:
             raise RuntimeError(f"gradient-inversion: the global model before round {self.params.round} was not stored")
@@ -141,4 +141,4 @@ class GradientInversion(RunAttack):
                   "png": png_base64(grid),
                   "caption": f"Private records (top) and their reconstructions (bottom); {threat.describe()}."}
         return [AttackResult(self.label, "", Unit.RECORD, np.zeros((0, 0)), np.zeros((0, 0), dtype=bool), metrics, ((), ()),
-                             notes, figures=[figure], kind="run")]
+                             notes, figures=[figure], kind=AttackKind.RUN)]

@@ -273,7 +273,7 @@ class ModelInversionParams:
     epochs: int = field(default=300, metadata={"min": 1, "help": "training epochs of the inversion network (early stopping)"})
 
 
-@ATTACKS.register("model-inversion")
+@ATTACKS.register
 class ModelInversion(RunAttack):
     name = "model-inversion"
     summary = "an inversion network maps the model's outputs back to its training inputs (MSE/MAE vs a class-mean baseline)"

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from audit.commands import EXIT_FAILURE, EXIT_OK
 from audit.core.errors import UserInputError
-from audit.core.vocabulary import Observer
+from audit.core.vocabulary import AttackKind, Observer
 
 if TYPE_CHECKING:  # types only: this module loads no torch (see audit.commands)
     from defenses.privacy.claims import PrivacyClaim
@@ -64,7 +64,7 @@ def _print_summary(results: Results) -> None:
     print(f"{'configuration':<28} {'accuracy':>9} {'claimed ε':>10} {'server ε':>9} {'unit':>7}  leakage")
     for experiment in results.experiments:
         accuracy, claim = experiment.utility.test_accuracy.value, experiment.claim
-        leak = ", ".join(_leakage(a) for a in experiment.attacks if a.kind != "run")
+        leak = ", ".join(_leakage(a) for a in experiment.attacks if a.kind != AttackKind.RUN)
         shown = "diverged" if experiment.diverged is not None else "n/a" if accuracy is None else f"{100 * accuracy:.1f}%"
         print(f"{experiment.label[:28]:<28} {shown:>9} {(f'{claim.epsilon:.3g}' if claim.is_private else '∞'):>10} "
               f"{_server_epsilon(claim):>9} {claim.unit:>7}  {leak}; soundness: {experiment.soundness}")

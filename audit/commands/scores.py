@@ -18,7 +18,7 @@ from typing import Any
 
 from audit.commands import EXIT_OK
 from audit.core.errors import UserInputError
-from audit.core.vocabulary import VerdictStatus
+from audit.core.vocabulary import AttackKind, VerdictStatus
 
 #: ``--delta`` when none is given: the δ of the claim, and of the ε figures without one
 DEFAULT_DELTA = 1e-5
@@ -60,7 +60,7 @@ def _summary(data: Any, results: Any, paths: dict[str, str]) -> str:
     experiment = results.experiments[0]
     attack = experiment.attacks[0]
     metrics = attack.metrics
-    if data.kind == "membership":
+    if data.kind == AttackKind.MEMBERSHIP:
         head = f"{data.path}: membership scores, {len(data.runs)} run(s) × {len(data.units)} {attack.unit}s"
     else:
         head = (f"{data.path}: canary scores, {data.truth.size} canaries over {len(data.runs)} run(s), "
@@ -70,7 +70,7 @@ def _summary(data: Any, results: Any, paths: dict[str, str]) -> str:
              "(two-way bootstrap over runs and units, 95 %)"]
     steinke, fdp = metrics.get("epsilon_one_run"), metrics.get("epsilon_one_run_fdp")
     if steinke is not None and fdp is not None:
-        coins = f"{len(data.units)} coins of run '{data.runs[0]}'" if data.kind == "membership" else \
+        coins = f"{len(data.units)} coins of run '{data.runs[0]}'" if data.kind == AttackKind.MEMBERSHIP else \
             f"{data.truth.size} canaries"
         lines.append(f"  ε lower bound (95 %, {coins}): Steinke et al. {steinke.value:.3g}, f-DP {fdp.value:.3g}")
     else:
@@ -78,7 +78,7 @@ def _summary(data: Any, results: Any, paths: dict[str, str]) -> str:
     fit = metrics.get("epsilon_gaussian_fit")
     if fit is not None:
         lines.append(f"  Gaussian-fit ε estimate {_interval(fit)} (an estimate, not a bound)")
-    elif data.kind == "canary" and "no Gaussian-fit estimate" in attack.notes:
+    elif data.kind == AttackKind.CANARY and "no Gaussian-fit estimate" in attack.notes:
         lines.append("  no Gaussian-fit estimate at δ = 0: a Gaussian pair has no finite ε there")
     claim = experiment.claim
     if claim.is_private:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, overload
 
 from audit.core.errors import UserInputError
 from audit.core.extensions import is_reference, resolve
@@ -21,17 +21,32 @@ class Registry(Generic[T]):
         self.base = base
         self._entries: dict[str, T] = {}
 
-    def register(self, name: str) -> Callable[[T], T]:
-        def decorator(entry: T) -> T:
-            if name in self._entries:
-                raise ValueError(f"{self.kind} '{name}' registered twice")
-            self._entries[name] = entry
-            return entry
+    @overload
+    def register(self, name: str) -> Callable[[T], T]: ...
 
-        return decorator
+    @overload
+    def register(self, name: T) -> T: ...
+
+    def register(self, name):
+        """``@REGISTRY.register("name")`` on a factory, or bare ``@REGISTRY.register`` on a class
+        that says its own ``name`` (an attack, a defense): the class is then named once, by its
+        ``name``, and the registry cannot disagree with the label it prints."""
+        if isinstance(name, str):
+            return lambda entry: self._put(name, entry)
+        return self._put(_own_name(name, self.kind), name)
+
+    def _put(self, name: str, entry: T) -> T:
+        if name in self._entries:
+            raise ValueError(f"{self.kind} '{name}' registered twice")
+        own = getattr(entry, "name", None) if isinstance(entry, type) else None
+        if isinstance(own, str) and own and own != name:
+            what = getattr(entry, "__qualname__", "")
+            raise ValueError(f"{self.kind} class {what} says name = '{own}' but is registered as '{name}'")
+        self._entries[name] = entry
+        return entry
 
     def add(self, name: str, entry: T) -> None:
-        self.register(name)(entry)
+        self._put(name, entry)
 
     def names(self) -> list[str]:
         return sorted(self._entries)
@@ -56,3 +71,11 @@ class Registry(Generic[T]):
             f"{field}: unknown {self.kind} '{name}'; allowed: {', '.join(self.names())} "
             f"(or 'module:callable')"
         )
+
+
+def _own_name(entry, kind: str) -> str:
+    name = getattr(entry, "name", None)
+    if not isinstance(name, str) or not name:
+        what = getattr(entry, "__qualname__", entry)
+        raise ValueError(f"{kind} {what!r}: a bare @register needs a class with a non-empty `name`")
+    return name

@@ -14,6 +14,7 @@ mismatch.
 * :class:`Observer` — who sees what the guarantee protects: the released models, the server,
   one upload alone.
 * :class:`Observation` — what an audit's test statistic reads.
+* :class:`AttackKind` — what an attack reads and how its result is scored.
 * :class:`VerdictStatus` — what a verdict says of one ε figure against the claim, most serious
   first (:mod:`reports.soundness`).
 """
@@ -80,6 +81,14 @@ class Observation(StrEnum):
     EACH_UPLOAD = "each upload"
     AGGREGATE = "aggregate, participation known"
     EVERY_STEP = "every local step"  # white box: each local DP-SGD step's noisy gradient, participation hidden
+
+
+class AttackKind(StrEnum):
+    """What an attack reads and how its result is scored."""
+
+    MEMBERSHIP = "membership"  # scores per unit of the membership runs; ROC metrics and ε bounds
+    CANARY = "canary"  # canaries planted in runs of its own; one-run ε bounds over the coins
+    RUN = "run"  # one trained run (inversion, attribute inference); metrics of its own
 
 
 class VerdictStatus(StrEnum):

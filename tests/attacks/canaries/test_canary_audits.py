@@ -168,7 +168,7 @@ class _OverclaimingParams(DPFedAvgParams):
     claimed_noise_multiplier: float = 20.0
 
 
-@DEFENSES.register("test-overclaiming-dp-fedavg")
+@DEFENSES.register
 class _OverclaimingDPFedAvg(DPFedAvg):
     """DP-FedAvg whose claim is computed for far more noise than it adds: an unsound claim."""
 
