@@ -204,7 +204,7 @@ def preregistered_levels(claim: PrivacyClaim | None, coins: int) -> dict[str, tu
 
 def without_measurement(result: AttackResult, notes: str) -> AttackResult:
     """``result`` of a canary audit whose statistic could not be read, emptied of every figure — no
-    ε, and no ROC of the placeholder scores it was built from — with ``notes`` saying why."""
+    ε, and no ROC of the unread scores it was built from — with ``notes`` saying why."""
     result.metrics = {k: IntervalEstimate(math.nan) for k in result.metrics if not k.startswith("epsilon")}
     result.epsilon_kind, result.evidence, result.notes = {}, {}, notes
     return result
