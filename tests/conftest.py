@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import settings
+from threadpoolctl import threadpool_limits
 
 from audit.core.datasets import load_dataset
 from audit.core.models import build_model
@@ -16,7 +17,16 @@ from audit.partitions import partition
 # the suite runs in pytest-xdist workers (pyproject's addopts): the cores are shared between them,
 # and a worker with more torch threads than its share only waits on the others
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
+_THREADS = max(1, min(2, (os.cpu_count() or 1) // _WORKERS))
+torch.set_num_threads(_THREADS)
+# ... and so do the processes a test starts (the notebook's kernel, the CLI, Flower's and Ray's
+# workers), which read their thread count from the environment: one of them with two OpenMP threads
+# while the other worker holds a core ran the notebook's smoke audit in 404 s instead of 54 s
+# (a worker sets its share even when the controller, which loads this file too, set another)
+for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    if "PYTEST_XDIST_WORKER" in os.environ or _name not in os.environ:
+        os.environ[_name] = str(_THREADS)
+threadpool_limits(_THREADS)  # numpy's and scipy's BLAS in this process, already loaded
 
 # property tests draw the same examples on every run: a failure is reproducible, and CI is not a lottery
 settings.register_profile("deterministic", derandomize=True)
