@@ -32,7 +32,9 @@ if TYPE_CHECKING:
 else:  # imported when first used (audit.core.lazy_modules)
     torch = lazy_module("torch")
 
-DENSE_ONLY = "its privatisation handles dense uploads only (the dense client-canaries and gradient-canaries audits apply)"
+DENSE_ONLY = ("its privatisation handles dense uploads only (the dense client-canaries and gradient-canaries audits apply); "
+              "to take Dirac canaries at scale, let its privatize and aggregate handle defenses.blocks.dirac_rows.DiracRows "
+              "and its audit hooks' dirac_canaries_refused return None, as DP-FedAvg's do (or extend DPFedAvg)")
 
 
 class AuditHooks:

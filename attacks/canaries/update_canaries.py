@@ -146,7 +146,8 @@ class UpdateCanaryAudit(CanaryAudit):
                 statistics = np.stack([self.iterate_statistics(run) for run in runs])
                 variant = observation
             result = canary_result(self.label, self.unit, statistics, inserted, context.delta, context.seed,
-                                   f"{self.describe(runs)}; observed: {OBSERVATIONS[observation]}{self._rounds_note()}",
+                                   f"{self.describe(runs)}; observed: {OBSERVATIONS[observation]}{self._rounds_note()}"
+                                   f"{_scaling_note(context)}",
                                    unmodelled_power=sampling_caveat(context))
             result.variant, result.observation = variant, OBSERVATIONS[observation]
             results.append(result)
@@ -157,6 +158,18 @@ class UpdateCanaryAudit(CanaryAudit):
             return ""
         first, last = self.params.round_range
         return f"; canaries join rounds {first}–{last} only (the claim covers every round: a smaller ε_LB is expected)"
+
+
+def _scaling_note(context: CanaryContext) -> str:
+    """Where canary updates got their size: a defense that does not declare a clip of each update
+    gives them the round's median honest norm (:meth:`~defenses.audit_hooks.AuditHooks.canary_norm`),
+    which is not the largest contribution the claim covers — said, with how to change it."""
+    if context.defense.bind(context.layout).audit_hooks().clips_updates:
+        return ""
+    return ("; canary updates were scaled to each round's median honest update norm, not to a clip: the defense "
+            "does not declare that a clip bounds each update (a defense whose params.clip does should return "
+            "AuditHooks(self, clips_updates=True) from audit_hooks(), so that canaries carry the largest update a "
+            "client can make)")
 
 
 def cosines(directions: torch.Tensor, changes: torch.Tensor) -> np.ndarray:

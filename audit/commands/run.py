@@ -68,6 +68,11 @@ def _print_summary(results: Results) -> None:
         shown = "diverged" if experiment.diverged is not None else "n/a" if accuracy is None else f"{100 * accuracy:.1f}%"
         print(f"{experiment.label[:28]:<28} {shown:>9} {(f'{claim.epsilon:.3g}' if claim.is_private else '∞'):>10} "
               f"{_server_epsilon(claim):>9} {claim.unit:>7}  {leak}; soundness: {experiment.soundness}")
+    # an attack that did not run says why here too, not only in the report: a missing row is
+    # otherwise read as "nothing found"
+    for experiment in results.experiments:
+        for skipped in experiment.skipped_attacks:
+            print(f"  not run on {experiment.label}: {skipped.attack}: {skipped.reason}")
 
 
 def command_run(args: argparse.Namespace, attack: bool) -> int:

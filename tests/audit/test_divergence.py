@@ -136,7 +136,11 @@ def test_a_diverged_canary_or_side_run_skips_only_its_audit(tmp_path, monkeypatc
     config.write_text(CONFIG.split("defenses:")[0] + "defenses: [{name: fedavg}]\nattacks: [{name: loss-threshold}, "
                       "{name: record-canaries, params: {runs: 1}}, {name: attribute-inference, params: {max_targets: 10}}]\n")
     assert main(["run", str(config), "--out", str(out), "--quiet"]) == 0
-    err = capsys.readouterr().err
+    printed = capsys.readouterr()
+    err = printed.err
+    # the console summary says which audit did not run and why, as the report does
+    assert ("  not run on fedavg: record-canaries: training diverged: canary run 0 at round 1 (non-finite parameters)"
+            in printed.out.splitlines())
     assert "'fedavg' record-canaries canary run 0 diverged at round 1 (non-finite parameters); this audit is skipped" in err
     assert "'fedavg' attribute-inference: side run diverged at round 1 (non-finite parameters)" in err
     (experiment,) = json.loads((out / "results.json").read_text())["experiments"]

@@ -140,6 +140,9 @@ def test_nonprivate_fedavg_leaks_to_every_canary_audit(tmp_path):
         # record canaries must be memorised through SGD, update canaries are the update itself
         assert attack["metrics"]["epsilon_one_run"]["value"] > (0.3 if name == "record-canaries" else 2.0), name
         assert {v["status"] for v in attack["verdicts"]} == {"no claim"}
+    # FedAvg clips nothing: its canary clients carry the median honest norm, and the results say so
+    for name in ("client-canaries", "client-canaries-all-iterates"):
+        assert "scaled to each round's median honest update norm" in attacks[name]["notes"], name
 
 
 # ------------------------------------------------------------------ soundness
@@ -154,6 +157,7 @@ def test_dp_fedavg_claims_hold_under_every_canary_audit(tmp_path, epsilon):
         experiment = json.loads((out / "results.json").read_text())["experiments"][0]
         assert experiment["claim"]["epsilon"] <= epsilon and experiment["claim"]["unit"] == "client"
         assert {a["attack"] for a in experiment["attacks"]} == CANARY_RESULTS
+        assert not any("median honest update norm" in a["notes"] for a in experiment["attacks"])  # they carry the clip
         assert experiment["soundness"] in ("consistent", "inconclusive"), experiment["soundness"]
         for attack in experiment["attacks"]:
             for verdict in attack["verdicts"]:
