@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from filelock import FileLock
 from hypothesis import settings
 from threadpoolctl import threadpool_limits
 
@@ -69,14 +72,33 @@ def digits_job(digits):
 
 @pytest.fixture(scope="session")
 def smoke_runs(tmp_path_factory):
-    """The smoke preset, named with markup, run twice into two fresh directories."""
+    """The smoke preset, named with markup, run twice into two fresh directories.
+
+    Built once for the whole suite: the first pytest-xdist worker to ask runs the two audits in
+    the folder the workers share (under a file lock), and every worker reads its own copy of them,
+    so that a test which writes into one cannot disturb another worker's."""
+    shared = tmp_path_factory.getbasetemp()
+    if "PYTEST_XDIST_WORKER" in os.environ:  # the workers' base folders are siblings: build beside them
+        shared = shared.parent
+    shared = shared / "smoke-runs"
+    with FileLock(f"{shared}.lock"):
+        if not (shared / "built").is_file():
+            _run_smoke_twice(shared)
+            (shared / "built").write_text("the two audits below finished\n")
+    base = tmp_path_factory.mktemp("smoke")
+    outs = [base / "first", base / "second"]
+    for out in outs:
+        shutil.copytree(shared / out.name, out)
+    return shared / "smoke.yaml", outs
+
+
+def _run_smoke_twice(folder: Path) -> None:
     from audit.cli import main
     from tests.helpers import HOSTILE
 
-    base = tmp_path_factory.mktemp("smoke")
-    config = base / "smoke.yaml"
+    shutil.rmtree(folder, ignore_errors=True)  # what a worker that failed half-way left
+    folder.mkdir(parents=True)
+    config = folder / "smoke.yaml"
     config.write_text(f"preset: smoke\nname: '{HOSTILE}'\n")
-    outs = [base / "first", base / "second"]
-    for out in outs:
-        assert main(["run", str(config), "--out", str(out), "--quiet"]) == 0
-    return config, outs
+    for name in ("first", "second"):
+        assert main(["run", str(config), "--out", str(folder / name), "--quiet"]) == 0
