@@ -153,7 +153,7 @@ def test_pld_refuses_a_grid_too_large_before_allocating_it(args, field):
         compute_epsilon(GaussianSchedule(*args), 1e-5, accountant="pld")
 
 
-@pytest.mark.parametrize("target,q,steps", [(1.0, 0.01, 1000), (8.0, 0.04, 2250), (100.0, 0.1, 10)])
+@pytest.mark.parametrize("target,q,steps", [(1.0, 0.01, 1000), (8.0, 0.04, 2250), (30.0, 0.1, 10)])
 def test_pld_calibration_round_trip_never_overshoots(target, q, steps):
     sigma = calibrate_noise(target, GaussianSchedule(1.0, q, steps), 1e-5, accountant="pld")
     value = eps(sigma, q, steps, 1e-5, accountant="pld")
