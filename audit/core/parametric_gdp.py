@@ -14,8 +14,11 @@ in units of the noise std. Its law is exact: with S_cc = Σ(cᵢ − c̄)², the
 t = b̂·√S_cc / s is noncentral t with n − 2 degrees of freedom and noncentrality θ·√S_cc
 (Hedges & Olkin 1985, "Statistical Methods for Meta-Analysis", ch. 5 §B, for two groups, where
 θ·μ is Cohen's standardised mean difference). That gives an exact one-sided p-value of
-H₀: θ ≤ 1 and an exact lower confidence bound on θ, which the claim's δ turns into an ε
-estimate (:func:`audit.core.fdp_one_run.gdp_epsilon` of θ·μ).
+H₀: θ ≤ θ₀ and an exact lower confidence bound on θ, which the claim's δ turns into an ε
+estimate (:func:`audit.core.fdp_one_run.gdp_epsilon` of θ·μ). θ₀ = 1 tests the claimed
+mechanism itself; where the claim's ε comes from a looser accountant than the mechanism's exact
+curve, θ₀ is the ratio at which the pair's exact ε reaches the claimed ε
+(gdp_mu(ε, δ) / μ of the canary the claim's worst case is about).
 
 This is *not* a bound that holds whatever the scores are: it holds when the model holds. Hence
 the goodness-of-fit gate, decided before the test is read: the residuals must not reject
@@ -56,7 +59,7 @@ MIN_PER_GROUP = 50
 
 @dataclass(frozen=True)
 class ParametricGDP:
-    """The gated test of θ ≤ 1 on the scores of inserted and held-out canaries; θ is the
+    """The gated test of θ ≤ θ₀ on the scores of inserted and held-out canaries; θ is the
     mechanism's distinguishability over the claimed one (the GDP μ of a canary's pair over μᵢ)."""
 
     inserted: int
@@ -64,7 +67,8 @@ class ParametricGDP:
     claimed_mu: float  # the claimed μ the ratios scale: the one given, or the inserted μᵢ's root mean square
     ratio_hat: float  # θ̂ = b̂ / s, the estimate of θ
     ratio_low: float  # its exact one-sided lower confidence bound at 1 − alpha (≥ 0)
-    p_value: float  # of H₀: θ ≤ 1, exact under the model
+    null_ratio: float  # θ₀
+    p_value: float  # of H₀: θ ≤ θ₀, exact under the model
     normality_p: float  # D'Agostino–Pearson on the residuals
     variance_p: float  # two-sided F test of equal variances, inserted against held out
     alpha: float
@@ -77,7 +81,7 @@ class ParametricGDP:
 
     @property
     def violation(self) -> bool:
-        """The estimate-based verdict: the model holds and rejects θ ≤ 1 at ``alpha``."""
+        """The estimate-based verdict: the model holds and rejects θ ≤ θ₀ at ``alpha``."""
         return self.applies and self.p_value <= self.alpha
 
     @property
@@ -120,8 +124,8 @@ def _lower_noncentrality(t: float, df: float, alpha: float) -> float:
 
 
 def parametric_gdp_test(scores: np.ndarray, inserted: np.ndarray, claimed_mu: float | np.ndarray, alpha: float = 0.05,
-                        gate_alpha: float = 0.01) -> ParametricGDP | None:
-    """The gated noncentral-t test of θ ≤ 1 on ``scores`` (one per canary, shifted up when
+                        gate_alpha: float = 0.01, null_ratio: float = 1.0) -> ParametricGDP | None:
+    """The gated noncentral-t test of θ ≤ ``null_ratio`` on ``scores`` (one per canary, shifted up when
     inserted) split by ``inserted`` (bool); ``claimed_mu`` is the shift the claim accounts for an
     inserted canary in units of the noise std, one for all or one per canary (read where
     inserted). None: fewer than :data:`MIN_PER_GROUP` scores in a group, or no spread."""
@@ -132,6 +136,8 @@ def parametric_gdp_test(scores: np.ndarray, inserted: np.ndarray, claimed_mu: fl
     mu = np.broadcast_to(np.asarray(claimed_mu, dtype=np.float64), x.shape)
     if not (np.all(np.isfinite(mu[mask])) and np.all(mu[mask] > 0)):
         raise ValueError("claimed_mu must be finite and > 0 for every inserted canary")
+    if not (math.isfinite(null_ratio) and null_ratio > 0):
+        raise ValueError(f"null_ratio must be finite and > 0, got {null_ratio}")
     if not (0 < alpha < 1 and 0 < gate_alpha < 1):
         raise ValueError(f"alpha and gate_alpha must be in (0, 1), got {alpha}, {gate_alpha}")
     if not np.all(np.isfinite(x)):
@@ -150,7 +156,7 @@ def parametric_gdp_test(scores: np.ndarray, inserted: np.ndarray, claimed_mu: fl
         return None
     root = math.sqrt(s_cc)
     t = slope * root / math.sqrt(residual_var)
-    p_value = _nct_sf(t, df, root)  # at θ = 1
+    p_value = _nct_sf(t, df, null_ratio * root)
     ratio_low = _lower_noncentrality(t, df, alpha) / root
     normality_p = float(stats.normaltest(residuals).pvalue)
     v1, v0 = residuals[mask].var(ddof=1), residuals[~mask].var(ddof=1)
@@ -159,5 +165,5 @@ def parametric_gdp_test(scores: np.ndarray, inserted: np.ndarray, claimed_mu: fl
     variance_p = float(min(1.0, 2.0 * f_tail))
     reference = float(np.sqrt(np.mean(mu[mask] ** 2)))
     return ParametricGDP(inserted=n1, held_out=n0, claimed_mu=reference, ratio_hat=slope / math.sqrt(residual_var),
-                         ratio_low=ratio_low, p_value=p_value, normality_p=normality_p, variance_p=variance_p,
-                         alpha=alpha, gate_alpha=gate_alpha)
+                         ratio_low=ratio_low, null_ratio=float(null_ratio), p_value=p_value, normality_p=normality_p,
+                         variance_p=variance_p, alpha=alpha, gate_alpha=gate_alpha)

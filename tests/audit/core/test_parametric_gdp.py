@@ -84,6 +84,13 @@ def test_the_lower_bound_and_the_test_are_dual():
     at_bound = audit(np.random.default_rng(3), 1.0, t.mu_low)
     assert at_bound.p_value == pytest.approx(0.05, abs=1e-7)
     assert t.mu_low < t.mu_hat
+    # the same duality at another null ratio: θ₀ = θ_low gives p = α
+    scores_rng = np.random.default_rng(4)
+    inserted = scores_rng.random(COINS) < 0.5
+    scores = 1.5 * inserted + scores_rng.standard_normal(COINS)
+    low = parametric_gdp_test(scores, inserted, 1.0).ratio_low
+    assert parametric_gdp_test(scores, inserted, 1.0, null_ratio=low).p_value == pytest.approx(0.05, abs=1e-7)
+    assert parametric_gdp_test(scores, inserted, 1.0, null_ratio=2.0).p_value > 0.5  # θ ≈ 1.5 < 2
     assert t.epsilon_low(DELTA) == pytest.approx(gdp_epsilon(t.mu_low, DELTA))
 
 
@@ -125,6 +132,8 @@ def test_too_few_coins_or_bad_input():
         parametric_gdp_test(np.zeros(200), np.arange(200) % 2 == 0, -1.0)
     with pytest.raises(ValueError, match="claimed_mu"):
         parametric_gdp_test(np.zeros(200), np.arange(200) % 2 == 0, np.inf)
+    with pytest.raises(ValueError, match="null_ratio"):
+        parametric_gdp_test(np.zeros(200), np.arange(200) % 2 == 0, 1.0, null_ratio=0.0)
     with pytest.raises(ValueError, match="finite"):
         parametric_gdp_test(np.full(200, np.nan), np.arange(200) % 2 == 0, 1.0)
     with pytest.raises(ValueError, match="1-D"):
