@@ -217,6 +217,20 @@ class TenthNoise(UDPFLObjective):
 class TenthNoiseUDPFL(UDPFL):
     def local_objective(self):
         return TenthNoise(self)
+
+
+class NoClip(UDPFLObjective):  # sums the per-example gradients without clipping them
+    def batched_gradient(self, model, params, anchor, x, y, mask):
+        from defenses.blocks.dp_sgd import per_example_gradients
+
+        gradients = per_example_gradients(model, params, x, y)
+        summed = {n: (g * mask.view(*mask.shape, *([1] * (g.dim() - 2)))).sum(1) for n, g in gradients.items()}
+        return self.noisy_gradient(summed, params)
+
+
+class NoClipUDPFL(UDPFL):
+    def local_objective(self):
+        return NoClip(self)
 '''
 
 
@@ -234,6 +248,8 @@ def _audit(tmp_path, rounds: int) -> dict:
         training={"rounds": rounds, "local_unit": "epochs", "local_steps": 1, "lr": 0.05},
         defenses=[{"name": "udp-fl", "label": "honest", "epsilons": [2], "params": dict(params)},
                   {"name": f"{tmp_path / 'broken.py'}:TenthNoiseUDPFL", "label": "tenth", "epsilons": [2],
+                   "params": dict(params)},
+                  {"name": f"{tmp_path / 'broken.py'}:NoClipUDPFL", "label": "unclipped", "epsilons": [2],
                    "params": dict(params)}],
         diagnostics={"enabled": False},
         attacks=[{"name": "record-gradient-canaries", "params": {"coins": 2400, "per_run": 2400}}]), encoding="utf-8")
@@ -258,6 +274,13 @@ def test_end_to_end_a_tenth_of_the_noise_is_a_violation_and_the_honest_step_is_n
     assert honest_curve["status"] == "inconclusive" and honest_curve["claimed"] < 2.0
     assert tenth_curve["status"] == "violation"
     assert tenth_curve["p_value"] <= min(v["p_value"] for v in tenth if v.get("p_value") is not None)
+    # a user's step that bypasses the clip cannot be audited by these canaries: the result says so,
+    # reads no statistic, and the experiment is never called consistent on code the audit did not meet
+    unclipped = experiments["unclipped"]
+    (record,) = [a for a in unclipped["attacks"] if a["attack"].startswith("record-gradient-canaries")]
+    assert "not exercised" in record["notes"] and "no other path is audited" in record["notes"]
+    assert {v["status"] for v in record["verdicts"]} <= {"no measurement"}
+    assert unclipped["soundness"] == "no measurement"
 
 
 def test_a_design_whose_canaries_may_join_no_step_is_refused():
