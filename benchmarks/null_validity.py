@@ -230,12 +230,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.error("--replicates takes one count, or one per --epsilons entry")
     start = time.perf_counter()
     result = run(tuple(args.epsilons), tuple(replicates), args.coins, args.seed)
-    print(table(result))
-    print(f"{time.perf_counter() - start:.0f} s")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    finish(result, table(result), args.out, start)
     return result
+
+
+def finish(result: dict[str, Any], text: str, out: Path, started: float) -> None:
+    """Print a validation benchmark's table and its time, and write its result (no timings in it)."""
+    print(text)
+    print(f"{time.perf_counter() - started:.0f} s")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

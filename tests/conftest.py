@@ -57,16 +57,8 @@ LONGEST_FIRST = (
 def pytest_collection_modifyitems(config, items):
     """Longest files first (:data:`LONGEST_FIRST`), every other file after them in its own order."""
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    root = Path(__file__).resolve().parent.parent
-
-    def key(item):
-        try:
-            name = Path(str(item.path)).resolve().relative_to(root).as_posix()
-        except ValueError:
-            name = ""
-        return rank.get(name, len(rank))
-
-    items.sort(key=key)  # stable: the order within a file and among the other files is kept
+    # a node id starts with its file's path from the root folder: "tests/…/test_x.py::test_y"
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable: other orders kept
 
 
 # property tests draw the same examples on every run: a failure is reproducible, and CI is not a lottery

@@ -87,8 +87,10 @@ def composed_tradeoff(kind: str, parameter: float, rate: float, steps: int) -> P
     return ProfileTradeOff(tuple(float(e) for e in epsilons), tuple(float(d) for d in deltas))
 
 
+@lru_cache(maxsize=64)
 def composed_epsilon(kind: str, parameter: float, rate: float, steps: int, delta: float) -> float:
-    """ε at ``delta`` of the same composition (dp-accounting's PLD, pessimistic)."""
+    """ε at ``delta`` of the same composition (dp-accounting's PLD, pessimistic); kept, as the
+    curve is: every audit of one mechanism holds its figure to the same ε."""
     return float(_pld(kind, float(parameter), float(rate), int(steps)).get_epsilon_for_delta(delta))
 
 

@@ -98,10 +98,6 @@ class ParametricGDP:
         """The ε at ``delta`` of μ_low-GDP: the lower end of the ε estimate."""
         return gdp_epsilon(self.mu_low, delta) if self.mu_low > 0 else 0.0
 
-    def epsilon_hat(self, delta: float) -> float:
-        """The ε at ``delta`` of the estimated μ (a point estimate, not a bound)."""
-        return gdp_epsilon(self.mu_hat, delta) if self.mu_hat > 0 else 0.0
-
 
 def _nct_sf(t: float, df: float, nc: float) -> float:
     """P(T ≥ t) for T noncentral t. Far in the tail (p below 1e-200, e.g. half the claimed noise
