@@ -14,6 +14,7 @@ import numpy as np
 
 from audit.core.empirical_epsilon import OneRunAudit
 from audit.core.metrics import IntervalEstimate
+from audit.core.parametric_gdp import ParametricGDP
 from audit.core.upload_conformance import UploadConformance
 from audit.core.vocabulary import AttackKind, Relation
 from defenses.privacy.claims import PrivacyClaim
@@ -50,6 +51,9 @@ class AttackResult:
     statistic: str | None = None
     #: the canaries' uploads tested against the claimed clip and noise (server view; None: not tested)
     conformance: UploadConformance | None = None
+    #: the gated parametric test of the claimed μ on the canaries' scores (an estimate-based
+    #: verdict, audit.core.parametric_gdp; None: not run)
+    parametric: ParametricGDP | None = None
 
     @property
     def name(self) -> str:

@@ -43,14 +43,9 @@ from reports.document import (
     Tool,
     Utility,
 )
+from reports.mechanism_verdicts import conformance_verdict, parametric_verdict
 from reports.results import rows_from_results
-from reports.soundness import (
-    attack_verdicts,
-    conformance_verdict,
-    experiment_sentence,
-    experiment_verdict,
-    family_verdicts,
-)
+from reports.soundness import attack_verdicts, experiment_sentence, experiment_verdict, family_verdicts
 
 ROUND_METRICS = ("test_accuracy", "test_loss", "train_accuracy", "update_norm_median", "update_norm_q25",
                  "update_norm_q75", "clip_fraction", "epsilon")
@@ -99,6 +94,8 @@ def attack_records(results: list[AttackResult], claim: PrivacyClaim) -> list[Att
                                       result.relation, result.evidence)
         if result.conformance is not None:  # the uploads against the claimed mechanism: one more test of the family
             pairs.append((conformance_verdict(result.claim or claim, result.conformance), result.conformance))
+        if result.parametric is not None:  # the claimed μ against the canaries' Gaussian scores: one more
+            pairs.append((parametric_verdict(result.claim or claim, result.parametric), result.parametric))
         raw.append((result, metrics, epsilon_kind, pairs))
     decided = iter(family_verdicts([pair for *_, pairs in raw for pair in pairs]))
     return [AttackRecord(

@@ -22,7 +22,7 @@ from audit.core.typed_json import json_schema
 from audit.core.vocabulary import MEMBERSHIP_UNITS, EpsilonKind, Observation, Observer, Unit, VerdictKind, VerdictStatus
 from defenses.privacy.claims import PrivacyClaim
 
-SCHEMA_VERSION = "2.3"
+SCHEMA_VERSION = "2.4"
 #: the published JSON Schema of results.json (:func:`results_schema`; ``python -m reports.document`` rewrites it)
 SCHEMA_FILE = Path(__file__).with_name("schema") / "results.schema.json"
 
@@ -143,13 +143,15 @@ class Power:
 
 @dataclass(frozen=True)
 class Verdict:
-    """Is one ε figure — or the uploads' mechanism — compatible with the claim? (:mod:`reports.soundness`)"""
+    """Is one ε figure — or the mechanism itself — compatible with the claim? (:mod:`reports.soundness`)"""
 
     metric: str
     unit: str
     kind: VerdictKind = field(metadata={"help": "lower_bound or estimate: an ε figure; conformance: the canary uploads tested "
-                                                "against the claimed clip and noise"})
-    measured: float | None = field(metadata={"help": "the figure compared: a bound, or an estimate's interval's lower end"})
+                                                "against the claimed clip and noise; parametric: the claimed μ tested on "
+                                                "Gaussian canary scores (estimate-based, gated)"})
+    measured: float | None = field(metadata={"help": "the figure compared: a bound, or an estimate's interval's lower end "
+                                                     "(parametric: the lower end of the ε of the canary the test is about)"})
     claimed: float | None = field(metadata={"help": "the claim's headline ε (null: no finite claim)"})
     bound: float | None = field(metadata={"help": "the ε the claim implies for this unit (null: not covered)"})
     bound_delta: float | None

@@ -93,12 +93,13 @@ def leakage_vs_epsilon(experiments: list[Experiment], metric: str = "auc") -> An
 
 @Plot
 def empirical_vs_claimed(experiments: list[Experiment]) -> Any:
-    """Every measured ε lower bound (●) and Gaussian-fit interval's lower end (■) against what the
-    claim allows for its unit, one colour per attack (:func:`attack_colors`), a violation ringed in
-    red, with the diagonal: a point above it is a violation (or, for an estimate, a warning). Where
-    the values span more than two decades the axes are linear up to 1 and logarithmic beyond."""
+    """Every measured ε lower bound (●), Gaussian-fit interval's lower end (■) and parametric test's
+    lower end (◆) against what the claim allows for its unit, one colour per attack
+    (:func:`attack_colors`), a violation ringed in red, with the diagonal: a point above it is a
+    violation (or, for an estimate, a warning). Where the values span more than two decades the
+    axes are linear up to 1 and logarithmic beyond."""
     figure, axis = plt.subplots(figsize=(5.6, 5.6))
-    markers = {VerdictKind.LOWER_BOUND: "o", VerdictKind.ESTIMATE: "s"}
+    markers = {VerdictKind.LOWER_BOUND: "o", VerdictKind.ESTIMATE: "s", VerdictKind.PARAMETRIC: "D"}
     colors = attack_colors(experiments)
     points: list[tuple[str, float, float, str, bool]] = []
     for experiment in experiments:
@@ -140,6 +141,9 @@ def empirical_vs_claimed(experiments: list[Experiment]) -> Any:
     if "s" in shapes:
         handles.append(matplotlib.lines.Line2D([], [], color="#555555", marker="s", linestyle="none",
                                                label="lower end of a Gaussian-fit estimate's 95 % interval"))
+    if "D" in shapes:
+        handles.append(matplotlib.lines.Line2D([], [], color="#555555", marker="D", linestyle="none",
+                                               label="parametric test's ε lower end (if the Gaussian model holds)"))
     if any(p[4] for p in points):
         handles.append(matplotlib.lines.Line2D([], [], color="white", marker="o", markeredgecolor=VIOLATION_COLOR,
                                                markeredgewidth=1.6, linestyle="none", label="red ring: VIOLATION"))

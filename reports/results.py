@@ -32,8 +32,9 @@ from reports.document import SCHEMA_VERSION, AuditInfo, Experiment, Results, Row
 #: the versions ``load_results`` reads: only the one this code writes. 1.x is another layout; 2.0
 #: lacks the claims per observer (the claim's ``relation``, ``adversary``, ``adversaries``), which
 #: the HTML report needs. Any other version is refused rather than misread.
-#: 2.2 lacks only the "conformance" verdict kind: every 2.2 document is a valid 2.3 one
-READABLE_SCHEMA_VERSIONS = ("2.2", SCHEMA_VERSION)
+#: 2.2 lacks only the "conformance" verdict kind and 2.3 only the "parametric" one: every 2.2 or
+#: 2.3 document is a valid 2.4 one
+READABLE_SCHEMA_VERSIONS = ("2.2", "2.3", SCHEMA_VERSION)
 COLUMNS = [f.name for f in fields(Row)]
 
 

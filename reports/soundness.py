@@ -45,9 +45,10 @@ so that "TPR ≤ e^ε·FPR + δ" is tested with the δ the claim really allows.
 
 **The mechanism itself.** Where the server sees each upload, the canary clients' uploads are also
 tested against the mechanism the claim accounts — the noise in every round, the clip on every
-inserted canary (:mod:`audit.core.upload_conformance`; :func:`conformance_verdict`). That test is
-one more hypothesis of the family, with the least weight (its evidence is decisive when there is
-any): a rejection is a VIOLATION of the claim's mechanism, not an ε lower bound.
+inserted canary — and their Gaussian-by-construction scores against the claimed μ by a gated
+parametric test (:mod:`reports.mechanism_verdicts`). Each is one more hypothesis of the family,
+with the least weight (its evidence is decisive when there is any): a rejection is a VIOLATION of
+the claim's mechanism, not an ε lower bound, and neither makes a claim consistent on its own.
 """
 
 from __future__ import annotations
@@ -59,10 +60,12 @@ from audit.core.audit_power import POWER_TARGET, one_run_power
 from audit.core.empirical_epsilon import OneRunAudit
 from audit.core.mechanism_tradeoff import MechanismOneRunAudit
 from audit.core.multiplicity import weighted_holm
+from audit.core.parametric_gdp import ParametricGDP
 from audit.core.upload_conformance import UploadConformance
 from audit.core.vocabulary import EpsilonKind, Relation, Unit, VerdictKind, VerdictStatus
 from defenses.privacy.claims import PrivacyClaim
 from reports.document import Estimate, Power, Verdict
+from reports.mechanism_verdicts import MECHANISM_WEIGHT, decide_conformance, decide_parametric
 
 #: the family-wise error rate of an experiment's violation verdicts
 FAMILY_ALPHA = 0.05
@@ -184,40 +187,6 @@ def verdict(claim: PrivacyClaim, unit: str, metric: str, estimate: Estimate, kin
     return family_verdicts([(out, evidence)])[0] if decide else out
 
 
-#: the metric name of the uploads' conformance verdict
-CONFORMANCE_METRIC = "upload_conformance"
-#: the conformance test's weight in its family, fixed: the least any test gets. Its evidence is
-#: decisive when there is any (10⁴–10⁶ uploads: a noise at 0.8 of the claim or one unclipped
-#: upload gives p < 10⁻⁵), so the ε bounds, which need every bit of α, keep almost all of it
-CONFORMANCE_WEIGHT = WEIGHT_FLOOR
-
-
-def conformance_verdict(claim: PrivacyClaim | None, test: UploadConformance) -> Verdict:
-    """The uploads' conformance with the claimed clip and noise, undecided: its p-value joins the
-    experiment's family (:func:`family_verdicts`). ``claim`` is the server's figure."""
-    claimed = _claimed_epsilon(claim) if claim is not None else None
-    return Verdict(metric=CONFORMANCE_METRIC, unit=Unit.CLIENT, kind=VerdictKind.CONFORMANCE, measured=None, claimed=claimed,
-                   bound=None, bound_delta=None, status=VerdictStatus.INCONCLUSIVE, text=test.describe(),
-                   claim_relation=claim.relation if claim is not None else None, design_relation=Relation.ZERO_OUT,
-                   p_value=test.p_value)
-
-
-def _decide_conformance(v: Verdict, test: UploadConformance, rejected: bool, level: float, first_level: float,
-                        family: int, share: float) -> Verdict:
-    """The conformance verdict once its family is decided."""
-    power = test.power(first_level)
-    holm = f"p = {test.p_value:.2g} against Holm level {level:.2g} (family of {family} distinct tests, weight {share:.0%})"
-    reach = f"power {power:.0%} to detect half the claimed noise std with {test.held_out} held-out uploads"
-    if rejected:
-        status, text = VerdictStatus.VIOLATION, f"VIOLATION of the claimed mechanism: {test.failure()}; {holm}"
-    elif power >= POWER_TARGET:
-        status, text = VerdictStatus.CONSISTENT, (
-            f"consistent: the uploads carry the claimed clip and noise — {test.describe()}; {holm}; {reach}")
-    else:
-        status, text = VerdictStatus.INCONCLUSIVE, f"inconclusive: {test.describe()}; {holm}; {reach}"
-    return replace(v, status=status, text=text, family=family, level=level)
-
-
 def _against(v: Verdict, bound: tuple[float, float, str]) -> str:
     limit, _, basis = bound
     if basis == "the claim":
@@ -242,12 +211,18 @@ def design_weight(evidence: OneRunAudit, limit: float, limit_delta: float) -> fl
     return max(WEIGHT_FLOOR, float(prior))
 
 
-def family_verdicts(family: list[tuple[Verdict, OneRunAudit | UploadConformance | None]]) -> list[Verdict]:
+#: what a verdict of the family may rest on: one-run counts, or a test of the mechanism itself
+Evidence = OneRunAudit | UploadConformance | ParametricGDP | None
+
+
+def family_verdicts(family: list[tuple[Verdict, Evidence]]) -> list[Verdict]:
     """Holm's weighted step-down correction (Holm 1979, §5) over the lower bounds with p-values
     (each verdict with its counts), then power for each: VIOLATION where rejected, else consistent
     when the audit would detect twice the bound's ε with probability ≥ 80 % at the level the
-    figure is tested at, else inconclusive. Verdicts without a p-value pass through unchanged; an uploads' conformance test
-    (:func:`conformance_verdict`) is one more test, of weight :data:`CONFORMANCE_WEIGHT`.
+    figure is tested at, else inconclusive. Verdicts without a p-value pass through unchanged; a
+    test of the mechanism itself (:mod:`reports.mechanism_verdicts`: the uploads' conformance, the
+    parametric test — the latter even where its gate silenced it, at p = 1) is one more test, of
+    weight :data:`~reports.mechanism_verdicts.MECHANISM_WEIGHT`.
 
     The weights are each test's design power (:func:`design_weight`): fixed before the data are
     seen, so the family-wise error stays at most α, while α goes where a violation can be
@@ -255,8 +230,10 @@ def family_verdicts(family: list[tuple[Verdict, OneRunAudit | UploadConformance 
     certify it — instead of being split evenly among tests most of which cannot reject."""
     tested = [i for i, (v, e) in enumerate(family) if v.p_value is not None and v.bound is not None
               and isinstance(e, OneRunAudit)]
-    mechanism = [i for i, (v, e) in enumerate(family) if v.p_value is not None and isinstance(e, UploadConformance)]
+    mechanism = [i for i, (v, e) in enumerate(family) if (v.p_value is not None and isinstance(e, UploadConformance))
+                 or isinstance(e, ParametricGDP)]
     p_values = {i: float(family[i][0].p_value or 0.0) for i in tested + mechanism}  # not None: filtered above
+    p_values.update({i: e.gated_p_value for i, (_, e) in enumerate(family) if isinstance(e, ParametricGDP)})
     # one test per distinct hypothesis: figures with the same counts, analysis and limit (two
     # observers whose statistics rank the canaries alike, as the final model and every iterate do
     # under full participation) are one test and reject together — counted twice they would only
@@ -269,14 +246,14 @@ def family_verdicts(family: list[tuple[Verdict, OneRunAudit | UploadConformance 
                p_values[i])
         groups.setdefault(key, []).append(i)
     for i in mechanism:
-        groups[("conformance", i)] = [i]
+        groups[("mechanism", i)] = [i]
     members = list(groups.values())
     k = len(members)
     weights = []
     for group in members:
         v, evidence = family[group[0]]
-        if isinstance(evidence, UploadConformance):
-            weights.append(CONFORMANCE_WEIGHT)
+        if isinstance(evidence, (UploadConformance, ParametricGDP)):
+            weights.append(MECHANISM_WEIGHT)
             continue
         assert v.bound is not None and v.bound_delta is not None and isinstance(evidence, OneRunAudit)
         weights.append(design_weight(evidence, v.bound, v.bound_delta))
@@ -286,8 +263,8 @@ def family_verdicts(family: list[tuple[Verdict, OneRunAudit | UploadConformance 
     decided = [v for v, _ in family]
     for i in mechanism:
         v, evidence = family[i]
-        assert isinstance(evidence, UploadConformance)
-        decided[i] = _decide_conformance(v, evidence, *decisions[i], first_levels[i], k, first_levels[i] / FAMILY_ALPHA)
+        decide = decide_conformance if isinstance(evidence, UploadConformance) else decide_parametric
+        decided[i] = decide(v, evidence, *decisions[i], first_levels[i], k, first_levels[i] / FAMILY_ALPHA)  # type: ignore[arg-type]
     for i in tested:
         v, evidence = family[i]
         assert v.bound is not None and v.bound_delta is not None and isinstance(evidence, OneRunAudit)
@@ -330,12 +307,17 @@ def attack_verdicts(claim: PrivacyClaim, unit: str, metrics: dict[str, Estimate]
              evidence.get(metric)) for metric, kind in epsilon_kind.items() if metric in metrics]
 
 
+#: the verdicts on the mechanism itself (:mod:`reports.mechanism_verdicts`)
+MECHANISM_KINDS = (VerdictKind.CONFORMANCE, VerdictKind.PARAMETRIC)
+
+
 def experiment_verdict(verdicts: list[Verdict]) -> VerdictStatus:
-    """The experiment's overall status: the first of :data:`PRECEDENCE` among its verdicts. The
-    uploads' conformance test counts when it finds a VIOLATION; when it does not, it cannot make
-    the claim *consistent* — its power is against a noise short of the claim in the uploads, and a
-    bug elsewhere (after the uploads, in the accounting) is what the ε figures are for."""
-    statuses = {v.status for v in verdicts if v.kind != VerdictKind.CONFORMANCE or v.status == VerdictStatus.VIOLATION}
+    """The experiment's overall status: the first of :data:`PRECEDENCE` among its verdicts. A test
+    of the mechanism itself (the uploads' conformance, the parametric test) counts when it finds a
+    VIOLATION; when it does not, it cannot make the claim *consistent* — its power is against a
+    mechanism short of the claim in the uploads, a bug elsewhere (after the uploads, in the
+    accounting) is what the ε figures are for, and the parametric test rests on a model."""
+    statuses = {v.status for v in verdicts if v.kind not in MECHANISM_KINDS or v.status == VerdictStatus.VIOLATION}
     return next((status for status in PRECEDENCE if status in statuses), VerdictStatus.NO_MEASUREMENT)
 
 

@@ -92,12 +92,16 @@ def combined_experiments(points: list[SweepPoint]) -> list[tuple[SweepPoint, Exp
     return combined
 
 
+#: the verdicts that are tests with a p-value: ε lower bounds, and the mechanism's own tests
+TESTS = (VerdictKind.LOWER_BOUND, VerdictKind.CONFORMANCE, VerdictKind.PARAMETRIC)
+
+
 def _lower_bounds(experiment: Experiment):
-    """(attack, verdict) of every test of an experiment: its ε lower bounds with their p-values, and
-    the uploads' conformance with the claimed mechanism."""
+    """(attack, verdict) of every test of an experiment: its ε lower bounds with their p-values, the
+    uploads' conformance with the claimed mechanism, and the parametric test of the claimed μ."""
     for attack in experiment.attacks:
         for verdict in attack.verdicts:
-            if verdict.kind in (VerdictKind.LOWER_BOUND, VerdictKind.CONFORMANCE) and verdict.p_value is not None:
+            if verdict.kind in TESTS and verdict.p_value is not None:
                 yield attack.attack, verdict
 
 

@@ -22,13 +22,14 @@ else:  # matplotlib is imported with the first figure (audit.core.lazy_modules)
 MAIN_ATTACK_ORDER = ("lira-online", "lira-offline")
 #: short names of the ε figures in the attack tables
 EPSILON_NAMES = {"epsilon_one_run": "one-run", "epsilon_one_run_fdp": "one-run f-DP", "epsilon_gaussian_fit": "Gaussian fit",
-                 "upload_conformance": "uploads' mechanism"}
+                 "upload_conformance": "uploads' mechanism", "parametric_gdp": "claimed μ (parametric)"}
 #: what each ε figure is, in words: the statistic and its paper (a verdict names its bound with it)
 EPSILON_DESCRIPTIONS = {
     "epsilon_one_run": "the one-run count's ε lower bound (Steinke, Nasr & Jagielski 2023)",
     "epsilon_one_run_fdp": "the f-DP ε lower bound from the same one-run counts (Mahloujifar, Melis & Chaudhuri 2024)",
     "epsilon_gaussian_fit": "the Gaussian-fit ε estimate (Andrew et al. 2024)",
     "upload_conformance": "the test of the canary uploads' clip and noise against the claimed mechanism",
+    "parametric_gdp": "the gated parametric test of the claimed μ on Gaussian canary scores (estimate-based)",
 }
 #: every status a verdict cell can show, as its badge says it (the status itself where not listed)
 BADGE_TEXT: dict[str, str] = {VerdictStatus.VIOLATION: "VIOLATION"}
@@ -263,6 +264,8 @@ def verdict_parts(verdict: Verdict) -> tuple[str, str]:
         if verdict.kind == VerdictKind.CONFORMANCE:
             return word, ("clip and noise as claimed" if status == VerdictStatus.CONSISTENT else
                           "no departure found, power < 80 %")
+        if verdict.kind == VerdictKind.PARAMETRIC:
+            return word, "no departure, estimate-based"
         if verdict.kind == VerdictKind.ESTIMATE:
             return word, "estimate within claim, not a test"
         below = ("below claim" if verdict.measured is None or verdict.bound is None or verdict.measured <= verdict.bound

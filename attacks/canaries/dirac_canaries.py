@@ -25,13 +25,11 @@ every canary statistic. Where the canaries' path cannot be isolated (the defense
 one-coordinate input spreads, or a canary's input changes other uploads), the run says why and
 the audit reads no statistic: it never falls back to code of its own.
 
-**Why canaries do not interfere.** The aggregate is a sum: canaries on distinct coordinates add
-to distinct coordinates, and each is clipped on its own. What remains is training dynamics —
-the real clients train on a model the other canaries moved — and it cannot bias the bound: the
-one-run analyses (Steinke et al. 2023; Mahloujifar et al. 2024) hold for any mechanism that is DP
-with respect to each canary, whatever the other canaries do, because they condition on the
-other coins. Interference only costs power (Keinan, Shenfeld, Ligett 2025), and a Dirac canary's
-coordinate carries little of the real clients' signal.
+**Why canaries do not interfere.** Canaries on distinct coordinates add to distinct coordinates of
+the sum, each clipped on its own. The real clients train on a model the other canaries moved, but
+that cannot bias the bound: the one-run analyses (Steinke et al. 2023; Mahloujifar et al. 2024)
+hold for any mechanism DP with respect to each canary, conditioning on the other coins.
+Interference only costs power (Keinan, Shenfeld, Ligett 2025).
 
 **Observers** — each result is compared with *that observer's* figure of the run's claim
 (:meth:`defenses.privacy.claims.PrivacyClaim.for_observer`):
@@ -50,10 +48,11 @@ coordinate carries little of the real clients' signal.
   (:mod:`audit.core.upload_conformance`): held-out canaries' uploads for the noise the server's
   figure accounts, inserted ones for the clip, every round — a bug that touches a few canaries
   (one client a round left unclipped) cannot move a one-run count over 10⁵ coins, but one upload
-  of ±U where ±S belongs is beyond any Gaussian noise.
+  of ±U where ±S belongs is beyond any Gaussian noise. Gaussian by construction, the each-upload
+  scores are also read by the gated parametric test of the claimed μ (an estimate-based verdict,
+  :mod:`attacks.canaries.upload_parametric`).
 
-The server's figure is the run's own, for its N real clients: canaries count in no |P_t|, so a
-real upload's noise σS/√|P_t| is what it is in a canary-free run.
+The server's figure is the run's own: canaries count in no |P_t|.
 
 What canaries cannot see by construction: a canary contributes the same value in every round it
 joins, so noise reused across rounds only adds to its readings' spread (the conformance audit's
@@ -81,6 +80,7 @@ from attacks.canaries.canary_audit import (
     without_measurement,
 )
 from attacks.canaries.mechanism_curve import mechanism_curve_result
+from attacks.canaries.upload_parametric import each_upload_parametric, upload_shifts
 from audit.core.errors import UserInputError
 from audit.core.gaussian_canary_statistics import mixture_log_likelihood_ratio, standardised_sum
 from audit.core.lazy_modules import lazy_module
@@ -318,7 +318,7 @@ class DiracCanaries(CanaryAudit):
         if not sigma:
             return self._result(context, runs, inserted, None, observation, server_claim,
                                 "the claim accounts no Gaussian noise multiplier to standardise with")
-        scores, blocks, run_signs = [], [], []
+        scores, blocks, run_signs, claimed_mu = [], [], [], []
         for run in runs:
             coords, signs = self._coords_signs(run)
             assert run.server_view is not None and run.metrics is not None
@@ -334,12 +334,17 @@ class DiracCanaries(CanaryAudit):
                 shifts = np.sqrt(counts) / sigma
                 z = (signs[None, :] * np.nan_to_num(uploads) * shifts[:, None] / self._clip(context)).T
                 scores.append(standardised_sum(z, taken.T, shifts))
+                claimed_mu.append(upload_shifts(taken, shifts))
                 blocks.append(self._conformance_block(run, uploads, mirrored))
                 run_signs.append(signs)
             else:
                 readings = self._iterate_readings(context, run, coords, signs, sigma)
                 scores.append(standardised_sum(readings, taken.T))
         result = self._result(context, runs, inserted, np.stack(scores), observation, server_claim, "")
+        if claimed_mu:  # each upload: Gaussian by construction, read by the gated parametric test too
+            result.parametric, said = each_upload_parametric(np.stack(scores), inserted, np.stack(claimed_mu),
+                                                             exercised_canaries(runs), server_claim, mirrored)
+            result.notes += f"; {said}"
         accounted = claim.against(Observer.SERVER)
         if blocks and accounted is not None and accounted.covered and accounted.noise_multiplier:
             # the least per-upload noise std the server's figure accounts: its multiplier per change

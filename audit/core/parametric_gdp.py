@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from audit.core.audit_power import gdp_mu
 from audit.core.fdp_one_run import gdp_epsilon
 from audit.core.lazy_modules import lazy_module
 
@@ -73,6 +74,7 @@ class ParametricGDP:
     variance_p: float  # two-sided F test of equal variances, inserted against held out
     alpha: float
     gate_alpha: float
+    spread: float = 0.0  # √S_cc: the t statistic's noncentrality per unit of θ (fixed by the coins, not the scores)
 
     @property
     def applies(self) -> bool:
@@ -83,6 +85,22 @@ class ParametricGDP:
     def violation(self) -> bool:
         """The estimate-based verdict: the model holds and rejects θ ≤ θ₀ at ``alpha``."""
         return self.applies and self.p_value <= self.alpha
+
+    @property
+    def gated_p_value(self) -> float:
+        """The p-value a family of tests reads: :attr:`p_value` where the gate let the test speak,
+        else 1 (never rejects). Under the model the gate's statistics are scale-free functions of
+        the residuals, independent of the t statistic (Basu's theorem), so this stays a valid
+        p-value: P(gated ≤ u) = P(gate passes)·u ≤ u."""
+        return self.p_value if self.applies else 1.0
+
+    def power(self, level: float, ratio: float) -> float:
+        """The probability that the test rejects θ ≤ θ₀ at ``level`` when θ = ``ratio`` (gate
+        aside): the noncentral t's tail beyond its critical value — a function of the design (the
+        coins and their claimed μᵢ), not of the scores."""
+        df = self.inserted + self.held_out - 2
+        critical = float(stats.nct.isf(level, df, self.null_ratio * self.spread))
+        return _nct_sf(critical, df, ratio * self.spread)
 
     @property
     def mu_hat(self) -> float:
@@ -97,6 +115,13 @@ class ParametricGDP:
     def epsilon_low(self, delta: float) -> float:
         """The ε at ``delta`` of μ_low-GDP: the lower end of the ε estimate."""
         return gdp_epsilon(self.mu_low, delta) if self.mu_low > 0 else 0.0
+
+    def claim_epsilon_low(self, epsilon: float, delta: float) -> float:
+        """Where θ₀ was set from a claim (ε, δ) as gdp_mu(ε, δ)/μ* — μ* the canary the claim's worst
+        case is about — the lower end of that canary's ε at ``delta``: the ε of θ_low·μ*-GDP. It
+        exceeds ``epsilon`` exactly when θ_low exceeds θ₀."""
+        mu = self.ratio_low / self.null_ratio * gdp_mu(epsilon, delta)
+        return gdp_epsilon(mu, delta) if mu > 0 else 0.0
 
 
 def _nct_sf(t: float, df: float, nc: float) -> float:
@@ -162,4 +187,4 @@ def parametric_gdp_test(scores: np.ndarray, inserted: np.ndarray, claimed_mu: fl
     reference = float(np.sqrt(np.mean(mu[mask] ** 2)))
     return ParametricGDP(inserted=n1, held_out=n0, claimed_mu=reference, ratio_hat=slope / math.sqrt(residual_var),
                          ratio_low=ratio_low, null_ratio=float(null_ratio), p_value=p_value, normality_p=normality_p,
-                         variance_p=variance_p, alpha=alpha, gate_alpha=gate_alpha)
+                         variance_p=variance_p, alpha=alpha, gate_alpha=gate_alpha, spread=root)

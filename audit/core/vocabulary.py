@@ -112,11 +112,13 @@ class EpsilonKind(StrEnum):
 
 
 class VerdictKind(StrEnum):
-    """What a verdict judges: an ε figure, or the uploads' conformance with the claimed mechanism."""
+    """What a verdict judges: an ε figure, the uploads' conformance with the claimed mechanism, or
+    a parametric test of the claimed μ on Gaussian-by-construction canary statistics."""
 
     LOWER_BOUND = "lower_bound"
     ESTIMATE = "estimate"
     CONFORMANCE = "conformance"
+    PARAMETRIC = "parametric"
 
 
 class ConformanceStatus(StrEnum):

@@ -103,7 +103,7 @@ def document_of(experiments: list[dict]) -> dict:
     audit = {"name": "test", "seed": 0, "dataset": "digits", "dataset_source": "test", "kind": "image", "pool_size": 400,
              "test_size": 200, "clients": 5, "partition": "iid", "model": "mlp", "model_parameters": 1000,
              "membership_runs": 8, "membership_unit": "client", "accounting": {}, "metric_definitions": {}}
-    return {"schema_version": "2.3", "tool": {"name": "dpfl-audit", "version": "0.1.0", "dp_accounting": None},
+    return {"schema_version": "2.4", "tool": {"name": "dpfl-audit", "version": "0.1.0", "dp_accounting": None},
             "audit": audit, "config": {}, "versions": {}, "experiments": [_stored(e) for e in experiments], "rows": []}
 
 

@@ -37,7 +37,8 @@ REPO = Path(__file__).resolve().parents[2]
 CANARY_SCORES = REPO / "examples" / "scores" / "client-canaries-dp-fedavg-eps8.csv"
 OBSERVERS = {"released": "released models", "server": "the server", "local": "one upload alone"}
 EPSILON_NAMES = {"epsilon_one_run": "one-run", "epsilon_one_run_fdp": "one-run f-DP", "epsilon_gaussian_fit": "Gaussian fit",
-                 "upload_conformance": "uploads' mechanism"}
+                 "upload_conformance": "uploads' mechanism",
+                 "parametric_gdp": "claimed μ (parametric)"}
 
 
 @pytest.fixture(scope="module")

@@ -97,11 +97,11 @@ def _drop(key):
 
 
 BROKEN_RESULTS = [
-    ("version-99", _set("schema_version", 99), "schema_version: 99 is not supported; allowed: '2.2', '2.3'"),
-    ("version-3", _set("schema_version", "3.0"), "schema_version: '3.0' is not supported; allowed: '2.2', '2.3'"),
+    ("version-99", _set("schema_version", 99), "schema_version: 99 is not supported; allowed: '2.2', '2.3', '2.4'"),
+    ("version-3", _set("schema_version", "3.0"), "schema_version: '3.0' is not supported; allowed: '2.2', '2.3', '2.4'"),
     ("version-1", _set("schema_version", "1.0"), "schema_version: '1.0' is not supported"),
     ("version-float", _set("schema_version", 2.1), "schema_version: 2.1 is not supported"),
-    ("version-missing", _drop("schema_version"), "schema_version: missing; allowed: '2.2', '2.3'"),
+    ("version-missing", _drop("schema_version"), "schema_version: missing; allowed: '2.2', '2.3', '2.4'"),
     ("auc-string", _set("experiments", 0, "attacks", 0, "metrics", "auc", "value", "0.9"),
      "experiments[0].attacks[0].metrics.auc.value: must be a number or null, got '0.9'"),
     ("tpr-string", _set("experiments", 1, "attacks", 0, "metrics", "tpr_at_fpr_1%", "ci_high", "1"),

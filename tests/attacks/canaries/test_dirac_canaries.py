@@ -98,6 +98,27 @@ def test_one_client_unclipped_after_round_one_violates_the_claimed_mechanism(res
     assert int(violation["text"].split(" in round ")[1].split(",")[0]) >= 2  # the bug starts in round 2
 
 
+def _parametric(experiment):
+    statuses, record = _statuses(experiment, "each upload")
+    verdict = next(v for v in record["verdicts"] if v["metric"] == "parametric_gdp")
+    ratio = float(re.search(r"θ̂ = μ̂/μ = ([0-9.]+)", record["notes"]).group(1))
+    return verdict, ratio
+
+
+def test_the_each_upload_scores_estimate_the_noise_the_code_draws(results):
+    """The server's each-upload scores are Gaussian by construction, so the gated parametric test
+    reads them: θ̂ = μ̂/μ estimates the claimed noise std over the drawn one — 1 for the honest
+    DP-FedAvg, 2 for the rewrite with half the noise (its standard error ≈ √(1/n₁ + 1/n₀)/μ ≈ 0.01
+    here). Half the noise is a VIOLATION by this estimate-based test; the honest run's test finds no
+    departure and, resting on a model, does not make the experiment consistent."""
+    honest, theta = _parametric(_experiment(results, "dp-fedavg"))
+    assert honest["kind"] == "parametric" and honest["status"] == "inconclusive", honest
+    assert abs(theta - 1.0) < 0.05 and "gate passed" in _statuses(_experiment(results, "dp-fedavg"), "each upload")[1]["notes"]
+    halved, theta = _parametric(_experiment(results, "halved"))
+    assert halved["status"] == "violation" and abs(theta - 2.0) < 0.1, halved
+    assert "estimate-based" in halved["text"] and halved["measured"] > halved["bound"]
+
+
 def test_the_honest_dp_fedavg_does_not_violate(results):
     honest = _experiment(results, "dp-fedavg")
     for observation in ("all iterates", "each upload"):
