@@ -74,7 +74,7 @@ def decide_conformance(v: Verdict, test: UploadConformance, rejected: bool, leve
 
 def parametric_verdict(claim: PrivacyClaim, test: ParametricGDP) -> Verdict:
     """The parametric test of the claimed μ, undecided: ``measured`` is the lower end of the ε of
-    the canary the null is about (:meth:`~audit.core.parametric_gdp.ParametricGDP.claim_epsilon_low`),
+    the client the claim's worst case is about (:meth:`~audit.core.parametric_gdp.ParametricGDP.claim_epsilon_low`),
     ``bound`` the claimed ε it is held to; its gated p-value joins the experiment's family. The
     verdict's ``p_value`` is the test's own where the gate let it speak, else null. The design is
     zero-out, as the conformance test's: a held-out canary takes part and uploads its noise."""
@@ -93,7 +93,7 @@ def decide_parametric(v: Verdict, test: ParametricGDP, rejected: bool, level: fl
     family rejects θ ≤ θ₀; otherwise it says what it found and never more (its power is stated:
     θ = 2θ₀ at the level the family first gives it)."""
     figures = (f"θ̂ = {test.ratio_hat:.3f} (≥ {test.ratio_low:.3f} at {1 - test.alpha:.0%}) against θ₀ = "
-               f"{test.null_ratio:.3f}, the ratio at which the claimed ε = {v.bound:.3g} is reached, over "
+               f"{test.null_ratio:.3f}, the ratio at which the accounted client reaches the claimed ε = {v.bound:.3g}, over "
                f"{test.inserted} inserted and {test.held_out} held-out canaries")
     if not test.applies:
         return replace(v, status=VerdictStatus.NO_MEASUREMENT, family=family, level=level, text=(
@@ -101,7 +101,7 @@ def decide_parametric(v: Verdict, test: ParametricGDP, rejected: bool, level: fl
             f"{test.normality_p:.2g}, equal variances p = {test.variance_p:.2g}, each at {test.gate_alpha / 2:.2g}), so "
             f"the parametric test says nothing; the rigorous bounds speak alone ({figures})"))
     holm = _holm(test.p_value, level, family, share)
-    epsilon = "" if v.measured is None else f"; that canary's ε ≥ {v.measured:.3g} if the model holds"
+    epsilon = "" if v.measured is None else f"; the accounted client's ε ≥ {v.measured:.3g} if the model holds"
     if rejected:
         return replace(v, status=VerdictStatus.VIOLATION, family=family, level=level, text=(
             f"VIOLATION (estimate-based: a Gaussian model, gated): the canaries are more distinguishable than "

@@ -48,9 +48,10 @@ Interference only costs power (Keinan, Shenfeld, Ligett 2025).
   (:mod:`audit.core.upload_conformance`): held-out canaries' uploads for the noise the server's
   figure accounts, inserted ones for the clip, every round — a bug that touches a few canaries
   (one client a round left unclipped) cannot move a one-run count over 10⁵ coins, but one upload
-  of ±U where ±S belongs is beyond any Gaussian noise. Gaussian by construction, the each-upload
-  scores are also read by the gated parametric test of the claimed μ (an estimate-based verdict,
-  :mod:`attacks.canaries.upload_parametric`).
+  of ±U where ±S belongs is beyond any Gaussian noise. Gaussian by construction — the aggregate's
+  where the real clients' share of every step is known — the server's scores are also read by the
+  gated parametric test of the claimed μ (an estimate-based verdict,
+  :mod:`attacks.canaries.server_parametric`).
 
 The server's figure is the run's own: canaries count in no |P_t|.
 
@@ -79,8 +80,9 @@ from attacks.canaries.canary_audit import (
     sampling_caveat,
     without_measurement,
 )
+from attacks.canaries.dirac_views import conformance_block, drift_known, exercised_canaries, real_drift
 from attacks.canaries.mechanism_curve import mechanism_curve_result
-from attacks.canaries.upload_parametric import each_upload_parametric, upload_shifts
+from attacks.canaries.server_parametric import claimed_shifts, server_parametric
 from audit.core.errors import UserInputError
 from audit.core.gaussian_canary_statistics import mixture_log_likelihood_ratio, standardised_sum
 from audit.core.lazy_modules import lazy_module
@@ -139,30 +141,6 @@ def per_canary_multiplier(released: AdversaryClaim | None) -> float | None:
         return None
     per_change = 2.0 if released.relation == Relation.REPLACE_ONE else 1.0
     return float(released.noise_multiplier) * per_change
-
-
-def exercised_canaries(runs: list[CanaryRun]) -> np.ndarray:
-    """[runs, K]: whether each canary's coordinate was released in a round it joined (the run's
-    ``dirac/exercised``, written where some was not; public — the defense's trainable subset —
-    whatever the coins). A canary the mechanism never met is no coin."""
-    out = []
-    for run in runs:
-        view = run.server_view or {}
-        count = len(run.injection.inserted)
-        out.append(view["dirac/exercised"].numpy().astype(bool) if "dirac/exercised" in view else np.ones(count, dtype=bool))
-    return np.stack(out)
-
-
-def real_drift(run: CanaryRun) -> np.ndarray:
-    """[T, K]: the real clients' noise-free share of each step on each canary's coordinate, which an
-    observer who knows the other clients' data could compute from the released models
-    (:func:`defenses.federated.dirac_passage.real_share`); zeros where the run could not tell it
-    from the noise (the readings then keep it: less power, the same validity)."""
-    coords = run.injection.dirac_coords
-    view = run.server_view or {}
-    if "dirac/drift" not in view:
-        return np.zeros((run.iterates.shape[0] if run.iterates is not None else 0, 0 if coords is None else len(coords)))
-    return view["dirac/drift"].to(torch.float64).numpy()
 
 
 @ATTACKS.register
@@ -334,17 +312,22 @@ class DiracCanaries(CanaryAudit):
                 shifts = np.sqrt(counts) / sigma
                 z = (signs[None, :] * np.nan_to_num(uploads) * shifts[:, None] / self._clip(context)).T
                 scores.append(standardised_sum(z, taken.T, shifts))
-                claimed_mu.append(upload_shifts(taken, shifts))
-                blocks.append(self._conformance_block(run, uploads, mirrored))
+                claimed_mu.append(claimed_shifts(taken, shifts))
+                blocks.append(conformance_block(run, uploads, mirrored))
                 run_signs.append(signs)
             else:
                 readings = self._iterate_readings(context, run, coords, signs, sigma)
                 scores.append(standardised_sum(readings, taken.T))
+                if drift_known(run):  # the readings are then the canary's contribution and the noise alone
+                    claimed_mu.append(claimed_shifts(taken, np.full(len(taken), 1.0 / sigma)))
         result = self._result(context, runs, inserted, np.stack(scores), observation, server_claim, "")
-        if claimed_mu:  # each upload: Gaussian by construction, read by the gated parametric test too
-            result.parametric, said = each_upload_parametric(np.stack(scores), inserted, np.stack(claimed_mu),
-                                                             exercised_canaries(runs), server_claim, mirrored)
+        if len(claimed_mu) == len(runs):  # Gaussian by construction: read by the gated parametric test too
+            result.parametric, said = server_parametric(np.stack(scores), inserted, np.stack(claimed_mu),
+                                                        exercised_canaries(runs), server_claim, mirrored)
             result.notes += f"; {said}"
+        else:
+            result.notes += ("; parametric test not run: the real clients' share of a step could not be told from the "
+                             "noise, and left in the readings it depends on earlier rounds the canary moved")
         accounted = claim.against(Observer.SERVER)
         if blocks and accounted is not None and accounted.covered and accounted.noise_multiplier:
             # the least per-upload noise std the server's figure accounts: its multiplier per change
@@ -356,20 +339,6 @@ class DiracCanaries(CanaryAudit):
             if result.conformance is not None:
                 result.notes += f"; uploads against the claimed clip and noise: {result.conformance.describe()}"
         return result
-
-    @staticmethod
-    def _conformance_block(run: CanaryRun, uploads: np.ndarray, mirrored: bool) -> np.ndarray:
-        """The uploads the conformance tests read [T, K]: the inserted canaries' as the server sees
-        them; a held-out canary's is its noise alone — what it uploads under zero-out, and under
-        the mirrored design its upload less its (mirrored) clipped value, which the defense's own
-        code gave it (recorded by the run as ``dirac/noise``)."""
-        view = run.server_view or {}
-        if "dirac/noise" not in view:
-            if mirrored:
-                raise ValueError("a mirrored Dirac canary run records each reading's noise; this run has none")
-            return uploads
-        noise = view["dirac/noise"].to(torch.float64).numpy()
-        return np.where(run.injection.inserted[None, :], uploads, noise)
 
     @staticmethod
     def _clip(context: CanaryContext) -> float:

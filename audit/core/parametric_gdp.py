@@ -117,9 +117,9 @@ class ParametricGDP:
         return gdp_epsilon(self.mu_low, delta) if self.mu_low > 0 else 0.0
 
     def claim_epsilon_low(self, epsilon: float, delta: float) -> float:
-        """Where θ₀ was set from a claim (ε, δ) as gdp_mu(ε, δ)/μ* — μ* the canary the claim's worst
-        case is about — the lower end of that canary's ε at ``delta``: the ε of θ_low·μ*-GDP. It
-        exceeds ``epsilon`` exactly when θ_low exceeds θ₀."""
+        """Where θ₀ was set from a claim (ε, δ) as gdp_mu(ε, δ)/μ* — μ* the claimed μ of the unit the
+        claim's worst case is about — the lower end of that unit's ε at ``delta``: the ε of
+        θ_low·μ*-GDP. It exceeds ``epsilon`` exactly when θ_low exceeds θ₀."""
         mu = self.ratio_low / self.null_ratio * gdp_mu(epsilon, delta)
         return gdp_epsilon(mu, delta) if mu > 0 else 0.0
 

@@ -4,8 +4,8 @@ goodness-of-fit gate let it speak, and never the reason a claim is called consis
 
 The scores are simulated from the law the server's each-upload statistic has under a Gaussian
 mechanism: N(θ·μᵢ, 1) for an inserted canary of claimed shift μᵢ, N(0, 1) held out (Dong, Roth & Su
-2022, Def. 2.6: the pair is then θ·μᵢ-GDP). The claim is set so that the canary with the largest
-μᵢ is exactly tight: ε = the ε at δ of μ_max-GDP (Cor. 2.13), so θ₀ = 1.
+2022, Def. 2.6: the pair is then θ·μᵢ-GDP). The server's figure accounts one round of multiplier
+1/μ_max (μ_claim = μ_max) and is exactly tight: ε = the ε at δ of μ_max-GDP (Cor. 2.13), so θ₀ = 1.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from attacks.canaries.upload_parametric import each_upload_parametric, upload_shifts
+from attacks.canaries.server_parametric import claimed_shifts, server_parametric
 from audit.core.empirical_epsilon import OneRunAudit
 from audit.core.fdp_one_run import gdp_epsilon
-from defenses.privacy.claims import PrivacyClaim
+from defenses.privacy.claims import AdversaryClaim, PrivacyClaim
 from reports.document import Verdict
 from reports.mechanism_verdicts import parametric_verdict
 from reports.soundness import FAMILY_ALPHA, experiment_verdict, family_verdicts
@@ -27,18 +27,23 @@ MU = np.array([1.5, 2.0, 2.5])  # claimed shifts of canaries that joined more or
 
 
 def simulate(rng, theta: float, coins: int, noise: str = "gaussian"):
-    """Scores, coins and per-canary claimed μ; the claim is tight for the largest μ."""
+    """Scores, coins and per-canary claimed μ; the server's figure is tight for the largest μ."""
     inserted = rng.random(coins) < 0.5
     mu = MU[rng.integers(0, len(MU), coins)]
     unit = rng.standard_normal(coins) if noise == "gaussian" else rng.uniform(-np.sqrt(3), np.sqrt(3), coins)
     scores = np.where(inserted, theta * mu, 0.0) + unit
-    claim = PrivacyClaim(gdp_epsilon(float(MU.max()), DELTA), DELTA, "client", "rdp-improved", relation="add-remove")
-    return scores, inserted, mu, claim
+    return scores, inserted, mu, server_claim(gdp_epsilon(float(MU.max()), DELTA), rounds=1, multiplier=1 / MU.max())
+
+
+def server_claim(epsilon: float, rounds: int, multiplier: float) -> PrivacyClaim:
+    figure = AdversaryClaim("server", epsilon, DELTA, "zero-out", "every client's upload", "exact", rounds=rounds,
+                            noise_multiplier=multiplier)
+    return PrivacyClaim(epsilon, DELTA, "client", "exact", relation="zero-out", adversary="server", adversaries=(figure,))
 
 
 def decided(rng, theta: float, coins: int, noise: str = "gaussian", others=()) -> list[Verdict]:
     scores, inserted, mu, claim = simulate(rng, theta, coins, noise)
-    test, _ = each_upload_parametric(scores, inserted, mu, np.ones(coins, dtype=bool), claim, mirrored=False)
+    test, _ = server_parametric(scores, inserted, mu, np.ones(coins, dtype=bool), claim, mirrored=False)
     assert test is not None and test.null_ratio == pytest.approx(1.0, rel=1e-6)
     return family_verdicts([*others, (parametric_verdict(claim, test), test)])
 
@@ -46,7 +51,7 @@ def decided(rng, theta: float, coins: int, noise: str = "gaussian", others=()) -
 def test_the_claimed_shift_of_a_canary_sums_its_rounds_in_squares():
     taken = np.array([[True, False], [True, True], [False, False]])
     shifts = np.array([3.0, 4.0, 12.0])
-    assert upload_shifts(taken, shifts).tolist() == [5.0, 4.0]  # √(9 + 16), √16; round 3 joined by neither
+    assert claimed_shifts(taken, shifts).tolist() == [5.0, 4.0]  # √(9 + 16), √16; round 3 joined by neither
 
 
 def test_an_exactly_tight_claim_is_violated_at_the_familys_level_and_no_more():
@@ -88,7 +93,7 @@ def test_a_gated_out_test_keeps_its_weight_and_never_rejects():
     other members' levels do not depend on what the gate saw."""
     rng = np.random.default_rng(3)
     scores, inserted, mu, claim = simulate(rng, 2.0, 4000, noise="uniform")
-    test, said = each_upload_parametric(scores, inserted, mu, np.ones(scores.size, dtype=bool), claim, mirrored=False)
+    test, said = server_parametric(scores, inserted, mu, np.ones(scores.size, dtype=bool), claim, mirrored=False)
     assert test is not None and not test.applies and test.p_value < 1e-10 and "REJECTED" in said
     # two members of equal weight (the bound's design power is below the floor): each first gets α/2
     bound, gated = family_verdicts([_bound(0.03), (parametric_verdict(claim, test), test)])
@@ -98,13 +103,29 @@ def test_a_gated_out_test_keeps_its_weight_and_never_rejects():
     assert family_verdicts([_bound(0.03)])[0].status == "violation"
 
 
+def test_the_null_is_the_accounted_clients_not_the_luckiest_canarys():
+    """θ₀ comes from the figure's own accounting — R rounds at multiplier σ_server, μ = √R/σ_server —
+    not from the canaries that happen to have joined most: a server figure over 4 rounds of
+    multiplier 2 (μ = 1) at its exact ε gives θ₀ = 1 whatever the canaries' shifts, and the same
+    figure computed by a looser accountant (a larger ε) gives θ₀ > 1."""
+    rng = np.random.default_rng(6)
+    scores, inserted, mu, _ = simulate(rng, 1.0, 400)
+    every = np.ones(400, dtype=bool)
+    exact = server_claim(gdp_epsilon(1.0, DELTA), rounds=4, multiplier=2.0)
+    assert server_parametric(scores, inserted, mu, every, exact, False)[0].null_ratio == pytest.approx(1.0, rel=1e-6)
+    looser = server_claim(1.2 * gdp_epsilon(1.0, DELTA), rounds=4, multiplier=2.0)
+    assert server_parametric(scores, inserted, mu, every, looser, False)[0].null_ratio > 1.05
+    silent = server_claim(gdp_epsilon(1.0, DELTA), rounds=None, multiplier=None)
+    assert "no Gaussian rounds" in server_parametric(scores, inserted, mu, every, silent, False)[1]
+
+
 def test_where_it_cannot_be_read_it_says_why():
     rng = np.random.default_rng(5)
     scores, inserted, mu, claim = simulate(rng, 1.0, 400)
     every = np.ones(400, dtype=bool)
-    assert "mirrored" in each_upload_parametric(scores, inserted, mu, every, claim, mirrored=True)[1]
-    assert "no finite" in each_upload_parametric(scores, inserted, mu, every, PrivacyClaim.non_private(), False)[1]
-    assert "fewer than 50" in each_upload_parametric(scores[:60], inserted[:60], mu[:60], every[:60], claim, False)[1]
+    assert "mirrored" in server_parametric(scores, inserted, mu, every, claim, mirrored=True)[1]
+    assert "no finite" in server_parametric(scores, inserted, mu, every, PrivacyClaim.non_private(), False)[1]
+    assert "fewer than 50" in server_parametric(scores[:60], inserted[:60], mu[:60], every[:60], claim, False)[1]
     # canaries that joined no round carry no reading: left out of both groups, not scored as zeros
     none = np.zeros(400)
-    assert "no inserted canary" in each_upload_parametric(scores, inserted, none, every, claim, False)[1]
+    assert "no inserted canary" in server_parametric(scores, inserted, none, every, claim, False)[1]

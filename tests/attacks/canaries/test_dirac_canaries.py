@@ -23,6 +23,8 @@ defenses:
   - {name: dp-fedavg, epsilons: [4]}
   - {name: "tests.defenses.broken_dp_fedavg:UserHalvedNoise", label: halved, epsilons: [4]}
   - {name: "tests.defenses.broken_dp_fedavg:OneClientUnclippedAfterFirstRound", label: unclipped, epsilons: [4]}
+  - {name: "tests.defenses.broken_dp_fedavg:UserHalvedNoise", label: secagg-halved, epsilons: [4],
+     params: {secure_aggregation: true}}
 membership: {runs: 2}
 attacks:
   - {name: dirac-canaries, params: {coins: 20000, observers: [all iterates, server]}}
@@ -98,8 +100,8 @@ def test_one_client_unclipped_after_round_one_violates_the_claimed_mechanism(res
     assert int(violation["text"].split(" in round ")[1].split(",")[0]) >= 2  # the bug starts in round 2
 
 
-def _parametric(experiment):
-    statuses, record = _statuses(experiment, "each upload")
+def _parametric(experiment, observation="each upload"):
+    statuses, record = _statuses(experiment, observation)
     verdict = next(v for v in record["verdicts"] if v["metric"] == "parametric_gdp")
     ratio = float(re.search(r"θ̂ = μ̂/μ = ([0-9.]+)", record["notes"]).group(1))
     return verdict, ratio
@@ -117,6 +119,18 @@ def test_the_each_upload_scores_estimate_the_noise_the_code_draws(results):
     halved, theta = _parametric(_experiment(results, "halved"))
     assert halved["status"] == "violation" and abs(theta - 2.0) < 0.1, halved
     assert "estimate-based" in halved["text"] and halved["measured"] > halved["bound"]
+
+
+def test_behind_secure_aggregation_the_aggregate_readings_estimate_the_noise_too(results):
+    """Under secure aggregation the server sees only the sum: no upload to test, but each step less
+    the real clients' noise-free share of it (recomputed from the model the round started from) is
+    the canary's clipped contribution plus the sum's noise — Gaussian by construction again. The
+    rewrite with half the noise reads θ̂ ≈ 2 there, a VIOLATION; no uploads test runs."""
+    experiment = _experiment(results, "secagg-halved")
+    verdict, theta = _parametric(experiment, "aggregate, participation known")
+    assert verdict["status"] == "violation" and abs(theta - 2.0) < 0.1, verdict
+    statuses, _ = _statuses(experiment, "aggregate, participation known")
+    assert "upload_conformance" not in statuses and experiment["soundness"] == "violation"
 
 
 def test_the_honest_dp_fedavg_does_not_violate(results):
