@@ -25,6 +25,8 @@ defenses:
   - {name: "tests.defenses.broken_dp_fedavg:OneClientUnclippedAfterFirstRound", label: unclipped, epsilons: [4]}
   - {name: "tests.defenses.broken_dp_fedavg:UserHalvedNoise", label: secagg-halved, epsilons: [4],
      params: {secure_aggregation: true}}
+  - {name: "tests.defenses.broken_dp_fedavg:NoiseHalvedFromMidRun", label: secagg-mid-run, epsilons: [4],
+     params: {secure_aggregation: true}}
 membership: {runs: 2}
 attacks:
   - {name: dirac-canaries, params: {coins: 20000, observers: [all iterates, server]}}
@@ -131,6 +133,19 @@ def test_behind_secure_aggregation_the_aggregate_readings_estimate_the_noise_too
     assert verdict["status"] == "violation" and abs(theta - 2.0) < 0.1, verdict
     statuses, _ = _statuses(experiment, "aggregate, participation known")
     assert "upload_conformance" not in statuses and experiment["soundness"] == "violation"
+
+
+def test_behind_secure_aggregation_a_later_round_bug_is_caught_by_the_parametric_test(results):
+    """Half the noise std from round ⌊T/2⌋ on, behind secure aggregation: the released counts barely
+    see it (true ε 6.3 at a claimed 4; on the small design with uploads in view, the uploads' test
+    was what caught it in 10 of 10 seeds), and here there are no uploads to test. The canaries'
+    standardised sums over the 10 rounds have noise variance (5·1 + 5·¼)/10 = 0.625, so
+    θ = 1/√0.625 ≈ 1.26 — a VIOLATION of the claimed mechanism by the parametric test (θ₀ ≈ 1.07
+    at this claim: its RDP accounting over exact GDP)."""
+    experiment = _experiment(results, "secagg-mid-run")
+    verdict, theta = _parametric(experiment, "aggregate, participation known")
+    assert verdict["status"] == "violation" and abs(theta - 1 / 0.625 ** 0.5) < 0.06, verdict
+    assert experiment["soundness"] == "violation"
 
 
 def test_the_honest_dp_fedavg_does_not_violate(results):
