@@ -97,9 +97,8 @@ def decide_parametric(v: Verdict, test: ParametricGDP, rejected: bool, level: fl
                f"{test.inserted} inserted and {test.held_out} held-out canaries")
     if not test.applies:
         return replace(v, status=VerdictStatus.NO_MEASUREMENT, family=family, level=level, text=(
-            f"no measurement: the Gaussian model's goodness-of-fit gate rejected the scores (normality p = "
-            f"{test.normality_p:.2g}, equal variances p = {test.variance_p:.2g}, each at {test.gate_alpha / 2:.2g}), so "
-            f"the parametric test says nothing; the rigorous bounds speak alone ({figures})"))
+            f"no measurement: the Gaussian model's goodness-of-fit gate rejected the scores ({test.gate_figures}), "
+            f"so the parametric test says nothing; the rigorous bounds speak alone ({figures})"))
     holm = _holm(test.p_value, level, family, share)
     epsilon = "" if v.measured is None else f"; the accounted client's ε ≥ {v.measured:.3g} if the model holds"
     if rejected:

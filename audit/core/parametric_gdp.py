@@ -87,6 +87,12 @@ class ParametricGDP:
         return self.applies and self.p_value <= self.alpha
 
     @property
+    def gate_figures(self) -> str:
+        """The gate's two p-values and the level each is checked at, for a sentence."""
+        return (f"normality p = {self.normality_p:.2g}, equal variances p = {self.variance_p:.2g}, each checked at "
+                f"{self.gate_alpha / 2:.2g}")
+
+    @property
     def gated_p_value(self) -> float:
         """The p-value a family of tests reads: :attr:`p_value` where the gate let the test speak,
         else 1 (never rejects). Under the model the gate's statistics are scale-free functions of
